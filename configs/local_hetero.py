@@ -1,0 +1,21 @@
+"""The local demo's model on 4 processes of one host with emulated slow-downs (1, 2, 3, 6).
+
+Used by the heterogeneous benchmark: one process per pipeline stage under jax.distributed, each
+slowed down by its factor, so that even and optimal allocations differ. (The multi-stage runtime
+is being written; until it lands, training with this config stops with NotImplementedError.)
+"""
+
+from skyjax.config_defaults import base_config
+
+
+def get_config():
+    config = base_config()  # model and data: those of configs/local_demo.py
+    config.pipeline.schedule = "1f1b"
+    config.pipeline.microbatches = 4
+    config.allocation.strategy = "optimal"
+    config.allocation.granularity = "layer"
+    config.cluster.mode = "distributed"
+    config.cluster.num_devices = 4
+    config.cluster.slowdowns = (1, 2, 3, 6)
+    config.lock()
+    return config

@@ -1,0 +1,32 @@
+"""skyjax: load-balanced pipeline training of BERT on heterogeneous devices, in JAX."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="skyjax",
+    version="0.1.0",
+    description="Load-balanced pipeline training of BERT on heterogeneous devices (JAX).",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["skyjax", "skyjax.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "jax>=0.10.2",
+        "jaxlib>=0.10.2",
+        "flax>=0.12.8",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.12",
+        "transformers>=4.40",
+        "safetensors>=0.4",
+        "absl-py>=2.0",
+        "ml_collections>=1.0",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        # GLUE from TensorFlow Datasets (tfds.load needs TensorFlow).
+        "tfds": ["tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16"],
+        # torch: the reference implementation the tests compare against. Pinned to the CPU
+        # build's version: an unpinned torch pulls several GB of CUDA packages.
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "torch==2.13.0"],
+    },
+)

@@ -1,0 +1,120 @@
+"""The config schema: every key skyjax reads, with its type and default.
+
+Config files (``configs/*.py``) start from :func:`base_config` and change values; a key that is not
+here is an error (see :mod:`skyjax.config_validation`). The defaults are those of
+``configs/local_demo.py``: a small BERT on the synthetic task, one device.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+# Allowed values of the string-valued enum keys (checked by validate_config).
+SCHEDULES = ("gpipe", "1f1b")
+STRATEGIES = ("even", "optimal", "dynamic")
+GRANULARITIES = ("layer", "sublayer")
+MODES = ("local", "distributed")
+HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
+LR_SCHEDULES = ("linear", "cosine", "constant")
+DATASETS = ("synthetic", "glue/mnli")
+
+
+def _model() -> ml_collections.ConfigDict:
+    """BERT shape; names mirror Hugging Face's BertConfig."""
+    m = ml_collections.ConfigDict()
+    m.vocab_size = 128
+    m.hidden_size = 128
+    m.num_hidden_layers = 4
+    m.num_attention_heads = 4
+    m.intermediate_size = 512
+    m.hidden_act = "gelu"
+    m.hidden_dropout_prob = 0.0
+    m.attention_probs_dropout_prob = 0.0
+    m.max_position_embeddings = 64
+    m.type_vocab_size = 2
+    m.layer_norm_eps = 1e-12
+    m.initializer_range = 0.02
+    m.num_labels = 3
+    m.pad_token_id = 0
+    # "" = random init from the fields above; else a Hugging Face BERT directory (config.json +
+    # model.safetensors) whose config.json then supplies the shape fields.
+    m.pretrained = ""
+    return m
+
+
+def _data() -> ml_collections.ConfigDict:
+    d = ml_collections.ConfigDict()
+    d.name = "synthetic"  # "synthetic" | "glue/mnli"
+    d.seq_len = 32
+    d.batch_size = 32  # global batch per optimizer step (split into pipeline.microbatches)
+    d.eval_examples = 1024  # held-out examples scored at each eval (0 = no eval)
+    d.tokenizer = ""  # Hugging Face tokenizer directory for text datasets ("" = none)
+    d.synthetic = ml_collections.ConfigDict()
+    d.synthetic.max_markers = 4  # most marker tokens in one segment
+    d.synthetic.min_segment_len = 4  # shortest segment A or B (tokens, without specials)
+    return d
+
+
+def _train() -> ml_collections.ConfigDict:
+    t = ml_collections.ConfigDict()
+    t.steps = 200
+    t.seed = 0
+    t.learning_rate = 1e-3
+    t.lr_schedule = "linear"  # decay after warmup: "linear" | "cosine" | "constant"
+    t.warmup_steps = 20
+    t.weight_decay = 0.01
+    t.adam_b1 = 0.9
+    t.adam_b2 = 0.999
+    t.adam_eps = 1e-8
+    t.grad_clip_norm = 1.0  # 0 = no clipping
+    t.log_every = 25
+    t.eval_every = 0  # 0 = evaluate only after the last step
+    return t
+
+
+def _pipeline() -> ml_collections.ConfigDict:
+    p = ml_collections.ConfigDict()
+    p.schedule = "1f1b"
+    p.microbatches = 1
+    return p
+
+
+def _allocation() -> ml_collections.ConfigDict:
+    a = ml_collections.ConfigDict()
+    a.strategy = "optimal"
+    a.granularity = "layer"
+    a.replan_every = 0  # steps between re-plans for strategy "dynamic" (0 = never)
+    return a
+
+
+def _cluster() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.mode = "local"  # "local" (one process) | "distributed" (one process per stage)
+    c.num_devices = 1  # devices to plan over; in distributed mode, the number of processes
+    c.slowdowns = ()  # emulated slow-down per device, e.g. (1, 2, 3, 6); () = none
+    c.memory_caps_bytes = ()  # emulated memory per device; () = real memory; 0 entries = no cap
+    c.regions = ()  # region name per device, e.g. ("eu", "eu", "us", "us"); () = one region
+    c.link_latency_s = 0.0  # emulated one-way latency between devices in different regions
+    c.link_bandwidth_Bps = 0.0  # emulated bandwidth between regions (0 = not emulated)
+    c.coordinator_address = ""  # jax.distributed coordinator "host:port"; "" = auto / launcher
+    return c
+
+
+def _profile() -> ml_collections.ConfigDict:
+    p = ml_collections.ConfigDict()
+    p.repeats = 5  # timed repetitions per unit and device (median is kept)
+    p.reprofile = False  # measure again even if workdir/profile.json exists
+    return p
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Returns the full schema with the local-demo defaults (unlocked)."""
+    config = ml_collections.ConfigDict()
+    config.model = _model()
+    config.data = _data()
+    config.train = _train()
+    config.pipeline = _pipeline()
+    config.allocation = _allocation()
+    config.cluster = _cluster()
+    config.profile = _profile()
+    return config

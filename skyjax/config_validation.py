@@ -1,0 +1,217 @@
+"""Checks a config before anything is built or compiled.
+
+``validate_config(config)`` raises ``ValueError`` naming the offending key, e.g.
+``config.model.num_attention_heads=3 does not divide config.model.hidden_size=128``.
+It checks keys against the schema in :mod:`skyjax.config_defaults` (unknown and missing keys),
+value types, the allowed values of enum keys, and relations between keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ml_collections
+
+from skyjax import config_defaults as defaults
+from skyjax.data import synthetic
+
+_NUMBER = (int, float)
+
+
+def _fail(msg: str) -> None:
+    raise ValueError(msg)
+
+
+# --------------------------------------------------------------------------------------------
+# Schema: keys and types.
+
+def _check_schema(config: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -> None:
+    """Unknown and missing keys and value types, recursively."""
+    for key in config.keys():
+        if key not in schema:
+            known = ", ".join(sorted(schema.keys()))
+            _fail(f"{prefix}.{key}: unknown config key (known keys of {prefix}: {known})")
+    for key, default in schema.items():
+        name = f"{prefix}.{key}"
+        if key not in config:
+            _fail(f"{name}: missing config key")
+        value = config[key]
+        if isinstance(default, (ml_collections.ConfigDict, dict)):
+            if not isinstance(value, (ml_collections.ConfigDict, dict)):
+                _fail(f"{name}={value!r} must be a group of keys, got {type(value).__name__}")
+            _check_schema(value, default, name)
+        else:
+            _check_type(name, value, default)
+
+
+def _check_type(name: str, value: Any, default: Any) -> None:
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, _NUMBER) and not isinstance(value, bool)
+    elif isinstance(default, tuple):
+        ok = isinstance(value, (tuple, list))
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        _fail(f"{name}={value!r} has type {type(value).__name__}, "
+              f"expected {type(default).__name__}")
+
+
+# --------------------------------------------------------------------------------------------
+# Values.
+
+def _one_of(name: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        _fail(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
+
+
+def _at_least(name: str, value: float, low: float) -> None:
+    if not value >= low:
+        _fail(f"{name}={value!r} must be >= {low}")
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        _fail(f"{name}={value!r} must be > 0")
+
+
+def _probability(name: str, value: float) -> None:
+    if not 0.0 <= value < 1.0:
+        _fail(f"{name}={value!r} must be in [0, 1)")
+
+
+def _per_device(name: str, values: Sequence[Any], num_devices: int, kind: type | tuple) -> None:
+    if len(values) not in (0, num_devices):
+        _fail(f"{name} has {len(values)} entries but config.cluster.num_devices={num_devices} "
+              "(give one per device, or () for none)")
+    for i, v in enumerate(values):
+        if not isinstance(v, kind) or isinstance(v, bool):
+            _fail(f"{name}[{i}]={v!r} has type {type(v).__name__}")
+
+
+def _pretrained_max_positions(path: str) -> int:
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        _fail(f"config.model.pretrained={path!r} is not a directory with a config.json")
+    with open(config_path) as f:
+        return int(json.load(f).get("max_position_embeddings", 512))
+
+
+def _check_model(m: Any) -> int:
+    """Checks config.model; returns the model's max_position_embeddings."""
+    if m.num_labels < 2:
+        _fail(f"config.model.num_labels={m.num_labels} must be >= 2")
+    if m.pretrained:  # the shape comes from the checkpoint's config.json
+        return _pretrained_max_positions(m.pretrained)
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+        _positive(f"config.model.{key}", m[key])
+    if m.hidden_size % m.num_attention_heads:
+        _fail(f"config.model.num_attention_heads={m.num_attention_heads} does not divide "
+              f"config.model.hidden_size={m.hidden_size}")
+    _one_of("config.model.hidden_act", m.hidden_act, defaults.HIDDEN_ACTS)
+    _probability("config.model.hidden_dropout_prob", m.hidden_dropout_prob)
+    _probability("config.model.attention_probs_dropout_prob", m.attention_probs_dropout_prob)
+    _positive("config.model.layer_norm_eps", m.layer_norm_eps)
+    _positive("config.model.initializer_range", m.initializer_range)
+    if not 0 <= m.pad_token_id < m.vocab_size:
+        _fail(f"config.model.pad_token_id={m.pad_token_id} is outside "
+              f"[0, config.model.vocab_size={m.vocab_size})")
+    return m.max_position_embeddings
+
+
+def _check_data(config: Any, max_positions: int) -> None:
+    d, m = config.data, config.model
+    _one_of("config.data.name", d.name, defaults.DATASETS)
+    _positive("config.data.batch_size", d.batch_size)
+    _at_least("config.data.eval_examples", d.eval_examples, 0)
+    _at_least("config.data.seq_len", d.seq_len, 4)
+    if d.seq_len > max_positions:
+        _fail(f"config.data.seq_len={d.seq_len} is above "
+              f"config.model.max_position_embeddings={max_positions}")
+    if d.name != "synthetic":
+        return
+    s = d.synthetic
+    _at_least("config.data.synthetic.max_markers", s.max_markers, 1)
+    _at_least("config.data.synthetic.min_segment_len", s.min_segment_len, 1)
+    need = 3 + 2 * max(s.min_segment_len, s.max_markers)
+    if d.seq_len < need:
+        _fail(f"config.data.seq_len={d.seq_len} is below {need}: two segments of "
+              f"max(config.data.synthetic.min_segment_len={s.min_segment_len}, "
+              f"config.data.synthetic.max_markers={s.max_markers}) tokens and 3 special tokens")
+    if not m.pretrained and m.vocab_size < synthetic.min_vocab_size():
+        _fail(f"config.model.vocab_size={m.vocab_size} is below "
+              f"{synthetic.min_vocab_size()}, the synthetic task's vocabulary")
+    if m.num_labels != synthetic.NUM_LABELS:
+        _fail(f"config.model.num_labels={m.num_labels} but the synthetic task has "
+              f"{synthetic.NUM_LABELS} classes")
+
+
+def _check_train(t: Any) -> None:
+    _at_least("config.train.steps", t.steps, 1)
+    _at_least("config.train.seed", t.seed, 0)
+    _positive("config.train.learning_rate", t.learning_rate)
+    _one_of("config.train.lr_schedule", t.lr_schedule, defaults.LR_SCHEDULES)
+    _at_least("config.train.warmup_steps", t.warmup_steps, 0)
+    _at_least("config.train.weight_decay", t.weight_decay, 0.0)
+    _probability("config.train.adam_b1", t.adam_b1)
+    _probability("config.train.adam_b2", t.adam_b2)
+    _positive("config.train.adam_eps", t.adam_eps)
+    _at_least("config.train.grad_clip_norm", t.grad_clip_norm, 0.0)
+    _at_least("config.train.log_every", t.log_every, 1)
+    _at_least("config.train.eval_every", t.eval_every, 0)
+
+
+def _check_pipeline(config: Any) -> None:
+    p = config.pipeline
+    _one_of("config.pipeline.schedule", p.schedule, defaults.SCHEDULES)
+    _at_least("config.pipeline.microbatches", p.microbatches, 1)
+    if config.data.batch_size % p.microbatches:
+        _fail(f"config.pipeline.microbatches={p.microbatches} does not divide "
+              f"config.data.batch_size={config.data.batch_size}")
+
+
+def _check_allocation(a: Any) -> None:
+    _one_of("config.allocation.strategy", a.strategy, defaults.STRATEGIES)
+    _one_of("config.allocation.granularity", a.granularity, defaults.GRANULARITIES)
+    _at_least("config.allocation.replan_every", a.replan_every, 0)
+    if a.replan_every and a.strategy != "dynamic":
+        _fail(f"config.allocation.replan_every={a.replan_every} needs "
+              f"config.allocation.strategy='dynamic', got {a.strategy!r}")
+
+
+def _check_cluster(c: Any) -> None:
+    _one_of("config.cluster.mode", c.mode, defaults.MODES)
+    _at_least("config.cluster.num_devices", c.num_devices, 1)
+    n = c.num_devices
+    _per_device("config.cluster.slowdowns", c.slowdowns, n, _NUMBER)
+    for i, s in enumerate(c.slowdowns):
+        if not s >= 1:
+            _fail(f"config.cluster.slowdowns[{i}]={s!r} must be >= 1 (1 = full speed)")
+    _per_device("config.cluster.memory_caps_bytes", c.memory_caps_bytes, n, int)
+    for i, b in enumerate(c.memory_caps_bytes):
+        _at_least(f"config.cluster.memory_caps_bytes[{i}]", b, 0)
+    _per_device("config.cluster.regions", c.regions, n, str)
+    _at_least("config.cluster.link_latency_s", c.link_latency_s, 0.0)
+    _at_least("config.cluster.link_bandwidth_Bps", c.link_bandwidth_Bps, 0.0)
+    addr = c.coordinator_address
+    if addr and (":" not in addr or not addr.rsplit(":", 1)[1].isdigit()):
+        _fail(f"config.cluster.coordinator_address={addr!r} must be 'host:port' or ''")
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Raises ``ValueError`` naming the first bad key; returns None when the config is usable."""
+    _check_schema(config, defaults.base_config(), "config")
+    max_positions = _check_model(config.model)
+    _check_data(config, max_positions)
+    _check_train(config.train)
+    _check_pipeline(config)
+    _check_allocation(config.allocation)
+    _check_cluster(config.cluster)
+    _at_least("config.profile.repeats", config.profile.repeats, 1)

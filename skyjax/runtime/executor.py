@@ -1,0 +1,141 @@
+"""Executors: build the stages of a plan and run training steps across them.
+
+``LocalExecutor`` runs every stage in one process, each on its own local device and in its own
+thread (so emulated slow devices and link delays overlap as real devices would).
+``DistributedExecutor`` runs the one stage this process owns under ``jax.distributed``; every
+process derives the same batches from the seed, so only activations and gradients travel.
+Both drive the same per-stage loop (``skyjax.runtime.pipeline``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+import optax
+
+from skyjax import schedule as schedules
+from skyjax.models.bert import Unit, initial_carry
+from skyjax.runtime.pipeline import Batch, PipelineStage, StageLink, StepResult
+from skyjax.runtime.stage import StageProgram
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlacement:
+    """A block of units ``[start, end)`` and the index of the device that runs it."""
+
+    device: int
+    start: int
+    end: int
+
+
+def placements(plan: dict) -> list[StagePlacement]:
+    """The stages of a plan.json-style dict."""
+    return [StagePlacement(int(s["device"]), int(s["units"][0]), int(s["units"][1]))
+            for s in plan["stages"]]
+
+
+def boundary_shapes(chain: Sequence[Unit], batch_like: Batch) -> list[Any]:
+    """ShapeDtypeStructs of the carry entering each unit (and, last, leaving the chain)."""
+    carry = jax.eval_shape(lambda b: initial_carry(b["input_ids"], b["token_type_ids"],
+                                                   b["attention_mask"]), batch_like)
+    shapes = [carry]
+    for unit in chain:
+        carry = jax.eval_shape(lambda p, c, u=unit: u.apply(p, c, None, False), unit.params, carry)
+        shapes.append(carry)
+    return shapes
+
+
+def microbatch_like(batch_size: int, seq_len: int, microbatches: int) -> Batch:
+    mb = batch_size // microbatches
+    tokens = jax.ShapeDtypeStruct((mb, seq_len), np.int32)
+    return {"input_ids": tokens, "token_type_ids": tokens, "attention_mask": tokens,
+            "labels": jax.ShapeDtypeStruct((mb,), np.int32)}
+
+
+def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_stages: int,
+                device: jax.Device, link: StageLink, shapes: list[Any], microbatches: int,
+                optimizer: optax.GradientTransformation, slowdown: float = 1.0) -> PipelineStage:
+    """A stage owning units ``[place.start, place.end)`` on ``device``, params copied there."""
+    block = list(chain[place.start:place.end])
+    program = StageProgram(block, is_last=index == num_stages - 1, microbatches=microbatches,
+                           optimizer=optimizer)
+    params = jax.device_put([u.params for u in block], device, may_alias=False)
+    return PipelineStage(index, num_stages, program, program.init_state(params), device, link,
+                         shapes[place.start], shapes[place.end], slowdown)
+
+
+def split_microbatches(batch: Batch, microbatches: int) -> Callable[[int], Batch]:
+    """Micro-batch ``i`` of ``batch`` (equal contiguous slices)."""
+    size = len(batch["labels"]) // microbatches
+    return lambda i: {k: v[i * size:(i + 1) * size] for k, v in batch.items()}
+
+
+@dataclasses.dataclass
+class StepMetrics:
+    """One step as seen by the last stage: mean loss/accuracy over micro-batches, and timing."""
+
+    loss: float
+    accuracy: float
+    wall_s: float
+    results: list[StepResult]  # per stage (local); this process's stage only (distributed)
+
+
+class LocalExecutor:
+    """All stages in this process, one thread each, on ``devices[place.device]``."""
+
+    def __init__(self, chain: Sequence[Unit], plan: dict, devices: Sequence[jax.Device],
+                 transport: Any, *, batch_size: int, seq_len: int, optimizer,
+                 max_grad_norm: float | None, rng: Callable[[int, int], jax.Array],
+                 slowdowns: Sequence[float] = ()):
+        self.places = placements(plan)
+        self.schedule = plan["schedule"]
+        self.microbatches = int(plan["microbatches"])
+        self.max_grad_norm = max_grad_norm
+        self.rng = rng
+        p = len(self.places)
+        shapes = boundary_shapes(chain, microbatch_like(batch_size, seq_len, self.microbatches))
+        self.stages = [
+            build_stage(chain, place, k, p, devices[place.device], transport.for_stage(k), shapes,
+                        self.microbatches, optimizer,
+                        slowdowns[place.device] if slowdowns else 1.0)
+            for k, place in enumerate(self.places)]
+        self.actions = schedules.actions(self.schedule, p, self.microbatches)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=p,
+                                                           thread_name_prefix="stage")
+
+    def _all(self, fn: Callable[[PipelineStage], Any]) -> list[Any]:
+        futures = [self._pool.submit(fn, stage) for stage in self.stages]
+        return [f.result() for f in futures]
+
+    def train_step(self, step: int, batch: Batch) -> StepMetrics:
+        microbatch = split_microbatches(batch, self.microbatches)
+        rng = lambda mb: self.rng(step, mb)  # noqa: E731
+        results = self._all(lambda s: s.run_step(step, self.actions[s.index], microbatch, rng,
+                                                 self.max_grad_norm))
+        last = results[-1]
+        return StepMetrics(float(np.mean(last.losses)), float(np.mean(last.accuracies)),
+                           max(r.wall_s for r in results), results)
+
+    def evaluate(self, batches: Iterable[Batch], first_tag: int) -> dict[str, float]:
+        batches = list(batches)
+        results = self._all(lambda s: s.run_eval(batches, first_tag))[-1]
+        return summarize_eval(results)
+
+    def unit_params(self) -> list[Any]:
+        """Every unit's current params, in chain order (for checks and checkpoints)."""
+        return [p for s in self.stages for p in s.state.params]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def summarize_eval(results: list[tuple[float, float, int]]) -> dict[str, float]:
+    n = sum(r[2] for r in results)
+    if not n:
+        return {}
+    return {"eval_loss": sum(r[0] * r[2] for r in results) / n,
+            "eval_accuracy": sum(r[1] * r[2] for r in results) / n, "eval_examples": n}

@@ -1,0 +1,175 @@
+"""The per-stage pipeline loop, shared by the local (threads) and distributed (processes) executors.
+
+Each stage walks its own action list from ``skyjax.schedule.actions`` (GPipe or 1F1B): a forward
+receives its input from the previous stage (or the batch, at stage 0), runs the jitted forward and
+sends the output on; a backward receives the cotangent from the next stage (none at the last,
+whose forward ends in the loss), runs the jitted backward and sends the input cotangent back.
+After the step's actions the stages agree on the global gradient norm (for clipping) and apply
+optax. Sends never block and receives block only on data the stage needs, so any schedule whose
+action lists are consistent runs without deadlock, for any number of stages and micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Iterable, Protocol
+
+import jax
+import numpy as np
+
+from skyjax.cluster import timed_call
+from skyjax.models.bert import initial_carry
+from skyjax.runtime.stage import StageProgram, StageState, clip_scale
+from skyjax.schedule import Action
+
+Batch = dict[str, np.ndarray]
+
+FORWARD, BACKWARD, EVAL = 0, 1, 2
+
+
+class StageLink(Protocol):
+    """What a stage needs from the transport (``skyjax.runtime.transport``)."""
+
+    def send(self, tag: int, tree: Any, dst: int) -> None: ...
+
+    def recv(self, tag: int, like: Any, src: int) -> Any: ...
+
+    def allreduce_sum(self, value: float, tag: int) -> float: ...
+
+
+def message_tag(step: int, microbatch: int, direction: int, microbatches: int) -> int:
+    """A tag unique to one message of one step: (step, micro-batch, direction)."""
+    return (step * microbatches + microbatch) * 3 + direction
+
+
+@dataclasses.dataclass
+class Span:
+    """One measured action: stage, kind ("F"/"B"), micro-batch, start and end (``time.time()``)."""
+
+    stage: int
+    kind: str
+    microbatch: int
+    start: float
+    end: float
+
+
+@dataclasses.dataclass
+class StepResult:
+    """Per-stage outcome of one step; ``losses``/``accuracies`` only on the last stage."""
+
+    losses: list[float]
+    accuracies: list[float]
+    spans: list[Span]
+    compute_s: float
+    wall_s: float
+
+
+@dataclasses.dataclass
+class PipelineStage:
+    """One stage: its program and state, its place in the pipeline, its device and emulation."""
+
+    index: int
+    num_stages: int
+    program: StageProgram
+    state: StageState
+    device: jax.Device
+    link: StageLink
+    in_like: Any  # ShapeDtypeStructs of the input carry (micro-batch shapes)
+    out_like: Any  # of the output carry (unused on the last stage)
+    slowdown: float = 1.0
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.num_stages - 1
+
+    def _put(self, tree: Any) -> Any:
+        return jax.device_put(tree, self.device)
+
+    def _input(self, tag: int, batch: Batch | None) -> Any:
+        if self.is_first:
+            return self._put(initial_carry(batch["input_ids"], batch["token_type_ids"],
+                                           batch["attention_mask"]))
+        return self.link.recv(tag, self.in_like, self.index - 1)
+
+    def run_step(self, step: int, actions: list[Action], microbatch: Callable[[int], Batch],
+                 rng: Callable[[int], jax.Array], max_grad_norm: float | None) -> StepResult:
+        """Runs one optimizer step's actions, then the (globally clipped) update."""
+        m = self.program.microbatches
+        residuals: dict[int, Any] = {}
+        losses, accuracies, spans = [], [], []
+        compute = 0.0
+        start, wall_start = time.perf_counter(), time.time()
+        for action in actions:
+            mb = action.microbatch
+            if action.kind == "F":
+                tag = message_tag(step, mb, FORWARD, m)
+                batch = microbatch(mb) if (self.is_first or self.is_last) else None
+                carry = self._input(tag, batch)
+                labels = self._put(batch["labels"]) if self.is_last else None
+                t0 = time.perf_counter()
+                (out, residuals[mb]), seconds = timed_call(
+                    self.program.forward, self.state.params, carry, self._put(rng(mb)), labels,
+                    slowdown=self.slowdown)
+                if self.is_last:
+                    losses.append(float(out[0]))
+                    accuracies.append(float(out[1]))
+                else:
+                    self.link.send(tag, out, self.index + 1)
+            else:
+                tag = message_tag(step, mb, BACKWARD, m)
+                cotangent = None if self.is_last else self.link.recv(
+                    tag, _float_like(self.out_like), self.index + 1)
+                t0 = time.perf_counter()
+                (self.state.grads, d_carry), seconds = timed_call(
+                    self.program.backward, residuals.pop(mb), cotangent, self.state.grads,
+                    slowdown=self.slowdown)
+                if not self.is_first:
+                    self.link.send(tag, d_carry, self.index - 1)
+            compute += seconds
+            t0 = wall_start + (t0 - start)
+            spans.append(Span(self.index, action.kind, mb, t0, t0 + seconds))
+        self._update(step, max_grad_norm)
+        return StepResult(losses, accuracies, spans, compute, time.perf_counter() - start)
+
+    def _update(self, step: int, max_grad_norm: float | None) -> None:
+        local = float(self.program.grad_sq_norm(self.state.grads)) if max_grad_norm else 0.0
+        total = self.link.allreduce_sum(local, tag=step) if max_grad_norm else 0.0
+        scale = np.float32(clip_scale(total, max_grad_norm))
+        (self.state.params, self.state.opt_state, self.state.grads), _ = timed_call(
+            self.program.update, self.state.params, self.state.opt_state, self.state.grads, scale,
+            slowdown=self.slowdown)
+
+    def run_eval(self, batches: Iterable[Batch], first_tag: int) -> list[tuple[float, float, int]]:
+        """Forward-only pass over ``batches``; the last stage returns (loss, accuracy, size) each."""
+        results = []
+        for i, batch in enumerate(batches):
+            tag = first_tag + i
+            carry = self._input(tag, batch)
+            labels = self._put(batch["labels"]) if self.is_last else None
+            out = self.program.evaluate(self.state.params, carry, labels)
+            if self.is_last:
+                results.append((float(out[0]), float(out[1]), len(batch["labels"])))
+            else:
+                self.link.send(tag, out, self.index + 1)
+        return results
+
+
+def _float_like(like: Any) -> Any:
+    return {k: v for k, v in like.items() if np.issubdtype(v.dtype, np.floating)}
+
+
+def trace_events(spans: Iterable[Span], pid: int = 0, name: str = "measured") -> list[dict]:
+    """Chrome/Perfetto trace events (one row per stage) for measured ``spans``."""
+    spans = list(spans)
+    origin = min((s.start for s in spans), default=0.0)
+    events = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}]
+    for s in spans:
+        events.append({"name": f"{s.kind}{s.microbatch}", "cat": s.kind, "ph": "X", "pid": pid,
+                       "tid": s.stage, "ts": (s.start - origin) * 1e6, "dur": (s.end - s.start) * 1e6,
+                       "args": {"stage": s.stage, "microbatch": s.microbatch}})
+    return events

@@ -1,0 +1,134 @@
+"""Stage programs: the jitted forward, backward and optimizer update of one block of units.
+
+A stage owns a contiguous block of units on one device. Per micro-batch it runs ``forward``, which
+returns the block's output and the residuals of the ``jax.vjp`` pullback (exactly what backward
+needs, nothing recomputed), and later ``backward``, which applies the pullback to the incoming
+cotangent, accumulates parameter gradients and returns the cotangent for the previous stage. The
+last stage's forward ends in the loss, so its backward needs no incoming cotangent. After the last
+micro-batch, ``update`` applies optax with gradients already scaled for global-norm clipping.
+Each program is compiled once per shape (``compile_counts`` lets tests prove it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from skyjax.models.bert import Carry, Params, Unit, apply_units, classification_loss
+
+Residuals = list[jax.Array]
+
+
+@dataclasses.dataclass
+class StageState:
+    """What a stage keeps across steps: params, optimizer state and the gradient accumulator."""
+
+    params: list[Params]
+    opt_state: Any
+    grads: list[Params]
+
+
+def tree_bytes(tree: Any) -> int:
+    """Total bytes of the arrays (or ShapeDtypeStructs) in ``tree``."""
+    return sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+class StageProgram:
+    """Jitted programs for the block ``chain``; ``is_last`` adds the loss to the forward."""
+
+    def __init__(self, chain: list[Unit], *, is_last: bool, microbatches: int,
+                 optimizer: optax.GradientTransformation | None = None, train: bool = True):
+        self.chain = chain
+        self.is_last = is_last
+        self.microbatches = microbatches
+        self.optimizer = optimizer
+        self.train = train
+        self.compile_counts = {"forward": 0, "backward": 0, "update": 0}
+        self._pullbacks: dict[tuple, tuple[jax.tree_util.PyTreeDef, Any]] = {}
+        self.forward = jax.jit(self._forward)
+        self.backward = jax.jit(self._backward, donate_argnums=(2,))  # residuals may alias params
+        self.update = jax.jit(self._update, donate_argnums=(0, 1, 2))
+        self.evaluate = jax.jit(self._evaluate)
+
+    # -- pure functions (traced once per shape) -------------------------------------------------
+
+    def _block(self, params: list[Params], carry: Carry, rng, labels):
+        out = apply_units(self.chain, params, carry, rng, self.train)
+        if not self.is_last:
+            return out, None
+        loss, accuracy = classification_loss(out["logits"], labels)
+        return loss / self.microbatches, (loss, accuracy)
+
+    def _forward(self, params: list[Params], carry: Carry, rng, labels=None):
+        self.compile_counts["forward"] += 1
+        out, pullback, aux = jax.vjp(lambda p, c: self._block(p, c, rng, labels), params, carry,
+                                     has_aux=True)
+        residuals, treedef = jax.tree.flatten(pullback)
+        out_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), out)
+        self._pullbacks[_signature(residuals)] = (treedef, out_like)
+        return (aux if self.is_last else out), residuals
+
+    def _backward(self, residuals: Residuals, cotangent, grads: list[Params]):
+        self.compile_counts["backward"] += 1
+        treedef, out_like = self._pullbacks[_signature(residuals)]
+        pullback = jax.tree.unflatten(treedef, residuals)
+        if self.is_last:
+            cotangent = jnp.ones((), jnp.float32)
+        else:  # integer outputs (the attention mask) take float0 zeros as cotangents
+            cotangent = {k: cotangent[k] if k in cotangent else np.zeros(v.shape, jax.dtypes.float0)
+                         for k, v in out_like.items()}
+        d_params, d_carry = pullback(cotangent)
+        return jax.tree.map(jnp.add, grads, d_params), _float_only(d_carry)
+
+    def _update(self, params: list[Params], opt_state, grads: list[Params], scale):
+        self.compile_counts["update"] += 1
+        grads = jax.tree.map(lambda g: g * scale, grads)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, jax.tree.map(jnp.zeros_like, grads)
+
+    def _evaluate(self, params: list[Params], carry: Carry, labels=None):
+        out = apply_units(self.chain, params, carry, None, False)
+        if not self.is_last:
+            return out
+        return classification_loss(out["logits"], labels)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def init_state(self, params: list[Params]) -> StageState:
+        """Fresh optimizer state and zero gradients for ``params`` (already on the device)."""
+        opt_state = self.optimizer.init(params) if self.optimizer is not None else None
+        return StageState(params, opt_state, jax.tree.map(jnp.zeros_like, params))
+
+    @staticmethod
+    def grad_sq_norm(grads: list[Params]) -> jax.Array:
+        return sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads))
+
+
+def _signature(leaves: Residuals) -> tuple:
+    return tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+
+def _float_only(tree: Carry) -> Carry:
+    """Drops integer cotangents (float0, e.g. of the attention mask): nothing to send back."""
+    return {k: v for k, v in tree.items() if jnp.issubdtype(v.dtype, jnp.floating)}
+
+
+def clip_scale(global_sq_norm: float, max_norm: float | None) -> float:
+    """The factor global-norm clipping applies to every gradient (optax's clip_by_global_norm)."""
+    if not max_norm:
+        return 1.0
+    norm = float(global_sq_norm) ** 0.5
+    return 1.0 if norm < max_norm else max_norm / norm
+
+
+def make_optimizer(learning_rate: float | Callable, weight_decay: float = 0.0,
+                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
+                   ) -> optax.GradientTransformation:
+    """AdamW without clipping: stages clip with the norm over all stages (``clip_scale``)."""
+    return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)

@@ -1,0 +1,195 @@
+"""Config files and validate_config: every config loads and validates; bad ones fail by key."""
+
+from __future__ import annotations
+
+import glob
+import os
+import textwrap
+
+import ml_collections
+import pytest
+from ml_collections import config_flags
+from absl import flags
+
+from skyjax import config_defaults
+from skyjax.config_validation import validate_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_FILES = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
+
+
+def load(path: str, *overrides: str) -> ml_collections.ConfigDict:
+    """Loads a config file the way ``skyjax.main`` does (config_flags, locked), with overrides."""
+    argv = ["prog", f"--config={path}", *overrides]
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
+                                    sys_argv=argv)
+    fv(argv)
+    return fv.config
+
+
+def demo(*overrides: str) -> ml_collections.ConfigDict:
+    return load(os.path.join(REPO, "configs", "local_demo.py"), *overrides)
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
+def test_config_files_validate(path):
+    config = load(path)
+    validate_config(config)
+    assert config.is_locked
+
+
+def test_required_config_files_exist():
+    names = {os.path.basename(p) for p in CONFIG_FILES}
+    assert {"local_demo.py", "local_hetero.py", "bert_base_mnli.py", "bert_large_mnli.py",
+            "sky160.py"} <= names
+
+
+def test_stable_keys():
+    config = demo()
+    assert config.train.steps > 0 and isinstance(config.train.seed, int)
+    assert config.pipeline.schedule in ("gpipe", "1f1b")
+    assert config.pipeline.microbatches >= 1
+    assert config.allocation.strategy in ("even", "optimal", "dynamic")
+    assert config.allocation.granularity in ("layer", "sublayer")
+    assert config.cluster.mode in ("local", "distributed")
+    assert config.cluster.slowdowns == ()
+
+
+def test_demo_defaults_equal_base_config():
+    assert demo().to_dict() == config_defaults.base_config().to_dict()
+
+
+def test_local_hetero():
+    config = load(os.path.join(REPO, "configs", "local_hetero.py"))
+    assert config.cluster.mode == "distributed"
+    assert config.cluster.num_devices == 4
+    assert tuple(config.cluster.slowdowns) == (1, 2, 3, 6)
+    assert config.model.to_dict() == demo().model.to_dict()
+
+
+def test_sky160_shape():
+    config = load(os.path.join(REPO, "configs", "sky160.py"))
+    assert config.model.num_hidden_layers == 160 and config.model.hidden_size == 1024
+    assert config.allocation.granularity == "sublayer"
+    assert len(config.cluster.slowdowns) == config.cluster.num_devices
+    assert set(config.cluster.slowdowns) <= set(range(1, 7))
+
+
+def test_tuple_override_from_command_line():
+    config = load(os.path.join(REPO, "configs", "local_hetero.py"),
+                  "--config.cluster.slowdowns=(1, 3, 2, 1.5)")
+    assert tuple(config.cluster.slowdowns) == (1, 3, 2, 1.5)
+    validate_config(config)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.model.num_attention_heads=3",
+     "config.model.num_attention_heads=3 does not divide config.model.hidden_size=128"),
+    ("--config.data.seq_len=65", "config.data.seq_len=65 is above "
+                                 "config.model.max_position_embeddings=64"),
+    ("--config.pipeline.microbatches=5",
+     "config.pipeline.microbatches=5 does not divide config.data.batch_size=32"),
+    ("--config.pipeline.schedule=pipedream", "config.pipeline.schedule='pipedream'"),
+    ("--config.allocation.strategy=greedy", "config.allocation.strategy='greedy'"),
+    ("--config.allocation.granularity=block", "config.allocation.granularity='block'"),
+    ("--config.cluster.mode=cloud", "config.cluster.mode='cloud'"),
+    ("--config.model.hidden_act=swiglu", "config.model.hidden_act='swiglu'"),
+    ("--config.train.learning_rate=-0.1", "config.train.learning_rate=-0.1 must be > 0"),
+    ("--config.train.steps=0", "config.train.steps=0"),
+    ("--config.cluster.slowdowns=(0.5,)", "config.cluster.slowdowns[0]=0.5 must be >= 1"),
+    ("--config.cluster.slowdowns=(1, 2)", "config.cluster.slowdowns has 2 entries but "
+                                          "config.cluster.num_devices=1"),
+    ("--config.cluster.regions=('eu', 'us')", "config.cluster.regions has 2 entries"),
+    ("--config.cluster.memory_caps_bytes=(-1,)", "config.cluster.memory_caps_bytes[0]=-1"),
+    ("--config.cluster.coordinator_address=localhost", "config.cluster.coordinator_address"),
+    ("--config.model.hidden_dropout_prob=1.0", "config.model.hidden_dropout_prob=1.0"),
+    ("--config.model.num_labels=2", "config.model.num_labels=2 but the synthetic task has 3"),
+    ("--config.model.vocab_size=4", "config.model.vocab_size=4"),
+    ("--config.data.seq_len=8", "config.data.seq_len=8 is below 11"),
+    ("--config.data.name=imagenet", "config.data.name='imagenet'"),
+    ("--config.allocation.replan_every=10", "config.allocation.replan_every=10 needs"),
+    ("--config.model.pretrained=/nonexistent", "config.model.pretrained='/nonexistent'"),
+    ("--config.profile.repeats=0", "config.profile.repeats=0"),
+])
+def test_bad_values_name_the_key(override, message):
+    config = demo(override)
+    with pytest.raises(ValueError) as info:
+        validate_config(config)
+    assert message in str(info.value)
+
+
+def test_unknown_key_on_command_line_is_rejected():
+    with pytest.raises((AttributeError, KeyError, flags.Error)):
+        demo("--config.model.hidden=64")
+
+
+def test_config_file_with_unknown_key(tmp_path):
+    path = tmp_path / "extra.py"
+    path.write_text(textwrap.dedent("""
+        from skyjax.config_defaults import base_config
+
+        def get_config():
+            config = base_config()
+            config.train.warmup = 10  # a typo of warmup_steps
+            return config
+    """))
+    with pytest.raises(ValueError, match=r"config\.train\.warmup: unknown config key"):
+        validate_config(load(str(path)))
+
+
+def test_config_file_with_missing_key():
+    config = config_defaults.base_config()
+    del config.train["eval_every"]
+    with pytest.raises(ValueError, match=r"config\.train\.eval_every: missing config key"):
+        validate_config(config)
+
+
+def test_wrong_types_name_the_key():
+    raw = config_defaults.base_config().to_dict()
+    raw["train"]["steps"] = "100"
+    with pytest.raises(ValueError, match=r"config\.train\.steps='100' has type str"):
+        validate_config(ml_collections.ConfigDict(raw))
+    raw = config_defaults.base_config().to_dict()
+    raw["cluster"]["slowdowns"] = 2
+    with pytest.raises(ValueError, match=r"config\.cluster\.slowdowns=2 has type int"):
+        validate_config(ml_collections.ConfigDict(raw))
+    raw = config_defaults.base_config().to_dict()
+    raw["profile"]["reprofile"] = 1
+    with pytest.raises(ValueError, match=r"config\.profile\.reprofile=1 has type int"):
+        validate_config(ml_collections.ConfigDict(raw))
+
+
+def test_pretrained_directory_is_accepted(tmp_path):
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 16}')
+    config = demo(f"--config.model.pretrained={tmp_path}", "--config.data.seq_len=16")
+    validate_config(config)
+    config = demo(f"--config.model.pretrained={tmp_path}")
+    with pytest.raises(ValueError, match="config.data.seq_len=32 is above"):
+        validate_config(config)
+
+
+def test_unimplemented_dataset_fails_only_when_built():
+    from skyjax import data
+
+    config = load(os.path.join(REPO, "configs", "bert_base_mnli.py"))
+    validate_config(config)  # loading and validating are fine
+    with pytest.raises(NotImplementedError, match="config.data.name='glue/mnli'"):
+        data.train_batches(config)
+
+
+def test_hidden_acts_match_the_model():
+    from skyjax.models import bert
+
+    assert set(config_defaults.HIDDEN_ACTS) == set(bert.ACTIVATIONS)
+
+
+def test_config_to_model_config():
+    from skyjax import train
+
+    config = demo("--config.model.hidden_act=relu", "--config.model.num_hidden_layers=2")
+    bert_config = train.bert_config(config)
+    assert bert_config.hidden_act == "relu" and bert_config.num_hidden_layers == 2
+    for key, value in config.model.items():
+        if key != "pretrained":
+            assert getattr(bert_config, key) == value, key

@@ -1,0 +1,137 @@
+"""End to end: ``python -m skyjax.main`` and ``train.train_and_evaluate`` on shrunk configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from skyjax import config_defaults, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "configs", "local_demo.py")
+TINY = ["--config.model.hidden_size=32", "--config.model.num_hidden_layers=2",
+        "--config.model.num_attention_heads=2", "--config.model.intermediate_size=64",
+        "--config.data.batch_size=8", "--config.data.eval_examples=20",
+        "--config.pipeline.microbatches=2", "--config.train.log_every=1"]
+
+
+def run_main(workdir, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, "-m", "skyjax.main", f"--config={DEMO}", f"--workdir={workdir}", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def tiny_config(**train_overrides):
+    config = config_defaults.base_config()
+    m = config.model
+    m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.intermediate_size = 32, 2, 2, 64
+    config.data.batch_size = 8
+    config.data.eval_examples = 16
+    config.train.steps = 2
+    config.train.log_every = 1
+    config.train.update(train_overrides)
+    return config
+
+
+def test_main_writes_summary(tmp_path):
+    workdir = tmp_path / "run"
+    proc = run_main(workdir, "--config.train.steps=3", *TINY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["steps"] == 3
+    assert np.isfinite(summary["final_loss"])
+    assert 0.0 <= summary["eval_accuracy"] <= 1.0 and summary["eval_examples"] == 20
+    assert summary["step_time_s"] > 0 and summary["train_time_s"] > 0
+    plan = summary["plan"]
+    assert plan["stages"][0]["units"] == [0, 4] and plan["microbatches"] == 2
+    assert set(plan) >= {"strategy", "schedule", "microbatches", "stages", "step_time_s",
+                         "bottleneck_s", "exact"}
+    assert json.loads((workdir / "plan.json").read_text()) == plan
+    assert json.loads((workdir / "config.json").read_text())["train"]["steps"] == 3
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+    assert "eval_accuracy" in records[-1]
+    assert not [p for p in os.listdir(workdir) if p.startswith(".tmp")]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.model.num_attention_heads=3",
+     "config.model.num_attention_heads=3 does not divide config.model.hidden_size=128"),
+    ("--config.model.hiden_size=64", "config.model.hiden_size: unknown config key"),
+    ("--config.cluster.slowdowns=(1, 0)", "config.cluster.slowdowns has 2 entries"),
+])
+def test_bad_override_fails_before_compiling(tmp_path, override, message):
+    workdir = tmp_path / "run"
+    proc = run_main(workdir, override, timeout=120)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert not workdir.exists()  # nothing was built, let alone compiled
+    assert "Traceback" not in proc.stderr
+
+
+def test_layer_and_sublayer_granularity_train_identically(tmp_path):
+    """Same seed, same math: the cut into units does not change the losses."""
+    results = []
+    for granularity in ("layer", "sublayer"):
+        config = tiny_config()
+        config.model.hidden_dropout_prob = 0.1  # dropout keys must not depend on the cut either
+        config.allocation.granularity = granularity
+        results.append(train.train_and_evaluate(config, str(tmp_path / granularity)))
+    assert results[0]["num_units"] == 4 and results[1]["num_units"] == 8
+    np.testing.assert_allclose(results[0]["final_loss"], results[1]["final_loss"], rtol=1e-5)
+    np.testing.assert_allclose(results[0]["eval_loss"], results[1]["eval_loss"], rtol=1e-5)
+
+
+def test_microbatches_average_to_the_full_batch_gradient():
+    """Without dropout, one step over 4 micro-batches equals one step over the whole batch."""
+    from skyjax import data
+    from skyjax.models import bert
+
+    config = tiny_config()
+    model = train.build_model(config)
+    chain = bert.units(model, "layer")
+    optimizer = train.make_optimizer(config)
+    batch = next(data.train_batches(config))
+    outs = []
+    for m in (1, 4):
+        params = jax.tree.map(lambda x: x.copy(), [u.params for u in chain])
+        step = train.make_train_step(chain, optimizer, 0, m)
+        params, _, metrics = step(params, optimizer.init(params), batch, np.int32(5))
+        outs.append((params, metrics))
+    np.testing.assert_allclose(outs[0][1]["loss"], outs[1][1]["loss"], rtol=1e-5)
+    np.testing.assert_allclose(outs[0][1]["grad_norm"], outs[1][1]["grad_norm"], rtol=1e-4)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), outs[0][0], outs[1][0])
+
+
+def test_learning_rate_schedule():
+    config = tiny_config(steps=100, warmup_steps=10, learning_rate=1.0)
+    lr = train.learning_rate_schedule(config)
+    assert float(lr(0)) == 0.0 and float(lr(10)) == pytest.approx(1.0)
+    assert float(lr(55)) == pytest.approx(0.5) and float(lr(100)) == pytest.approx(0.0)
+    config.train.lr_schedule = "constant"
+    assert float(train.learning_rate_schedule(config)(90)) == pytest.approx(1.0)
+
+
+def test_multi_device_plan_not_implemented_yet(tmp_path):
+    config = tiny_config()
+    config.cluster.num_devices = 2
+    with pytest.raises(NotImplementedError, match="config.cluster.num_devices=2"):
+        train.train_and_evaluate(config, str(tmp_path))
+
+
+@pytest.mark.slow
+def test_demo_learns_the_task(tmp_path):
+    """The README's demo command reaches eval accuracy >= 0.8."""
+    workdir = tmp_path / "demo"
+    proc = run_main(workdir, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["eval_accuracy"] >= 0.8, summary
