@@ -19,8 +19,9 @@ import optax
 
 from skyjax import schedule as schedules
 from skyjax.models.bert import Unit, initial_carry
-from skyjax.runtime.pipeline import Batch, PipelineStage, StageLink, StepResult
+from skyjax.runtime.pipeline import Batch, PipelineStage, Span, StageLink, StepResult
 from skyjax.runtime.stage import StageProgram
+from skyjax.runtime.transport import LocalTransport
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +88,13 @@ class StepMetrics:
 class LocalExecutor:
     """All stages in this process, one thread each, on ``devices[place.device]``."""
 
-    def __init__(self, chain: Sequence[Unit], plan: dict, devices: Sequence[jax.Device],
-                 transport: Any, *, batch_size: int, seq_len: int, optimizer,
-                 max_grad_norm: float | None, rng: Callable[[int, int], jax.Array],
-                 slowdowns: Sequence[float] = ()):
+    def __init__(self, chain: Sequence[Unit], plan: dict, devices: Sequence[jax.Device], *,
+                 batch_size: int, seq_len: int, optimizer, max_grad_norm: float | None,
+                 rng: Callable[[int, int], jax.Array], slowdowns: Sequence[float] = (),
+                 links: Any = None):
         self.places = placements(plan)
+        transport = LocalTransport([devices[p.device] for p in self.places], links,
+                                   link_ids=[p.device for p in self.places])
         self.schedule = plan["schedule"]
         self.microbatches = int(plan["microbatches"])
         self.max_grad_norm = max_grad_norm
@@ -103,12 +106,22 @@ class LocalExecutor:
                         self.microbatches, optimizer,
                         slowdowns[place.device] if slowdowns else 1.0)
             for k, place in enumerate(self.places)]
+        self.transport = transport
         self.actions = schedules.actions(self.schedule, p, self.microbatches)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=p,
                                                            thread_name_prefix="stage")
 
     def _all(self, fn: Callable[[PipelineStage], Any]) -> list[Any]:
-        futures = [self._pool.submit(fn, stage) for stage in self.stages]
+        """Runs ``fn`` on every stage in its thread; one failure aborts the others' waits."""
+
+        def guarded(stage: PipelineStage) -> Any:
+            try:
+                return fn(stage)
+            except BaseException as e:
+                self.transport.abort(e)
+                raise
+
+        futures = [self._pool.submit(guarded, stage) for stage in self.stages]
         return [f.result() for f in futures]
 
     def train_step(self, step: int, batch: Batch) -> StepMetrics:
@@ -139,3 +152,93 @@ def summarize_eval(results: list[tuple[float, float, int]]) -> dict[str, float]:
         return {}
     return {"eval_loss": sum(r[0] * r[2] for r in results) / n,
             "eval_accuracy": sum(r[1] * r[2] for r in results) / n, "eval_examples": n}
+
+
+class ProcessLink:
+    """A pipeline stage's view of a per-process transport: stage ``k`` lives on process
+    ``stage_process[k]``; collectives span every process (idle ones contribute nothing)."""
+
+    def __init__(self, transport: Any, stage_process: Sequence[int]):
+        self.transport = transport
+        self.stage_process = list(stage_process)
+
+    def send(self, tag: int, tree: Any, dst: int) -> None:
+        self.transport.send(tag, tree, self.stage_process[dst])
+
+    def recv(self, tag: int, like: Any, src: int) -> Any:
+        return self.transport.recv(tag, like, self.stage_process[src])
+
+    def allreduce_sum(self, value: float, tag: int) -> float:
+        return self.transport.allreduce_sum(value, tag)
+
+
+class DistributedExecutor:
+    """The stage this process owns (if the plan uses its device), under ``jax.distributed``.
+
+    Profile device ``d`` is process ``d``. A process the plan leaves out still joins the per-step
+    collectives (gradient norm, metrics), so every process runs the same number of steps.
+    """
+
+    def __init__(self, chain: Sequence[Unit], plan: dict, transport: Any, process_index: int,
+                 device: jax.Device, *, batch_size: int, seq_len: int, optimizer,
+                 max_grad_norm: float | None, rng: Callable[[int, int], jax.Array],
+                 slowdown: float = 1.0):
+        self.places = placements(plan)
+        self.schedule = plan["schedule"]
+        self.microbatches = int(plan["microbatches"])
+        self.max_grad_norm = max_grad_norm
+        self.rng = rng
+        self.transport = transport
+        self.process_index = process_index
+        p = len(self.places)
+        link = ProcessLink(transport, [place.device for place in self.places])
+        mine = [k for k, place in enumerate(self.places) if place.device == process_index]
+        self.stage: PipelineStage | None = None
+        if mine:
+            shapes = boundary_shapes(chain, microbatch_like(batch_size, seq_len,
+                                                            self.microbatches))
+            self.stage = build_stage(chain, self.places[mine[0]], mine[0], p, device, link,
+                                     shapes, self.microbatches, optimizer, slowdown)
+        self.actions = schedules.actions(self.schedule, p, self.microbatches)
+        self._tag = 0
+
+    def _collective_tag(self) -> int:
+        self._tag += 1
+        return self._tag
+
+    def train_step(self, step: int, batch: Batch) -> StepMetrics:
+        """Runs this process's stage for one step; metrics are the last stage's, on process 0."""
+        microbatch = split_microbatches(batch, self.microbatches)
+        rng = lambda mb: self.rng(step, mb)  # noqa: E731
+        if self.stage is not None:
+            result = self.stage.run_step(step, self.actions[self.stage.index], microbatch, rng,
+                                         self.max_grad_norm)
+        else:
+            if self.max_grad_norm:
+                self.transport.allreduce_sum(0.0, step)
+            result = StepResult([], [], [], 0.0, 0.0)
+        gathered = self.transport.gather_to_first(
+            {"losses": result.losses, "accuracies": result.accuracies,
+             "spans": [dataclasses.asdict(s) for s in result.spans], "wall_s": result.wall_s},
+            self._collective_tag())
+        if gathered is None:
+            return StepMetrics(float("nan"), float("nan"), result.wall_s, [result])
+        losses = [x for g in gathered for x in g["losses"]]
+        accuracies = [x for g in gathered for x in g["accuracies"]]
+        results = [StepResult(g["losses"], g["accuracies"], [Span(**s) for s in g["spans"]],
+                              0.0, g["wall_s"]) for g in gathered]
+        return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
+                           max(g["wall_s"] for g in gathered), results)
+
+    def evaluate(self, batches: Iterable[Batch], first_tag: int) -> dict[str, float]:
+        results = self.stage.run_eval(list(batches), first_tag) if self.stage else []
+        gathered = self.transport.gather_to_first({"results": results}, self._collective_tag())
+        if gathered is None:
+            return {}
+        return summarize_eval([tuple(r) for g in gathered for r in g["results"]])
+
+    def unit_params(self) -> list[Any]:
+        return list(self.stage.state.params) if self.stage else []
+
+    def close(self) -> None:
+        pass

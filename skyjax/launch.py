@@ -1,0 +1,226 @@
+"""Localhost launcher: start N processes of a module under ``jax.distributed``.
+
+    python -m skyjax.launch --num_processes 4 [--timeout 600] -- --config configs/local_hetero.py --workdir /tmp/w
+
+runs ``python -m skyjax.main <args after -->`` four times, with a coordinator on 127.0.0.1 at a free
+port, announced to each child through ``SKYJAX_COORDINATOR``, ``SKYJAX_NUM_PROCESSES`` and
+``SKYJAX_PROCESS_ID`` (read by :func:`skyjax.runtime.distributed.initialize`). Each child's output
+lines are prefixed with ``[pK] ``. As soon as one child fails, or the timeout passes, every child is
+stopped (SIGTERM to its process group, SIGKILL after a grace period) and the launcher exits
+non-zero. No child outlives the launcher: on Ctrl-C / SIGTERM it stops them first, and each child
+also asks the kernel to kill it when the launcher dies (Linux ``PR_SET_PDEATHSIG``), so even a
+SIGKILLed launcher leaves nothing behind.
+
+:func:`launch` is the same as a library function (tests and benchmarks use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Mapping, Sequence
+
+ENV_COORDINATOR = "SKYJAX_COORDINATOR"
+ENV_NUM_PROCESSES = "SKYJAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "SKYJAX_PROCESS_ID"
+_ENV_LAUNCHER_PID = "SKYJAX_LAUNCHER_PID"
+
+EXIT_TIMEOUT = 124
+GRACE_S = 5.0
+
+# Run in each child before the module: die with the launcher, then behave like ``python -m module``.
+_BOOTSTRAP = r"""
+import os, runpy, signal, sys
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except Exception:
+    pass
+if os.getppid() != int(os.environ["SKYJAX_LAUNCHER_PID"]):
+    sys.exit("[launch] launcher died before this child started")
+module = sys.argv[1]
+sys.argv = [module] + sys.argv[2:]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class _TextOut:
+    """A binary-stream face for a text stream."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, data: bytes) -> None:
+        self.stream.write(data.decode(errors="replace"))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _pump(stream: IO[bytes], prefix: bytes, out, lock: threading.Lock) -> None:
+    """Copy a child's output to ``out`` line by line, each line prefixed."""
+    for line in iter(stream.readline, b""):
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        with lock:
+            try:
+                out.write(prefix + line)
+                out.flush()
+            except (ValueError, OSError):  # our own stdout is gone; keep draining
+                pass
+    stream.close()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the child leads its own process group
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM every still-running child's process group, SIGKILL what remains after ``grace_s``."""
+    for p in procs:
+        if p.poll() is None:
+            _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        # Also the group of a child that already exited: kills any grandchild it left behind.
+        _signal_group(p, signal.SIGKILL)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable process
+            pass
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | None = None,
+           env: Mapping[str, str] | None = None, module: str = "skyjax.main", *,
+           grace_s: float = GRACE_S, stdout=None, coordinator_host: str = "127.0.0.1",
+           log=None) -> int:
+    """Run ``python -m module *module_args`` in ``num_processes`` local processes.
+
+    Returns 0 when every child exits with 0; otherwise the exit code of the first child to fail
+    (128 + signal number for a child killed by a signal), or 124 when ``timeout_s`` passes first.
+    ``env`` entries are added to (or override) this process's environment. ``stdout``: a binary
+    stream for the prefixed output (default: this process's stdout).
+    """
+    if num_processes < 1:
+        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    out = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
+    if out is None:  # a text-only stdout (e.g. some notebook front ends)
+        out = _TextOut(sys.stdout)
+    log = log or (lambda msg: (out.write(f"[launch] {msg}\n".encode()), out.flush()))
+    port = free_port(coordinator_host)
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base_env = dict(os.environ)
+    base_env.update(env or {})
+    base_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (repo_root, base_env.get("PYTHONPATH", "")) if p)
+    base_env.setdefault("PYTHONUNBUFFERED", "1")
+    base_env[ENV_COORDINATOR] = f"{coordinator_host}:{port}"
+    base_env[ENV_NUM_PROCESSES] = str(num_processes)
+    base_env[_ENV_LAUNCHER_PID] = str(os.getpid())
+
+    procs: list[subprocess.Popen] = []
+    pumps: list[threading.Thread] = []
+    lock = threading.Lock()
+    old_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        def _raise(signum, frame):
+            raise _Interrupted(signum)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            old_handlers[sig] = signal.signal(sig, _raise)
+    rc = 0
+    try:
+        for k in range(num_processes):
+            child_env = dict(base_env, **{ENV_PROCESS_ID: str(k)})
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", _BOOTSTRAP, module, *module_args], env=child_env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True))
+        for k, p in enumerate(procs):
+            t = threading.Thread(target=_pump, args=(p.stdout, f"[p{k}] ".encode(), out, lock),
+                                 daemon=True)
+            t.start()
+            pumps.append(t)
+        deadline = None if not timeout_s else time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                k, c = failed[0]
+                rc = _exit_code(c)
+                log(f"process {k} exited with {c}; stopping the others")
+                break
+            if all(c == 0 for c in codes):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                rc = EXIT_TIMEOUT
+                log(f"timeout after {timeout_s} s; stopping all processes")
+                break
+            time.sleep(0.05)
+    except (KeyboardInterrupt, _Interrupted) as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        rc = 128 + signum
+        log(f"interrupted (signal {signum}); stopping all processes")
+    finally:
+        _stop_all(procs, grace_s)
+        for t in pumps:
+            t.join(timeout=5)
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+    return rc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        i = argv.index("--")
+        own, rest = argv[:i], argv[i + 1:]
+    else:
+        own, rest = argv, []
+    parser = argparse.ArgumentParser(
+        prog="python -m skyjax.launch",
+        description="Start N local processes of a module (default skyjax.main) under "
+                    "jax.distributed; arguments after -- go to the module.")
+    parser.add_argument("--num_processes", type=int, required=True)
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds before every process is stopped (default: none)")
+    parser.add_argument("--module", default="skyjax.main")
+    parser.add_argument("--grace", type=float, default=GRACE_S,
+                        help="seconds between SIGTERM and SIGKILL when stopping")
+    args = parser.parse_args(own)
+    return launch(rest, args.num_processes, args.timeout, module=args.module, grace_s=args.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Stage programs, executors, transports and jax.distributed set-up (import the submodules)."""

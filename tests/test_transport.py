@@ -1,0 +1,305 @@
+"""Transports: LocalTransport (threads) in-process; TransferServerTransport with 3 processes.
+
+The multi-process tests run this very file as a module (``test_transport``, tests/ on PYTHONPATH)
+under ``skyjax.launch.launch``; the ``__main__`` block at the end is the worker.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS_DIR)
+sys.path.insert(0, REPO)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from skyjax.runtime.transport import (  # noqa: E402
+    LinkEmulation, LocalTransport, TransferServerTransport, Transport, TransportError,
+    TransportTimeout, tree_nbytes)
+
+LATENCY_S, BANDWIDTH_BPS, EMU_FLOATS = 0.05, 1e6, 5000  # 20 kB -> 20 ms on the wire
+
+
+def _tree(k: int, step: int = 0) -> dict:
+    return {"x": jnp.arange(6, dtype=jnp.float32).reshape(2, 3) + 10 * k + step,
+            "y": (jnp.full((4,), k, jnp.int32), jnp.asarray(1.5 * k, jnp.bfloat16))}
+
+
+def _like(tree):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
+
+
+def _assert_tree_equal(got, want):
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def _emulation(p: int) -> LinkEmulation:
+    lat = np.full((p, p), LATENCY_S)
+    np.fill_diagonal(lat, 0.0)
+    return LinkEmulation(lat, np.full((p, p), BANDWIDTH_BPS))
+
+
+def _run_threads(fns, timeout=60):
+    """Run one function per stage in threads; re-raise the first exception."""
+    results, errors = [None] * len(fns), []
+
+    def wrap(i, fn):
+        try:
+            results[i] = fn()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrap, args=(i, f), daemon=True) for i, f in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "stage thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+# ------------------------------------------------------------------------------ LocalTransport
+
+@pytest.fixture
+def devices():
+    devs = jax.local_devices()
+    return [devs[i % len(devs)] for i in range(3)]
+
+
+def test_local_ring_out_of_order_and_collectives(devices):
+    t = LocalTransport(devices, timeout_s=20)
+    assert isinstance(t.for_stage(0), Transport)
+
+    def stage(k):
+        s = t.for_stage(k)
+        nxt, prv = (k + 1) % 3, (k - 1) % 3
+        s.send(7, _tree(k), nxt)
+        got = s.recv(7, _like(_tree(prv)), prv)
+        _assert_tree_equal(got, _tree(prv))
+        assert all(leaf.devices() == {devices[k]} for leaf in jax.tree.leaves(got))
+        for tag in (1, 2, 3):  # sent in order, received out of order
+            s.send(tag, _tree(k, tag), nxt)
+        for tag in (3, 1, 2):
+            _assert_tree_equal(s.recv(tag, _like(_tree(prv)), prv), _tree(prv, tag))
+        s.send(5, _tree(k, 1), nxt)  # a tag reused: received in sending order
+        s.send(5, _tree(k, 2), nxt)
+        _assert_tree_equal(s.recv(5, None, prv), _tree(prv, 1))
+        _assert_tree_equal(s.recv(5, None, prv), _tree(prv, 2))
+        sums = [s.allreduce_sum(k + 0.25, tag=0) for _ in range(3)]
+        gathered = s.gather_to_first({"stage": k, "v": [k] * k}, tag=1)
+        s.barrier(2)
+        return sums, gathered
+
+    res = _run_threads([lambda k=k: stage(k) for k in range(3)])
+    for sums, _ in res:
+        assert sums == [3.75] * 3
+    assert res[0][1] == [{"stage": k, "v": [k] * k} for k in range(3)]
+    assert res[1][1] is None and res[2][1] is None
+    assert not t._mail and not t._rounds  # nothing left over
+
+
+def test_local_recv_timeout_names_stages_and_tag(devices):
+    t = LocalTransport(devices, timeout_s=0.3)
+    start = time.monotonic()
+    with pytest.raises(TransportTimeout, match=r"stage 2 receiving tag 42 from stage 1"):
+        t.for_stage(2).recv(42, None, 1)
+    assert time.monotonic() - start < 5
+    with pytest.raises(TransportTimeout, match="allreduce tag 3"):
+        t.for_stage(0).allreduce_sum(1.0, tag=3)
+
+
+def test_local_shape_mismatch_and_abort(devices):
+    t = LocalTransport(devices, timeout_s=20)
+    t.for_stage(0).send(1, {"a": jnp.zeros((2,))}, 1)
+    with pytest.raises(TransportError, match="expected"):
+        t.for_stage(1).recv(1, {"a": jax.ShapeDtypeStruct((3,), jnp.float32)}, 0)
+    threading.Timer(0.2, t.abort, args=("stage 0 failed",)).start()
+    start = time.monotonic()
+    with pytest.raises(TransportError, match="stage 0 failed"):
+        t.for_stage(1).recv(9, None, 0)
+    assert time.monotonic() - start < 5
+
+
+def test_local_link_emulation_delays(devices):
+    t = LocalTransport(devices, _emulation(3), timeout_s=20)
+    payload = {"w": jnp.ones((EMU_FLOATS,), jnp.float32)}
+    nbytes = tree_nbytes(payload)
+    one = LATENCY_S + nbytes / BANDWIDTH_BPS
+    s0, s1 = t.for_stage(0), t.for_stage(1)
+    jax.block_until_ready(jax.device_put(payload, devices[1]))  # warm up the copy
+    start = time.monotonic()
+    s0.send(1, payload, 1)
+    s0.send(2, payload, 1)  # queued behind the first: bandwidth serialises
+    s1.recv(1, _like(payload), 0)
+    first = time.monotonic() - start
+    s1.recv(2, _like(payload), 0)
+    second = time.monotonic() - start
+    assert one <= first < one + 0.2, first
+    assert one + nbytes / BANDWIDTH_BPS <= second < one + nbytes / BANDWIDTH_BPS + 0.2, second
+    # A message received late is not delayed again: the delay counts from the send.
+    s0.send(3, payload, 1)
+    time.sleep(one + 0.02)
+    start = time.monotonic()
+    s1.recv(3, _like(payload), 0)
+    assert time.monotonic() - start < one
+
+
+# ------------------------------------------------------------------ distributed.initialize checks
+
+def test_initialize_rejects_partial_coordinates(monkeypatch):
+    from skyjax.runtime import distributed
+
+    for var in ("SKYJAX_COORDINATOR", "SKYJAX_NUM_PROCESSES", "SKYJAX_PROCESS_ID"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="all of coordinator address"):
+        distributed.initialize("127.0.0.1:1", num_processes=2)
+    monkeypatch.setenv("SKYJAX_COORDINATOR", "127.0.0.1:1")
+    monkeypatch.setenv("SKYJAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("SKYJAX_PROCESS_ID", "2")
+    with pytest.raises(ValueError, match=r"process_id 2 not in \[0, 2\)"):
+        distributed.initialize()
+    assert not distributed.is_initialized()
+    with pytest.raises(RuntimeError, match="not initialized"):
+        distributed.key_value_client()
+    distributed.shutdown()  # a no-op when not initialized
+
+
+# --------------------------------------------------------------- TransferServerTransport (3 procs)
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_transfer_server_transport_three_processes():
+    from skyjax.launch import launch
+
+    out = io.BytesIO()
+    start = time.monotonic()
+    env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": "",
+           "JAX_PLATFORMS": "cpu"}
+    rc = launch([], 3, timeout_s=180, env=env, module="test_transport", stdout=out, grace_s=2)
+    text = out.getvalue().decode(errors="replace")
+    print(text[-6000:])
+    assert rc == 0, text[-6000:]
+    for k in range(3):
+        for check in ("ring", "out-of-order", "allreduce", "gather", "emulation", "timeout",
+                      "cleanup", "done"):
+            assert f"[p{k}] OK {check}" in text, (k, check)
+    assert time.monotonic() - start < 180
+
+
+def _worker() -> None:
+    from skyjax.runtime import distributed
+
+    info = distributed.initialize(timeout_s=60)
+    k, p = info.process_id, info.num_processes
+    assert p == 3
+    device = jax.local_devices()[0]
+    t = TransferServerTransport(k, p, device, timeout_s=60)
+    nxt, prv = (k + 1) % p, (k - 1) % p
+
+    # Ring of pytrees.
+    t.send(7, _tree(k), nxt)
+    got = t.recv(7, _like(_tree(prv)), prv)
+    _assert_tree_equal(got, _tree(prv))
+    assert all(leaf.devices() == {device} for leaf in jax.tree.leaves(got))
+    print("OK ring", flush=True)
+
+    # Out of order (the sender offers tags 1, 2, 3 with pauses; the receiver asks for 3, 1, 2),
+    # a reused tag, and an empty tree.
+    for tag in (1, 2, 3):
+        t.send(tag, _tree(k, tag), nxt)
+        time.sleep(0.05)
+    for tag in (3, 1, 2):
+        _assert_tree_equal(t.recv(tag, _like(_tree(prv)), prv), _tree(prv, tag))
+    t.send(5, _tree(k, 1), nxt)
+    t.send(5, _tree(k, 2), nxt)
+    _assert_tree_equal(t.recv(5, _like(_tree(prv)), prv), _tree(prv, 1))
+    _assert_tree_equal(t.recv(5, _like(_tree(prv)), prv), _tree(prv, 2))
+    t.send(6, {}, nxt)
+    assert t.recv(6, {}, prv) == {}
+    for tag, wrong in ((8, jax.ShapeDtypeStruct((3,), jnp.float32)),  # shape: the pull fails
+                       (9, jax.ShapeDtypeStruct((2,), jnp.int32))):  # dtype: caught by checksum
+        try:
+            t.send(tag, {"a": jnp.zeros((2,))}, nxt)
+            t.recv(tag, {"a": wrong}, prv)
+            raise AssertionError(f"mismatch not detected: {wrong}")
+        except TransportError as e:
+            assert "expected" in str(e), e
+    print("OK out-of-order", flush=True)
+
+    # Host-scalar collectives.
+    for _ in range(3):
+        assert t.allreduce_sum(k + 0.25, tag=0) == 3.75
+    gathered = t.gather_to_first({"stage": k, "v": [k] * k}, tag=1)
+    if k == 0:
+        assert gathered == [{"stage": j, "v": [j] * j} for j in range(p)], gathered
+    else:
+        assert gathered is None
+    print("OK allreduce", flush=True)
+    t.barrier(2)
+    print("OK gather", flush=True)
+
+    # Link emulation: stage 0 -> 1, two messages back to back.
+    emu = TransferServerTransport(k, p, device, _emulation(p), namespace="emu", timeout_s=60)
+    payload = {"w": jnp.ones((EMU_FLOATS,), jnp.float32)}
+    one = LATENCY_S + tree_nbytes(payload) / BANDWIDTH_BPS
+    emu.barrier(0)
+    times = {}
+    if k == 0:
+        times["send"] = time.time()
+        emu.send(1, payload, 1)
+        emu.send(2, payload, 1)
+    elif k == 1:
+        emu.recv(1, _like(payload), 0)
+        times["first"] = time.time()
+        emu.recv(2, _like(payload), 0)
+        times["second"] = time.time()
+    allt = emu.gather_to_first(times, tag=1)
+    if k == 0:
+        sent, first, second = allt[0]["send"], allt[1]["first"], allt[1]["second"]
+        print(f"emulated delays: {first - sent:.4f} s, {second - sent:.4f} s "
+              f"(expected >= {one:.4f}, {one + one - LATENCY_S:.4f})", flush=True)
+        assert one <= first - sent < one + 0.2
+        assert one + (one - LATENCY_S) <= second - sent < one + (one - LATENCY_S) + 0.2
+    print("OK emulation", flush=True)
+
+    # A receive that nobody answers times out with the stage and tag in the message.
+    short = TransferServerTransport(k, p, device, namespace="short", timeout_s=1.0)
+    if k == 2:
+        start = time.monotonic()
+        try:
+            short.recv(99, {"a": jax.ShapeDtypeStruct((1,), jnp.float32)}, 1)
+            raise AssertionError("no timeout")
+        except TransportTimeout as e:
+            assert "stage 2 receiving tag 99 from stage 1" in str(e), e
+        assert time.monotonic() - start < 10
+    print("OK timeout", flush=True)
+    t.barrier(3)
+    for tr in (t, emu, short):
+        tr.close()
+    # The key-value store is cleaned up: nothing left of the collectives but the last barrier's.
+    client = distributed.key_value_client()
+    client.wait_at_barrier("test/cleanup", 30000)
+    left = [key for key, _ in client.key_value_dir_get("skyjax/")]
+    assert sorted(left) == sorted([f"skyjax/addr/{j}" for j in range(p)]
+                                  + [f"skyjax/barrier/3/0/{j}" for j in range(p)]), left
+    print("OK cleanup", flush=True)
+    distributed.shutdown()
+    print("OK done", flush=True)
+
+
+if __name__ == "__main__":
+    _worker()
