@@ -1,0 +1,82 @@
+"""How long ``allocator.plan`` takes at cluster scale (prints a table).
+
+Profiles are synthesised with the FLOP model of ``paper_reproduction.py``:
+* 483 units (160-layer BERT-large at sublayer granularity: embeddings, 3 x 160, pooler,
+  classifier) on 64 devices;
+* 2001 units (666 layers: 3 x 666 + embeddings, pooler, classifier) on 1024 devices.
+Devices are heterogeneous (six kinds: slow-down 1..6, memory 16/24/32/40/48/80 GiB) and spread
+over four regions: 100 Gbit/s, 10 us inside a region; 1 to 10 Gbit/s, 10 to 80 ms between regions.
+Goals on a 2-core machine: <= 1 s for 483 x 64, <= 30 s for ~2000 x 1024. The table shows wall
+and CPU seconds (the machine may be shared), the plan, and its gap to the lower bound (an upper
+bound on how far from optimal the heuristic plan can be).
+
+Run: ``python experiments/plan_scale.py`` (add ``--quick`` to skip the 1024-device case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from paper_reproduction import BertShape, bert_units, synth_profile  # noqa: E402
+
+from skyjax import allocator  # noqa: E402
+
+GIB = 1 << 30
+KIND_MEMORY = np.array([16, 24, 32, 40, 48, 80]) * GIB
+
+
+def cluster(n: int, regions: int, seed: int) -> tuple[np.ndarray, ...]:
+    """Slow-downs, memory, latency, bandwidth, region per device."""
+    rng = np.random.default_rng(seed)
+    kind = rng.integers(0, 6, n)
+    region = np.sort(rng.integers(0, regions, n))
+    r_lat = rng.uniform(10e-3, 80e-3, (regions, regions))
+    r_bw = rng.uniform(1e9, 10e9, (regions, regions)) / 8
+    r_lat, r_bw = (r_lat + r_lat.T) / 2, (r_bw + r_bw.T) / 2
+    np.fill_diagonal(r_lat, 10e-6)
+    np.fill_diagonal(r_bw, 100e9 / 8)
+    lat = r_lat[region][:, region]
+    bw = r_bw[region][:, region]
+    np.fill_diagonal(lat, 0.0)
+    return kind + 1, KIND_MEMORY[kind], lat, bw, region
+
+
+def case(layers: int, devices: int, regions: int = 4, seed: int = 0):
+    units = bert_units(BertShape(layers=layers))
+    slow, mem, lat, bw, region = cluster(devices, regions, seed)
+    extra = [{"region": f"r{r}", "kind": f"x{s}"} for r, s in zip(region, slow)]
+    return synth_profile(units, slow, mem, lat, bw, extra_devices=extra)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the 64-device case")
+    args = parser.parse_args(argv)
+    sizes = [(160, 64, 1.0)] + ([] if args.quick else [(666, 1024, 30.0)])
+    print(f"{'units':>5} {'devices':>7} {'classes':>7} {'schedule':>8} {'m':>3} | {'wall s':>7} "
+          f"{'cpu s':>6} {'goal':>5} | {'stages':>6} {'T even':>8} {'T opt':>8} {'exact':>5} "
+          f"{'LB':>8} {'gap':>6}")
+    for layers, n_dev, goal in sizes:
+        prof = case(layers, n_dev)
+        n_cls = len(allocator.device_classes(allocator.tables(prof)))
+        for schedule, m in [("1f1b", 8), ("gpipe", 32), ("gpipe", 1)]:
+            even = allocator.plan(prof, "even", schedule, m)
+            t0, c0 = time.perf_counter(), time.process_time()
+            p = allocator.plan(prof, "optimal", schedule, m)
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            lb = "-" if p.exact else f"{p.lower_bound_s:8.3f}"
+            gap = "-" if p.exact else f"{p.step_time_s / p.lower_bound_s - 1:6.1%}"
+            print(f"{prof.num_units:5d} {n_dev:7d} {n_cls:7d} {schedule:>8} {m:3d} | {dt:7.2f} "
+                  f"{cpu:6.2f} {goal:5.0f} | {len(p.stages):6d} {even.step_time_s:8.3f} "
+                  f"{p.step_time_s:8.3f} {str(p.exact):>5} {lb:>8} {gap:>6}")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""profile.json (version 1) reading, validation and writing.
+
+The format is stable and documented in DESIGN.md. ``Profile.from_json`` checks
+every field and raises :class:`ProfileError` whose message names the offending
+field, e.g. ``profile.forward_s[3][1]: negative time -0.2``; unknown keys are
+kept in ``Profile.extra`` (unknown keys of ``links`` under ``extra["links"]``)
+and written back by ``to_json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+VERSION = 1
+_TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward_s", "links")
+_UNIT_FIELDS = ("state_bytes", "activation_bytes", "output_bytes")
+_LINK_KEYS = ("latency_s", "bandwidth_Bps")
+
+
+class ProfileError(ValueError):
+    """A malformed profile; the message names the field."""
+
+
+@dataclasses.dataclass
+class Profile:
+    """A validated profile; matrices are float64 numpy arrays."""
+
+    version: int
+    microbatch: dict
+    units: list[dict]
+    devices: list[dict]
+    forward_s: np.ndarray  # [U, D]
+    backward_s: np.ndarray  # [U, D]
+    latency_s: np.ndarray  # [D, D]
+    bandwidth_Bps: np.ndarray  # [D, D]
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_units(self) -> int:
+        return len(self.units)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @classmethod
+    def from_json(cls, d: Any) -> "Profile":
+        """Validates a parsed profile.json object; raises ProfileError."""
+        return _parse(d)
+
+    def to_json(self) -> dict:
+        """The profile as a JSON-serialisable dict (version 1)."""
+        extra = dict(self.extra)
+        link_extra = extra.pop("links", {})
+        links = {"latency_s": self.latency_s.tolist(), "bandwidth_Bps": self.bandwidth_Bps.tolist()}
+        links.update(link_extra if isinstance(link_extra, dict) else {})
+        out = {
+                "version": self.version,
+                "microbatch": dict(self.microbatch),
+                "units": [dict(u) for u in self.units],
+                "devices": [dict(dv) for dv in self.devices],
+                "forward_s": self.forward_s.tolist(),
+                "backward_s": self.backward_s.tolist(),
+                "links": links,
+        }
+        out.update(extra)
+        return out
+
+
+def load_profile(path: str) -> Profile:
+    """Reads and validates a profile file; unreadable or invalid JSON is a ProfileError."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ProfileError(f"profile: cannot read {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ProfileError(
+            f"profile: {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    return Profile.from_json(data)
+
+
+def save_profile(profile: Profile, path: str) -> None:
+    """Writes the profile atomically (temporary file + rename)."""
+    write_json_atomic(profile.to_json(), path)
+
+
+def write_json_atomic(obj: Any, path: str, indent: int | None = None) -> None:
+    """json.dump to a temporary file in the same folder, then os.replace."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=indent)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _fail(field: str, msg: str) -> None:
+    raise ProfileError(f"profile.{field}: {msg}")
+
+
+def _get(obj: dict, key: str, field: str) -> Any:
+    if key not in obj:
+        _fail(field, "missing")
+    return obj[key]
+
+
+def _number(x: Any, field: str, what: str = "value", allow_inf: bool = False) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        _fail(field, f"expected a number, got {type(x).__name__} {x!r}")
+    v = float(x)
+    if math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0)):
+        _fail(field, f"not a finite number ({x})")
+    if v < 0:
+        _fail(field, f"negative {what} {x}")
+    return v
+
+
+def _list(x: Any, field: str, n: int | None = None, what: str = "entries") -> list:
+    if not isinstance(x, list):
+        _fail(field, f"expected a list, got {type(x).__name__}")
+    if n is not None and len(x) != n:
+        _fail(field, f"expected {n} {what}, got {len(x)}")
+    return x
+
+
+def _matrix(x: Any, field: str, rows: int, cols: int, row_what: str, col_what: str,
+            what: str, allow_inf: bool = False) -> np.ndarray:
+    _list(x, field, rows, f"rows ({row_what})")
+    out = np.empty((rows, cols), dtype=np.float64)
+    for i, row in enumerate(x):
+        _list(row, f"{field}[{i}]", cols, f"columns ({col_what})")
+        for j, v in enumerate(row):
+            out[i, j] = _number(v, f"{field}[{i}][{j}]", what, allow_inf)
+    return out
+
+
+def _records(x: Any, field: str, fields: tuple[str, ...]) -> list[dict]:
+    _list(x, field)
+    if not x:
+        _fail(field, "empty")
+    out = []
+    for i, rec in enumerate(x):
+        if not isinstance(rec, dict):
+            _fail(f"{field}[{i}]", f"expected an object, got {type(rec).__name__}")
+        name = _get(rec, "name", f"{field}[{i}].name")
+        if not isinstance(name, str):
+            _fail(f"{field}[{i}].name", f"expected a string, got {type(name).__name__}")
+        for k in fields:
+            _number(_get(rec, k, f"{field}[{i}].{k}"), f"{field}[{i}].{k}", "size")
+        out.append(dict(rec))
+    return out
+
+
+def _parse(d: Any) -> Profile:
+    if not isinstance(d, dict):
+        raise ProfileError(f"profile: expected a JSON object, got {type(d).__name__}")
+    version = _get(d, "version", "version")
+    if isinstance(version, bool) or version != VERSION:
+        _fail("version", f"unsupported version {version!r} (expected {VERSION})")
+    mb = _get(d, "microbatch", "microbatch")
+    if not isinstance(mb, dict):
+        _fail("microbatch", f"expected an object, got {type(mb).__name__}")
+    for k in ("size", "seq_len"):
+        v = _get(mb, k, f"microbatch.{k}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            _fail(f"microbatch.{k}", f"expected a positive integer, got {v!r}")
+    units = _records(_get(d, "units", "units"), "units", _UNIT_FIELDS)
+    devices = _records(_get(d, "devices", "devices"), "devices", ("memory_bytes",))
+    n_u, n_d = len(units), len(devices)
+    fwd = _matrix(_get(d, "forward_s", "forward_s"), "forward_s", n_u, n_d, "one per unit",
+                  "one per device", "time")
+    bwd = _matrix(_get(d, "backward_s", "backward_s"), "backward_s", n_u, n_d, "one per unit",
+                  "one per device", "time")
+    links = _get(d, "links", "links")
+    if not isinstance(links, dict):
+        _fail("links", f"expected an object, got {type(links).__name__}")
+    lat = _matrix(_get(links, "latency_s", "links.latency_s"), "links.latency_s", n_d, n_d,
+                  "one per device", "one per device", "latency")
+    bw = _matrix(_get(links, "bandwidth_Bps", "links.bandwidth_Bps"), "links.bandwidth_Bps", n_d,
+                 n_d, "one per device", "one per device", "bandwidth", allow_inf=True)
+    extra = {k: v for k, v in d.items() if k not in _TOP_KEYS}
+    link_extra = {k: v for k, v in links.items() if k not in _LINK_KEYS}
+    if link_extra:
+        extra["links"] = link_extra
+    return Profile(version=VERSION, microbatch=dict(mb), units=units, devices=devices,
+                   forward_s=fwd, backward_s=bwd, latency_s=lat, bandwidth_Bps=bw, extra=extra)

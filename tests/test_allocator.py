@@ -1,0 +1,281 @@
+"""Allocator: cost model, even, optimal == brute force on random small instances, edge cases."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from skyjax import allocator
+from skyjax.allocator import InfeasibleError
+from skyjax.profile_io import Profile
+
+
+def make_profile(fwd, bwd=None, *, state=None, act=None, out=None, memory=None, latency=None,
+                 bandwidth=None) -> Profile:
+    fwd = np.asarray(fwd, float)
+    u, d = fwd.shape
+    bwd = 2 * fwd if bwd is None else np.asarray(bwd, float)
+    state = np.ones(u) if state is None else state
+    act = np.zeros(u) if act is None else act
+    out = np.ones(u) if out is None else out
+    memory = np.full(d, 1e18) if memory is None else memory
+    latency = np.zeros((d, d)) if latency is None else np.asarray(latency, float)
+    bandwidth = np.full((d, d), 1e12) if bandwidth is None else np.asarray(bandwidth, float)
+    return Profile.from_json({
+        "version": 1, "microbatch": {"size": 8, "seq_len": 128},
+        "units": [{"name": f"u{i}", "state_bytes": float(state[i]),
+                   "activation_bytes": float(act[i]), "output_bytes": float(out[i])}
+                  for i in range(u)],
+        "devices": [{"name": f"d{j}", "memory_bytes": float(memory[j])} for j in range(d)],
+        "forward_s": fwd.tolist(), "backward_s": bwd.tolist(),
+        "links": {"latency_s": latency.tolist(), "bandwidth_Bps": bandwidth.tolist()}})
+
+
+def random_profile(rng: np.random.Generator, d: int, u: int) -> Profile:
+    """Heterogeneous times, memory, links (some unreachable), tight-ish memory."""
+    speed = rng.uniform(0.3, 3.0, d)
+    fwd = rng.uniform(0.05, 1.0, (u, 1)) * speed[None] * rng.uniform(0.7, 1.4, (u, d))
+    bwd = fwd * rng.uniform(1.2, 2.5, (u, d))
+    state = rng.integers(1, 100, u) * 1000.0
+    act = rng.integers(0, 40, u) * 1000.0
+    out = rng.integers(1, 100, u) * 1e5
+    memory = rng.uniform(0.15, 1.2, d) * (state.sum() + 3 * act.sum())
+    latency = rng.uniform(0.0, 0.05, (d, d))
+    bandwidth = rng.choice([1e7, 1e8, 1e9], (d, d)) * (rng.random((d, d)) > 0.15)
+    return make_profile(fwd, bwd, state=state, act=act, out=out, memory=memory, latency=latency,
+                        bandwidth=bandwidth)
+
+
+def brute_force(p: Profile, schedule: str, m: int) -> float:
+    """min T over every device subset, order and cut, straight from the cost model."""
+    work = p.forward_s + p.backward_s
+    u, d = work.shape
+    pre = np.concatenate([np.zeros((1, d)), np.cumsum(work, axis=0)])  # [U+1, D]
+    sp = np.concatenate([[0], np.cumsum([x["state_bytes"] for x in p.units])])
+    ap = np.concatenate([[0], np.cumsum([x["activation_bytes"] for x in p.units])])
+    ob = np.array([x["output_bytes"] for x in p.units])
+    mem = np.array([x["memory_bytes"] for x in p.devices])
+    best = math.inf
+    for n in range(1, min(u, d) + 1):
+        combos = list(itertools.combinations(range(1, u), n - 1))
+        cuts = np.array(combos, int).reshape(len(combos), n - 1)
+        a = np.concatenate([np.zeros((len(cuts), 1), int), cuts], axis=1)
+        b = np.concatenate([cuts, np.full((len(cuts), 1), u)], axis=1)
+        infl = np.array([m if schedule == "gpipe" else min(m, n - k) for k in range(n)])
+        need = (sp[b] - sp[a]) + infl * (ap[b] - ap[a])
+        for devs in itertools.permutations(range(d), n):
+            dv = np.array(devs)
+            if (need > mem[dv]).any(axis=1).all():
+                continue
+            times = pre[b, dv] - pre[a, dv]
+            for k in range(n - 1):
+                bw = p.bandwidth_Bps[devs[k], devs[k + 1]]
+                lat = p.latency_s[devs[k], devs[k + 1]]
+                times[:, k] += 2 * (lat + ob[b[:, k] - 1] / bw) if bw > 0 else math.inf
+            total = times.sum(axis=1) + ((m - 1) * times.max(axis=1) if m > 1 else 0.0)
+            total[(need > mem[dv]).any(axis=1)] = math.inf
+            best = min(best, float(total.min()))
+    return best
+
+
+def check_plan_valid(prof: Profile, plan: allocator.Plan) -> None:
+    devs = [s.device for s in plan.stages]
+    assert len(set(devs)) == len(devs)
+    assert plan.stages[0].units[0] == 0 and plan.stages[-1].units[1] == prof.num_units
+    for s, nxt in zip(plan.stages, plan.stages[1:]):
+        assert s.units[1] == nxt.units[0]
+        assert prof.bandwidth_Bps[s.device, nxt.device] > 0
+    for s in plan.stages:
+        assert s.memory_bytes <= prof.devices[s.device]["memory_bytes"]
+    again = allocator.evaluate(prof, [(s.device, *s.units) for s in plan.stages], plan.schedule,
+                               plan.microbatches)
+    assert again.step_time_s == pytest.approx(plan.step_time_s, rel=1e-12)
+
+
+def test_optimal_matches_brute_force_random():
+    rng = np.random.default_rng(0)
+    n_cases = 0
+    for i in range(250):
+        d, u = int(rng.integers(1, 6)), int(rng.integers(1, 11))
+        prof = random_profile(rng, d, u)
+        schedule = ("gpipe", "1f1b")[i % 2]
+        m = (1, 2, 8)[(i // 2) % 3]
+        want = brute_force(prof, schedule, m)
+        if math.isinf(want):
+            with pytest.raises(InfeasibleError):
+                allocator.plan(prof, "optimal", schedule, m)
+            continue
+        got = allocator.plan(prof, "optimal", schedule, m)
+        assert got.exact
+        assert got.step_time_s == pytest.approx(want, rel=1e-9), (i, d, u, schedule, m)
+        t = allocator.tables(prof, schedule, m)
+        assert allocator.lower_bound(t) <= want * (1 + 1e-9)
+        assert allocator.min_bottleneck(t) <= got.bottleneck_s * (1 + 1e-9)
+        check_plan_valid(prof, got)
+        n_cases += 1
+    assert n_cases >= 200
+
+
+def test_heuristic_bounds_on_random():
+    """Forced heuristic: never better than the optimum; its lower bound never above it."""
+    rng = np.random.default_rng(1)
+    for i in range(40):
+        prof = random_profile(rng, int(rng.integers(2, 6)), int(rng.integers(2, 11)))
+        schedule, m = ("gpipe", "1f1b")[i % 2], (1, 2, 8)[i % 3]
+        try:
+            opt = allocator.plan(prof, "optimal", schedule, m)
+        except InfeasibleError:
+            continue
+        lb = allocator.lower_bound(allocator.tables(prof, schedule, m))
+        assert lb <= opt.step_time_s * (1 + 1e-9)
+        try:
+            heur = allocator.plan(prof, "optimal", schedule, m, force_heuristic=True)
+        except InfeasibleError:
+            continue  # the heuristic's safe 1F1B bound may miss a tight fit
+        assert heur.step_time_s >= opt.step_time_s * (1 - 1e-9)
+        assert heur.exact or heur.lower_bound_s <= opt.step_time_s * (1 + 1e-9)
+        check_plan_valid(prof, heur)
+
+
+def test_cost_model_by_hand():
+    prof = make_profile([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]], state=[10, 10, 10], act=[1, 2, 3],
+                        out=[100, 200, 300], latency=[[0, 0.5], [0.5, 0]],
+                        bandwidth=[[0, 100], [100, 0]])
+    p = allocator.evaluate(prof, [(1, 0, 1), (0, 1, 3)], "1f1b", 4)
+    s0, s1 = p.stages
+    assert s0.compute_s == 6.0 and s0.comm_s == pytest.approx(2 * (0.5 + 1.0))
+    assert s1.compute_s == 6.0 and s1.comm_s == 0.0
+    assert s0.memory_bytes == 10 + 2 * 1 and s1.memory_bytes == 20 + 1 * 5
+    assert p.bottleneck_s == 9.0 and p.step_time_s == pytest.approx(15 + 3 * 9)
+    g = allocator.evaluate(prof, [(1, 0, 1), (0, 1, 3)], "gpipe", 4)
+    assert g.stages[0].memory_bytes == 14 and g.stages[1].memory_bytes == 40
+    with pytest.raises(ValueError, match="used twice"):
+        allocator.evaluate(prof, [(0, 0, 1), (0, 1, 3)])
+    with pytest.raises(ValueError, match="covers"):
+        allocator.evaluate(prof, [(0, 0, 2)])
+
+
+def test_even_remainder_to_first_stages():
+    assert allocator.even_assignment(10, [3, 1, 2]) == [(3, 0, 4), (1, 4, 7), (2, 7, 10)]
+    assert allocator.even_assignment(2, [0, 1, 2]) == [(0, 0, 1), (1, 1, 2)]
+    prof = make_profile(np.ones((7, 3)))
+    p = allocator.plan(prof, "even", "gpipe", 2)
+    assert [s.units for s in p.stages] == [(0, 3), (3, 5), (5, 7)]
+
+
+def test_one_device():
+    prof = make_profile([[1.0], [2.0]])
+    for strategy in ("even", "optimal"):
+        p = allocator.plan(prof, strategy, "1f1b", 4)
+        assert [(s.device, s.units) for s in p.stages] == [(0, (0, 2))]
+        assert p.step_time_s == pytest.approx(4 * 9.0)
+
+
+def test_more_devices_than_units():
+    prof = make_profile([[1.0, 1.0, 3.0, 1.0]])
+    p = allocator.plan(prof, "optimal", "gpipe", 8)
+    assert len(p.stages) == 1 and p.stages[0].device != 2
+    assert len(allocator.plan(prof, "even").stages) == 1
+
+
+def test_device_too_small_for_any_unit():
+    prof = make_profile(np.ones((4, 3)) * [1.0, 0.1, 1.0], state=[10] * 4,
+                        memory=[100, 5, 100])
+    p = allocator.plan(prof, "optimal", "gpipe", 8)
+    assert 1 not in [s.device for s in p.stages]
+    with pytest.raises(InfeasibleError, match="device 1"):
+        allocator.plan(prof, "even")
+
+
+def test_unreachable_link_never_used():
+    bw = [[0, 0, 1e12], [1e12, 0, 1e12], [1e12, 0, 0]]  # 0->1, 2->1 and 2->2 unreachable
+    prof = make_profile(np.ones((6, 3)), bandwidth=bw)
+    for m in (1, 8):
+        p = allocator.plan(prof, "optimal", "1f1b", m)
+        devs = [s.device for s in p.stages]
+        for a, b in zip(devs, devs[1:]):
+            assert bw[a][b] > 0
+    assert len(allocator.plan(prof, "optimal", "1f1b", 8).stages) == 3
+    with pytest.raises(InfeasibleError, match="cannot reach"):
+        allocator.plan(prof, "even")
+
+
+def test_m1_uses_fastest_device():
+    prof = make_profile(np.ones((5, 3)) * [3.0, 1.0, 2.0], latency=np.full((3, 3), 0.1))
+    p = allocator.plan(prof, "optimal", "gpipe", 1)
+    assert [(s.device, s.units) for s in p.stages] == [(1, (0, 5))]
+    assert p.exact and p.step_time_s == pytest.approx(15.0)
+
+
+def test_infeasible_names_device_and_bytes():
+    prof = make_profile(np.ones((3, 2)), state=[50, 50, 50], memory=[40, 60])
+    with pytest.raises(InfeasibleError, match=r"device 1 .*short by \d+ bytes"):
+        allocator.plan(prof, "optimal", "gpipe", 2)
+    prof = make_profile(np.ones((3, 2)), state=[50, 50, 50], memory=[60, 60])
+    with pytest.raises(InfeasibleError, match=r"30 bytes do not fit"):
+        allocator.plan(prof, "optimal", "gpipe", 2)
+
+
+def test_1f1b_memory_position():
+    """1F1B keeps fewer micro-batches on late stages, GPipe m everywhere: only 1F1B fits."""
+    prof = make_profile(np.ones((2, 2)), state=[0, 0], act=[10, 10], memory=[80, 15])
+    p = allocator.plan(prof, "optimal", "1f1b", 8)
+    assert [(s.device, s.units, s.memory_bytes) for s in p.stages] == [
+        (0, (0, 1), 20), (1, (1, 2), 10)] or [s.device for s in p.stages] == [0]
+    with pytest.raises(InfeasibleError):
+        allocator.plan(prof, "optimal", "gpipe", 8)
+
+
+def test_identical_classes_exact_and_fast():
+    """64 identical devices x 160 units: one class, exact."""
+    prof = make_profile(np.ones((160, 64)) * np.linspace(1, 2, 160)[:, None],
+                        out=np.full(160, 1e6), latency=np.full((64, 64), 1e-3),
+                        bandwidth=np.full((64, 64), 1e9))
+    p = allocator.plan(prof, "optimal", "1f1b", 32)
+    assert p.exact
+    assert p.step_time_s < allocator.plan(prof, "even", "1f1b", 32).step_time_s * 1.001
+
+
+def test_plan_json_roundtrip():
+    prof = make_profile(np.ones((4, 2)))
+    p = allocator.plan(prof, "optimal", "gpipe", 3)
+    d = p.to_json()
+    assert set(d) >= {"strategy", "schedule", "microbatches", "stages", "step_time_s",
+                      "bottleneck_s", "exact"}
+    assert allocator.Plan.from_json(d) == p
+
+
+def test_lower_bound_tight_for_single_fast_device():
+    prof = make_profile(np.ones((4, 2)) * [1.0, 5.0])
+    t = allocator.tables(prof, "gpipe", 1)
+    assert allocator.lower_bound(t) == pytest.approx(12.0)
+
+
+def test_heuristic_with_coarsened_links(monkeypatch):
+    """Per-pair links (every device its own link group) coarsened to 2 groups: plans stay valid
+    (true costs) and never beat the optimum."""
+    monkeypatch.setattr(allocator, "MAX_LINK_GROUPS", 2)
+    rng = np.random.default_rng(2)
+    for i in range(20):
+        prof = random_profile(rng, 5, int(rng.integers(3, 10)))
+        schedule, m = ("gpipe", "1f1b")[i % 2], (1, 8)[i % 2]
+        try:
+            opt = allocator.plan(prof, "optimal", schedule, m)
+            heur = allocator.plan(prof, "optimal", schedule, m, force_heuristic=True)
+        except InfeasibleError:
+            continue
+        assert heur.step_time_s >= opt.step_time_s * (1 - 1e-9)
+        check_plan_valid(prof, heur)
+
+
+def test_coarse_groups_split_regions():
+    lat = np.full((6, 6), 0.1)
+    lat[:3, :3] = lat[3:, 3:] = 1e-4
+    lat += np.random.default_rng(0).uniform(0, 1e-6, (6, 6))  # noisy: all link groups singletons
+    prof = make_profile(np.ones((4, 6)), latency=lat, bandwidth=np.full((6, 6), 1e9))
+    t = allocator.tables(prof)
+    assert len(allocator.link_groups(t)) == 6
+    assert sorted(allocator.coarse_groups(t, 2)) == [[0, 1, 2], [3, 4, 5]]

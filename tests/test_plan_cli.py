@@ -1,0 +1,92 @@
+"""python -m skyjax.plan: table, --json, --out, --trace, clear errors with exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from skyjax import plan as plan_cli
+from skyjax.profile_io import save_profile
+from tests.test_allocator import make_profile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def profile_path(tmp_path):
+    fwd = np.array([[1.0, 2.0, 1.0], [2.0, 4.0, 2.0], [1.0, 2.0, 1.0], [0.5, 1.0, 0.5]]) * 1e-3
+    prof = make_profile(fwd, state=[1e6] * 4, act=[1e5] * 4, out=[1e6] * 4,
+                        memory=[1e9, 1e9, 1e9], latency=np.full((3, 3), 1e-5),
+                        bandwidth=np.full((3, 3), 1e10))
+    path = tmp_path / "profile.json"
+    save_profile(prof, str(path))
+    return str(path)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "skyjax.plan", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def test_table_json_out_trace(profile_path, tmp_path, capsys):
+    out, trace = tmp_path / "plan.json", tmp_path / "trace.json"
+    assert plan_cli.main(["--profile", profile_path, "--strategy", "optimal", "--schedule",
+                          "gpipe", "--microbatches", "4", "--out", str(out),
+                          "--trace", str(trace)]) == 0
+    text = capsys.readouterr().out
+    for word in ("stage", "device", "units", "compute", "comm", "memory", "share", "100%",
+                 "exact"):
+        assert word in text
+    plan = json.loads(out.read_text())
+    assert set(plan) >= {"strategy", "schedule", "microbatches", "stages", "step_time_s",
+                         "bottleneck_s", "exact"}
+    assert plan["schedule"] == "gpipe" and plan["microbatches"] == 4 and plan["exact"] is True
+    assert plan["stages"][0]["units"][0] == 0 and plan["stages"][-1]["units"][1] == 4
+    assert set(plan["stages"][0]) == {"device", "units", "compute_s", "comm_s", "memory_bytes"}
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(e["ph"] == "X" and e["pid"] == 0 for e in events) == 2 * 4 * len(plan["stages"])
+    assert plan_cli.main(["--profile", profile_path, "--json", "--strategy", "even"]) == 0
+    even = json.loads(capsys.readouterr().out)
+    assert [s["units"] for s in even["stages"]] == [[0, 2], [2, 3], [3, 4]]
+
+
+def test_subprocess_ok(profile_path):
+    r = run_cli("--profile", profile_path, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["strategy"] == "optimal"
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda d: d["units"][2].pop("activation_bytes"), "profile.units[2].activation_bytes"),
+    (lambda d: d["forward_s"][1].pop(), "profile.forward_s[1]"),
+    (lambda d: d["backward_s"][3].__setitem__(0, -1.0), "profile.backward_s[3][0]"),
+    (lambda d: d["forward_s"][0].__setitem__(2, float("nan")), "profile.forward_s[0][2]"),
+    (lambda d: d.__setitem__("version", 7), "profile.version"),
+])
+def test_bad_profile_one_line_exit_2(profile_path, edit, field):
+    d = json.load(open(profile_path))
+    edit(d)
+    with open(profile_path, "w") as f:
+        json.dump(d, f)
+    r = run_cli("--profile", profile_path)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "Traceback" not in r.stderr
+
+
+def test_missing_file_and_infeasible(tmp_path, capsys):
+    assert plan_cli.main(["--profile", str(tmp_path / "nope.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    prof = make_profile(np.ones((2, 2)), state=[10, 10], memory=[5, 5])
+    path = tmp_path / "p.json"
+    save_profile(prof, str(path))
+    assert plan_cli.main(["--profile", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bytes" in err[0] and "device" in err[0]
