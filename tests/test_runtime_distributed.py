@@ -1,0 +1,120 @@
+"""Distributed pipeline executor: one process per stage under jax.distributed on localhost.
+
+Each test starts this module as a worker in N processes (``skyjax.launch.launch``); the workers
+write their results to files the test then compares with full-model references computed here:
+one step's gradients equal ``jax.grad`` of the full model, and several steps give the same losses
+as single-device training, for both schedules, even and uneven plans, m < p, and a plan that
+leaves a process idle.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS_DIR)
+sys.path.insert(0, REPO)
+sys.path.insert(0, TESTS_DIR)
+
+import jax  # noqa: E402
+import optax  # noqa: E402
+
+from skyjax.launch import launch  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp_path, nprocs: int, spec: dict) -> None:
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
+    out = io.BytesIO()
+    env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": "",
+           "JAX_PLATFORMS": "cpu", "SKYJAX_TEST_SPEC": str(spec_path)}
+    rc = launch([], nprocs, timeout_s=240, env=env, module="test_runtime_distributed",
+                stdout=out, grace_s=2)
+    text = out.getvalue().decode(errors="replace")
+    assert rc == 0, text[-6000:]
+
+
+def _plan(blocks, devices, schedule, m):
+    return {"schedule": schedule, "microbatches": m,
+            "stages": [{"device": d, "units": [a, b]} for d, (a, b) in zip(devices, blocks)]}
+
+
+@pytest.mark.parametrize("schedule,blocks,devices,m", [
+    ("1f1b", [(0, 2), (2, 3), (3, 5)], [0, 1, 2], 4),
+    ("gpipe", [(0, 4), (4, 5)], [2, 0], 2),  # uneven, reordered, process 1 idle, m = p
+    ("1f1b", [(0, 1), (1, 3), (3, 5)], [0, 1, 2], 1),  # m < p
+])
+def test_one_step_gradients_equal_full_model_grad(tmp_path, schedule, blocks, devices, m):
+    import test_runtime_local as ref
+
+    _run(tmp_path, 3, {"mode": "grad", "plan": _plan(blocks, devices, schedule, m), "steps": 1})
+    chain = ref.fresh_chain()
+    params0 = jax.tree.map(np.array, [u.params for u in chain])
+    batch = ref.make_batch(0)
+    want = jax.grad(lambda p: ref.reference_loss(chain, p, batch, 0, m))(params0)
+    for k, (a, b) in enumerate(blocks):
+        with np.load(tmp_path / f"stage{k}.npz") as f:
+            got = [f[f"{u}/{i}"] for u in range(a, b) for i in range(len(jax.tree.leaves(want[u])))]
+        flat_want = [x for u in range(a, b) for x in jax.tree.leaves(want[u])]
+        for g, w in zip(got, flat_want):
+            np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
+
+
+def test_losses_equal_single_device_training(tmp_path):
+    import test_runtime_local as ref
+
+    steps, m, clip = 3, 2, 0.5
+    plan = _plan([(0, 3), (3, 5)], [1, 0], "1f1b", m)
+    _run(tmp_path, 2, {"mode": "losses", "plan": plan, "steps": steps, "clip": clip})
+    want = ref.reference_losses(ref.fresh_chain(), steps, m, clip)
+    got = json.loads((tmp_path / "losses.json").read_text())
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------- worker
+
+def _worker() -> None:
+    from skyjax.runtime import distributed
+    from skyjax.runtime.executor import DistributedExecutor
+    from skyjax.runtime.transport import TransferServerTransport
+
+    import test_runtime_local as ref
+
+    with open(os.environ["SKYJAX_TEST_SPEC"]) as f:
+        spec = json.load(f)
+    distributed.initialize()
+    pid, n = jax.process_index(), jax.process_count()
+    device = jax.local_devices()[0]
+    transport = TransferServerTransport(pid, n, device, namespace="test", timeout_s=120)
+    chain = ref.fresh_chain()
+    grad_mode = spec["mode"] == "grad"
+    optimizer = optax.sgd(1.0) if grad_mode else optax.adamw(1e-3)
+    params0 = [jax.tree.map(np.array, u.params) for u in chain]
+    ex = DistributedExecutor(chain, spec["plan"], transport, pid, device, batch_size=ref.BATCH,
+                             seq_len=ref.SEQ, optimizer=optimizer,
+                             max_grad_norm=spec.get("clip"), rng=ref.rng_for)
+    losses = [ex.train_step(step, ref.make_batch(step)).loss for step in range(spec["steps"])]
+    if grad_mode and ex.stage is not None:
+        k = ex.stage.index
+        a = ex.places[k].start
+        arrays = {}
+        for j, (before, after) in enumerate(zip(params0[a:], ex.unit_params())):
+            for i, (x, y) in enumerate(zip(jax.tree.leaves(before), jax.tree.leaves(after))):
+                arrays[f"{a + j}/{i}"] = x - np.asarray(y)
+        np.savez(os.path.join(spec["out"], f"stage{k}.npz"), **arrays)
+    if pid == 0:
+        with open(os.path.join(spec["out"], "losses.json"), "w") as f:
+            json.dump(losses, f)
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    _worker()
