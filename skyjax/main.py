@@ -57,10 +57,29 @@ def main(argv: list[str]) -> None:
         validate_config(config)
     except ValueError as e:
         sys.exit(f"Invalid config: {e}")
+    start_jax(config)
     from skyjax import train  # imports jax: only once the config is known to be good
 
     logging.info("config:\n%s", config)
     train.train_and_evaluate(config, _WORKDIR.value)
+    if config.cluster.mode == "distributed":
+        from skyjax.runtime import distributed
+
+        distributed.shutdown()
+
+
+def start_jax(config) -> None:
+    """Before JAX starts: join ``jax.distributed`` (one process per stage; coordinator from the
+    config, our launcher's environment, or SLURM / TPU auto-detection), or ask for
+    ``config.cluster.num_devices`` CPU devices when a local run has too few."""
+    if config.cluster.mode == "distributed":
+        from skyjax.runtime import distributed
+
+        distributed.initialize(coordinator_address=config.cluster.coordinator_address or None)
+    else:
+        from skyjax import cluster
+
+        cluster.ensure_host_device_count(config.cluster.num_devices)
 
 
 if __name__ == "__main__":

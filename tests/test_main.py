@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from skyjax import config_defaults, train
+from skyjax import baseline, config_defaults, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "local_demo.py")
@@ -103,7 +103,7 @@ def test_microbatches_average_to_the_full_batch_gradient():
     outs = []
     for m in (1, 4):
         params = jax.tree.map(lambda x: x.copy(), [u.params for u in chain])
-        step = train.make_train_step(chain, optimizer, 0, m)
+        step = baseline.make_train_step(chain, optimizer, 0, m)
         params, _, metrics = step(params, optimizer.init(params), batch, np.int32(5))
         outs.append((params, metrics))
     np.testing.assert_allclose(outs[0][1]["loss"], outs[1][1]["loss"], rtol=1e-5)
@@ -120,11 +120,28 @@ def test_learning_rate_schedule():
     assert float(train.learning_rate_schedule(config)(90)) == pytest.approx(1.0)
 
 
-def test_multi_device_plan_not_implemented_yet(tmp_path):
-    config = tiny_config()
-    config.cluster.num_devices = 2
-    with pytest.raises(NotImplementedError, match="config.cluster.num_devices=2"):
-        train.train_and_evaluate(config, str(tmp_path))
+def test_pipelined_run_matches_single_device_run(tmp_path):
+    """Three emulated heterogeneous devices, any strategy: the same losses as one device."""
+    summaries = []
+    for devices, slowdowns, strategy in ((1, (), "optimal"), (3, (1, 2, 4), "even"),
+                                         (3, (1, 2, 4), "optimal")):
+        config = tiny_config(steps=3)
+        config.model.hidden_dropout_prob = 0.1
+        config.pipeline.microbatches = 4
+        config.cluster.num_devices = devices
+        config.cluster.slowdowns = slowdowns
+        config.allocation.strategy = strategy
+        summaries.append(train.train_and_evaluate(config, str(tmp_path / f"{devices}{strategy}")))
+    assert summaries[1]["num_stages"] == 3
+    for s in summaries[1:]:
+        np.testing.assert_allclose(s["final_loss"], summaries[0]["final_loss"], atol=1e-5)
+        np.testing.assert_allclose(s["eval_loss"], summaries[0]["eval_loss"], atol=1e-5)
+    trace = json.loads((tmp_path / "3even" / "trace.json").read_text())
+    measured = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["pid"] == 0]
+    assert {e["tid"] for e in measured} == {0, 1, 2}
+    assert sorted(e["name"] for e in measured if e["tid"] == 1) == sorted(
+        [f"F{i}" for i in range(4)] + [f"B{i}" for i in range(4)])
+    assert any(e["pid"] >= 10 for e in trace["traceEvents"])  # the simulated step beside it
 
 
 @pytest.mark.slow

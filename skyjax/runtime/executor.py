@@ -133,9 +133,9 @@ class LocalExecutor:
         return StepMetrics(float(np.mean(last.losses)), float(np.mean(last.accuracies)),
                            max(r.wall_s for r in results), results)
 
-    def evaluate(self, batches: Iterable[Batch], first_tag: int) -> dict[str, float]:
-        batches = list(batches)
-        results = self._all(lambda s: s.run_eval(batches, first_tag))[-1]
+    def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
+        batches = eval_microbatches(batches, self.microbatches)
+        results = self._all(lambda s: s.run_eval(batches))[-1]
         return summarize_eval(results)
 
     def unit_params(self) -> list[Any]:
@@ -146,12 +146,22 @@ class LocalExecutor:
         self._pool.shutdown(wait=True)
 
 
-def summarize_eval(results: list[tuple[float, float, int]]) -> dict[str, float]:
-    n = sum(r[2] for r in results)
+def eval_microbatches(batches: Iterable[Batch], microbatches: int) -> list[Batch]:
+    """Eval batches cut to micro-batch size, so that every stage sees its training shapes."""
+    out = []
+    for batch in batches:
+        split = split_microbatches(batch, microbatches)
+        out += [split(i) for i in range(microbatches)]
+    return out
+
+
+def summarize_eval(sums: list[tuple[float, float, float]]) -> dict[str, float]:
+    """Mean loss and accuracy from per-batch weighted sums (loss, correct, weight)."""
+    n = sum(r[2] for r in sums)
     if not n:
         return {}
-    return {"eval_loss": sum(r[0] * r[2] for r in results) / n,
-            "eval_accuracy": sum(r[1] * r[2] for r in results) / n, "eval_examples": n}
+    return {"eval_loss": sum(r[0] for r in sums) / n, "eval_accuracy": sum(r[1] for r in sums) / n,
+            "eval_examples": int(round(n))}
 
 
 class ProcessLink:
@@ -230,8 +240,9 @@ class DistributedExecutor:
         return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
                            max(g["wall_s"] for g in gathered), results)
 
-    def evaluate(self, batches: Iterable[Batch], first_tag: int) -> dict[str, float]:
-        results = self.stage.run_eval(list(batches), first_tag) if self.stage else []
+    def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
+        batches = eval_microbatches(batches, self.microbatches)
+        results = self.stage.run_eval(batches) if self.stage else []
         gathered = self.transport.gather_to_first({"results": results}, self._collective_tag())
         if gathered is None:
             return {}

@@ -144,18 +144,21 @@ class PipelineStage:
             self.program.update, self.state.params, self.state.opt_state, self.state.grads, scale,
             slowdown=self.slowdown)
 
-    def run_eval(self, batches: Iterable[Batch], first_tag: int) -> list[tuple[float, float, int]]:
-        """Forward-only pass over ``batches``; the last stage returns (loss, accuracy, size) each."""
+    def run_eval(self, batches: Iterable[Batch]) -> list[tuple[float, float, float]]:
+        """Forward-only pass over micro-batch-sized ``batches`` (optional ``weights``); the last
+        stage returns weighted sums (loss, correct, weight) per batch. Eval messages use negative
+        tags (training uses non-negative ones); the transports pair repeated tags in order."""
         results = []
         for i, batch in enumerate(batches):
-            tag = first_tag + i
+            tag = -1 - i
             carry = self._input(tag, batch)
-            labels = self._put(batch["labels"]) if self.is_last else None
-            out = self.program.evaluate(self.state.params, carry, labels)
             if self.is_last:
-                results.append((float(out[0]), float(out[1]), len(batch["labels"])))
+                weights = batch.get("weights", np.ones(len(batch["labels"]), np.float32))
+                out = self.program.evaluate(self.state.params, carry, self._put(batch["labels"]),
+                                            self._put(weights))
+                results.append(tuple(float(x) for x in out))
             else:
-                self.link.send(tag, out, self.index + 1)
+                self.link.send(tag, self.program.evaluate(self.state.params, carry), self.index + 1)
         return results
 
 

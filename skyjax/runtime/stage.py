@@ -92,11 +92,15 @@ class StageProgram:
         params = optax.apply_updates(params, updates)
         return params, opt_state, jax.tree.map(jnp.zeros_like, grads)
 
-    def _evaluate(self, params: list[Params], carry: Carry, labels=None):
+    def _evaluate(self, params: list[Params], carry: Carry, labels=None, weights=None):
+        """Eval-mode forward; the last stage returns weighted sums (loss, correct, weight)."""
         out = apply_units(self.chain, params, carry, None, False)
         if not self.is_last:
             return out
-        return classification_loss(out["logits"], labels)
+        logp = jax.nn.log_softmax(out["logits"].astype(jnp.float32), axis=-1)
+        nll = -jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), axis=-1)[:, 0]
+        correct = (jnp.argmax(out["logits"], axis=-1) == labels).astype(jnp.float32)
+        return jnp.sum(nll * weights), jnp.sum(correct * weights), jnp.sum(weights)
 
     # -- helpers ---------------------------------------------------------------------------------
 

@@ -1,0 +1,101 @@
+"""The plain single-device train step: one jit over the whole model, no pipeline.
+
+The reference that pipelined training must equal (tests) and the baseline that a one-stage
+pipeline is measured against (``experiments/hetero_benchmark.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from skyjax.models import bert
+
+Params = list[dict[str, Any]]  # one pure param dict per unit
+Batch = dict[str, np.ndarray]
+
+# Streams folded into the root key jax.random.PRNGKey(config.train.seed).
+_DROPOUT_STREAM = 1
+
+
+def microbatch_rng(seed: int, step: int, microbatch: int) -> jax.Array:
+    """The dropout key of one micro-batch: the same on every stage and for every plan."""
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), _DROPOUT_STREAM)
+    return jax.random.fold_in(jax.random.fold_in(key, step), microbatch)
+
+
+def global_norm(tree: Any) -> jax.Array:
+    """The L2 norm of all leaves together."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def forward(chain: list[bert.Unit], params: Params, batch: Batch, rng: jax.Array | None,
+            train: bool) -> jax.Array:
+    """Logits of the composed units."""
+    carry = bert.initial_carry(batch["input_ids"], batch["token_type_ids"],
+                               batch["attention_mask"])
+    return bert.apply_units(chain, params, carry, rng, train)["logits"]
+
+
+def make_train_step(chain: list[bert.Unit], optimizer: optax.GradientTransformation,
+                    seed: int, microbatches: int) -> Callable:
+    """``step(params, opt_state, batch, step) -> (params, opt_state, metrics)``, jitted.
+
+    The batch is split into ``microbatches`` equal micro-batches whose gradients are averaged
+    (what a pipeline computes), each with dropout key ``microbatch_rng(seed, step, i)``.
+    """
+
+    def loss_fn(params: Params, mb: Batch, rng: jax.Array):
+        loss, acc = bert.classification_loss(forward(chain, params, mb, rng, True), mb["labels"])
+        return loss, acc
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def step_fn(params: Params, opt_state: Any, batch: Batch, step: jax.Array):
+        split = jax.tree.map(lambda x: x.reshape(microbatches, -1, *x.shape[1:]), batch)
+
+        def accumulate(acc, i):
+            mb = jax.tree.map(lambda x: x[i], split)
+            (loss, accuracy), grads = grad_fn(params, mb, microbatch_rng(seed, step, i))
+            acc = jax.tree.map(jnp.add, acc, (grads, loss, accuracy))
+            return acc, None
+
+        zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros(()), jnp.zeros(()))
+        (grads, loss, accuracy), _ = jax.lax.scan(accumulate, zeros, jnp.arange(microbatches))
+        grads, loss, accuracy = jax.tree.map(lambda x: x / microbatches, (grads, loss, accuracy))
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {"loss": loss, "accuracy": accuracy, "grad_norm": global_norm(grads)}
+        return params, opt_state, metrics
+
+    return jax.jit(step_fn, donate_argnums=(0, 1))
+
+
+def make_eval_step(chain: list[bert.Unit]) -> Callable:
+    """``eval_step(params, batch) -> sums of (loss, correct, weight)``, jitted; uses ``weights``."""
+
+    def eval_fn(params: Params, batch: Batch):
+        logits = forward(chain, params, batch, None, False)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        nll = -jnp.take_along_axis(logp, batch["labels"][:, None], axis=-1)[:, 0]
+        correct = (jnp.argmax(logits, axis=-1) == batch["labels"]).astype(jnp.float32)
+        w = batch["weights"]
+        return {"loss": jnp.sum(nll * w), "correct": jnp.sum(correct * w), "count": jnp.sum(w)}
+
+    return jax.jit(eval_fn)
+
+
+def evaluate(eval_step: Callable, params: Params, batches: Iterable[Batch]) -> dict[str, float]:
+    """Mean loss and accuracy over the weighted eval examples."""
+    totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+    for batch in batches:
+        for k, v in eval_step(params, batch).items():
+            totals[k] += float(v)
+    n = max(totals["count"], 1.0)
+    return {"eval_loss": totals["loss"] / n, "eval_accuracy": totals["correct"] / n,
+            "eval_examples": int(totals["count"])}

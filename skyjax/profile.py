@@ -1,0 +1,72 @@
+"""``python -m skyjax.profile --config configs/local_hetero.py --out profile.json``.
+
+Measures (or, with ``--workdir``, reuses the cached) profile of the config's model on the config's
+cluster: one progress line per unit and device, a short table at the end. The result is the
+profile.json that ``python -m skyjax.plan --profile ...`` plans from. Any config key can be
+overridden, e.g. ``--config.cluster.slowdowns="(1, 2, 4)"``.
+
+For a CPU cluster of ``config.cluster.num_devices`` devices in one process the host device count
+is set before JAX starts; a ``"distributed"`` config profiled here runs its processes' devices in
+this one process (same compute path; links are then probed with ``jax.device_put``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
+_OUT = flags.DEFINE_string("out", None, "Where to write profile.json (optional).")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Cache profiles under WORKDIR/profiles/<key>.json and reuse them.")
+_REPROFILE = flags.DEFINE_bool("reprofile", False, "Measure even if a cached profile exists.")
+_REPEATS = flags.DEFINE_integer("repeats", None, "Timed repeats (default config.profile.repeats).")
+_BUDGET = flags.DEFINE_float("budget_s", None, "Timing budget per unit and device class (s).")
+_DEDUP = flags.DEFINE_bool("dedup", True, "Measure identical units / devices once.")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if not _OUT.value and not _WORKDIR.value:
+        raise app.UsageError("pass --out and/or --workdir")
+    config = FLAGS.config
+    from skyjax.config_validation import validate_config
+
+    try:
+        validate_config(config)
+    except ValueError as e:
+        sys.exit(f"Invalid config: {e}")
+    from skyjax import cluster as cluster_lib
+
+    cluster_lib.ensure_host_device_count(int(config.cluster.num_devices))
+    from skyjax import profiler  # imports jax: after XLA_FLAGS
+    from skyjax.profile_io import save_profile
+
+    overrides = {"dedup_units": _DEDUP.value, "dedup_devices": _DEDUP.value}
+    if _REPEATS.value:
+        overrides.update(repeats=_REPEATS.value, min_repeats=min(3, _REPEATS.value))
+    if _BUDGET.value:
+        overrides["budget_s"] = _BUDGET.value
+    options = profiler.Options.from_config(config, **overrides)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    if _WORKDIR.value:
+        prof = profiler.profile_or_load(config, _WORKDIR.value, reprofile=_REPROFILE.value,
+                                        options=options, log=log)
+    else:
+        prof = profiler.profile(config, options=options, log=log)
+    if _OUT.value:
+        save_profile(prof, _OUT.value)
+        print(f"wrote {_OUT.value}")
+    meta = prof.extra.get("profiler", {})
+    print(profiler.summary_table(prof))
+    if "profile_time_s" in meta:
+        print(f"profiled in {meta['profile_time_s']:.1f} s (compilation {meta['compile_s']:.1f} s)")
+
+
+if __name__ == "__main__":
+    app.run(main)

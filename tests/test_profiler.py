@@ -1,0 +1,320 @@
+"""skyjax.profiler: measured per-unit times on emulated heterogeneous devices, exact bytes,
+link probes, the profile cache, the CLI, and plans made from measured profiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from skyjax import allocator, config_defaults, profiler
+from skyjax import cluster as cl
+from skyjax.models import bert
+from skyjax.profile_io import Profile, load_profile
+from skyjax.runtime.stage import StageProgram
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A string condition: evaluated at test time, so that importing this module (as the children of
+# the multi-process test do) does not start a JAX backend before jax.distributed.
+needs3 = pytest.mark.skipif("len(__import__('jax').local_devices()) < 3",
+                            reason="needs 3 local devices (XLA_FLAGS="
+                            "--xla_force_host_platform_device_count, tests/conftest.py)")
+
+
+def tiny_config(n=1, layers=2, hidden=32, seq_len=16, batch=8, **cluster):
+    c = config_defaults.base_config()
+    m = c.model
+    m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.intermediate_size = (
+        hidden, layers, 2, 4 * hidden)
+    c.data.seq_len, c.data.batch_size = seq_len, batch
+    c.pipeline.microbatches = 1
+    c.profile.repeats = 3
+    c.cluster.num_devices = n
+    c.cluster.update(cluster)
+    return c
+
+
+def quiet(msg):
+    del msg
+
+
+def test_profile_shapes_and_exact_bytes():
+    c = tiny_config(1)
+    lines = []
+    model = bert.BertForSequenceClassification(profiler.model_config(c), rngs=nnx.Rngs(0))
+    chain = bert.units(model, "layer")
+    prof = profiler.profile(c, chain=chain, log=lines.append)  # as train.py calls it
+    assert [u["name"] for u in prof.units] == [u.name for u in chain]
+    assert prof.forward_s.shape == (4, 1) and np.all(prof.forward_s > 0)
+    assert np.all(prof.backward_s > 0)
+    assert prof.microbatch == {"size": 8, "seq_len": 16}
+    # Layers are measured once and reused; lines name units and devices.
+    assert prof.forward_s[1, 0] == prof.forward_s[2, 0]
+    assert prof.units[2]["measured_as"] == "layer_0"
+    assert any("layer_0" in line and "proc0:cpu0" in line for line in lines)
+    assert any("layer_1: same shapes as layer_0, reused" in line for line in lines)
+
+    optimizer = profiler._optimizer(c)
+    carry, labels = profiler.sample_microbatch(profiler.model_config(c), 8, 16)
+    for u, unit in enumerate(chain):
+        rec = prof.units[u]
+        params = profiler.tree_bytes(unit.params)
+        opt = profiler.tree_bytes(jax.eval_shape(optimizer.init, [unit.params]))
+        assert rec["param_bytes"] == params
+        assert rec["state_bytes"] == 2 * params + opt  # params + grads + optimizer state
+        assert opt >= 2 * params  # AdamW: two moments
+        # activation_bytes = the residuals the runtime's stage forward keeps for backward.
+        is_last = u == len(chain) - 1
+        prog = StageProgram([unit], is_last=is_last, microbatches=1)
+        out, res = prog.forward([unit.params], carry, jax.random.PRNGKey(0),
+                                labels if is_last else None)
+        assert rec["activation_bytes"] == profiler.tree_bytes(res)
+        nxt = unit.apply(unit.params, carry, None, False)
+        assert rec["output_bytes"] == profiler.tree_bytes(nxt)
+        carry = nxt
+        assert rec.get("forward_temp_size_in_bytes", 0) >= 0
+    assert prof.units[1]["output_bytes"] == 8 * 16 * 32 * 4 + 8 * 16 * 4  # hidden + mask
+    dev = prof.devices[0]
+    assert dev["memory_bytes"] > 0 and dev["kind"] == "cpu" and dev["slowdown"] == 1.0
+    assert prof.latency_s.shape == (1, 1)
+    assert set(prof.extra) >= {"cache_key", "profiler"}
+    assert Profile.from_json(json.loads(json.dumps(prof.to_json()))).num_units == 4
+    table = profiler.summary_table(prof)
+    assert "proc0:cpu0" in table and "layer_0" in table
+
+
+def test_sublayer_skeleton_matches_model_units():
+    c = tiny_config(1, layers=3)
+    c.allocation.granularity = "sublayer"
+    spec = profiler.skeleton_chain(profiler.model_config(c), "sublayer")
+    model = bert.BertForSequenceClassification(profiler.model_config(c), rngs=nnx.Rngs(0))
+    chain = bert.units(model, "sublayer")
+    assert spec.names == [u.name for u in chain]
+    assert spec.kinds == [u.kind for u in chain]
+    assert spec.param_bytes == [profiler.tree_bytes(u.params) for u in chain]
+    assert len(spec.chain) == 5
+
+
+@needs3
+def test_measured_slowdowns_keep_order_and_ratios():
+    """Emulated slow-downs (1, 2, 4) are measured, not read: per-device totals ~1:2:4."""
+    c = tiny_config(3, layers=2, hidden=64, seq_len=32, slowdowns=(1, 2, 4))
+    opts = profiler.Options(repeats=15, min_repeats=15, dedup_units=True, link_repeats=3)
+    prof = profiler.profile(c, options=opts, log=quiet)
+    total = (prof.forward_s + prof.backward_s).sum(axis=0)
+    ratios = total / total[0]
+    assert total[0] < total[1] < total[2], ratios
+    assert ratios[1] == pytest.approx(2, rel=0.25), ratios
+    assert ratios[2] == pytest.approx(4, rel=0.25), ratios
+    assert [d["slowdown"] for d in prof.devices] == [1, 2, 4]
+    # A plan from this measured profile gives the slowest device fewer units than the fastest.
+    plan = allocator.plan(prof, "optimal", "1f1b", microbatches=4)
+    count = {d: 0 for d in range(3)}
+    for st in plan.stages:
+        count[st.device] += st.units[1] - st.units[0]
+    assert count[2] < count[0], plan
+    even = allocator.plan(prof, "even", "1f1b", microbatches=4)
+    assert plan.step_time_s <= even.step_time_s
+
+
+@needs3
+def test_memory_cap_in_profile_and_planner_avoids_device():
+    c = tiny_config(3, layers=4, memory_caps_bytes=(0, 1, 0))
+    prof = profiler.profile(c, options=profiler.Options(repeats=3, link_repeats=2), log=quiet)
+    assert prof.devices[1]["memory_bytes"] == 1
+    assert prof.devices[1]["memory_source"] == "emulated"
+    assert prof.devices[0]["memory_bytes"] > 1 and prof.devices[0]["memory_source"] == "host"
+    # Identical devices (same kind, no slow-down) are measured once: equal columns.
+    assert np.array_equal(prof.forward_s[:, 0], prof.forward_s[:, 2])
+    plan = allocator.plan(prof, "optimal", "1f1b", microbatches=2)
+    assert all(st.device != 1 for st in plan.stages)
+    # Device 1 made 10x faster: unconstrained, the planner gives it a big block of layers.
+    prof.forward_s[:, 1] = prof.forward_s[:, 0] / 10
+    prof.backward_s[:, 1] = prof.backward_s[:, 0] / 10
+    for d in range(3):
+        prof.devices[d]["memory_bytes"] = 1 << 40
+    free = allocator.plan(prof, "optimal", "1f1b", microbatches=2)
+
+    def layers_on_1(plan):
+        return max([sum(prof.units[u]["kind"] == "layer" for u in range(*st.units))
+                    for st in plan.stages if st.device == 1] or [0])
+
+    assert layers_on_1(free) >= 2, free
+    # Capped to less than two layers' state: it gets at most one layer, within the cap.
+    layer = prof.units[1]
+    cap = 2 * layer["state_bytes"] - 1
+    prof.devices[1]["memory_bytes"] = cap
+    capped = allocator.plan(prof, "optimal", "1f1b", microbatches=2)
+    assert layers_on_1(capped) <= 1, capped
+    assert all(st.memory_bytes <= cap for st in capped.stages if st.device == 1)
+
+
+def test_profile_cache_reused_and_invalidated(tmp_path):
+    workdir = str(tmp_path)
+    c = tiny_config(1)
+    lines = []
+    p1 = profiler.profile_or_load(c, workdir, log=lines.append)
+    key = p1.extra["cache_key"]
+    path = profiler.cache_path(workdir, key)
+    assert os.path.exists(path) and os.path.exists(os.path.join(workdir, "profile.json"))
+    mtime = os.path.getmtime(path)
+    lines.clear()
+    p2 = profiler.profile_or_load(c, workdir, log=lines.append)
+    assert any("reusing" in line for line in lines)
+    assert p2.to_json() == p1.to_json() and os.path.getmtime(path) == mtime
+    # Anything that changes the numbers changes the key: model, micro-batch shape, emulation.
+    for change in ({"data.seq_len": 8}, {"data.batch_size": 4}, {"model.hidden_size": 64},
+                   {"cluster.slowdowns": (2,)}, {"allocation.granularity": "sublayer"}):
+        c2 = tiny_config(1)
+        for k, v in change.items():
+            section, name = k.split(".")
+            c2[section][name] = v
+        assert profiler.cache_key(c2, cl.cluster_from_config(c2)) != key, change
+    # The repeats are not part of the key (they change precision, not the quantity).
+    c3 = tiny_config(1)
+    c3.profile.repeats = 7
+    assert profiler.cache_key(c3, cl.cluster_from_config(c3)) == key
+    c2 = tiny_config(1, seq_len=8)
+    p3 = profiler.profile_or_load(c2, workdir, log=quiet)
+    assert p3.microbatch["seq_len"] == 8 and p3.extra["cache_key"] != key
+    assert len(os.listdir(os.path.join(workdir, "profiles"))) == 2
+    # --reprofile measures again and overwrites the cache entry.
+    p4 = profiler.profile_or_load(c, workdir, reprofile=True, log=quiet)
+    assert p4.extra["profiler"]["created"] >= p1.extra["profiler"]["created"]
+    assert os.path.getmtime(path) >= mtime
+    assert load_profile(path).to_json() == p4.to_json()
+
+
+def test_fit_link():
+    lat, bw = profiler.fit_link((1000, 1_001_000), (0.001 + 1000 / 1e8, 0.001 + 1_001_000 / 1e8))
+    assert lat == pytest.approx(0.001) and bw == pytest.approx(1e8)
+    lat, bw = profiler.fit_link((1000, 2000), (0.002, 0.001))  # noise: no size dependence
+    assert bw == profiler.MAX_BANDWIDTH_Bps and lat == pytest.approx(0.002)
+
+
+@needs3
+def test_link_probes_measure_emulated_links():
+    c = tiny_config(3, regions=("a", "a", "b"), link_latency_s=0.004, link_bandwidth_Bps=2e8)
+    clu = cl.cluster_from_config(c)
+    opts = profiler.Options(link_sizes=(1 << 10, 1 << 21), link_repeats=3)
+    lat, bw, raw = profiler.probe_links(clu, opts, quiet)
+    assert raw["path"] == "LocalTransport"
+    assert lat[0, 2] == pytest.approx(0.004, rel=0.3) and lat[2, 1] == lat[0, 2]
+    assert bw[0, 2] == pytest.approx(2e8, rel=0.3)
+    assert lat[0, 1] < 0.002 and bw[0, 1] > 1e9  # same region: real device-to-device copy
+    assert lat[1, 0] == lat[0, 1]
+
+
+@needs3
+def test_distributed_path_through_a_transport():
+    """profile_distributed on 3 'processes' (threads, one device each) over LocalTransport."""
+    from skyjax.runtime.transport import LocalTransport
+
+    c = tiny_config(3, slowdowns=(1, 1, 3), regions=("a", "a", "b"), link_latency_s=0.003)
+    clu = cl.cluster_from_config(c)
+    transport = LocalTransport(clu.jax_devices, clu.links, timeout_s=120)
+    opts = profiler.Options(repeats=3, link_repeats=3)
+    results, errors = [None] * 3, []
+
+    def rank(r):
+        try:
+            results[r] = profiler.profile_distributed(c, transport.for_stage(r), r, cluster=clu,
+                                                      options=opts, log=quiet)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+            transport.abort(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    prof = results[0]
+    assert results[1] is None and results[2] is None
+    assert prof.extra["profiler"]["link_probe"] == "transport"
+    assert np.all(prof.forward_s > 0) and prof.forward_s.shape == (4, 3)
+    total = (prof.forward_s + prof.backward_s).sum(axis=0)
+    assert total[2] > max(total[0], total[1])  # the x3 device (threads overlap: loose check)
+    assert prof.latency_s[0, 2] == pytest.approx(0.003, rel=0.5)
+    assert prof.latency_s[0, 1] < 0.002
+
+
+def test_cli_writes_profile_and_table(tmp_path):
+    out = tmp_path / "profile.json"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, "-m", "skyjax.profile", f"--config={REPO}/configs/local_demo.py",
+           f"--out={out}", f"--workdir={tmp_path / 'wd'}", "--config.model.hidden_size=32",
+           "--config.model.num_attention_heads=2", "--config.model.intermediate_size=64",
+           "--config.data.batch_size=8", "--config.cluster.num_devices=2",
+           "--config.cluster.slowdowns=(1, 3)", "--repeats=3"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prof = load_profile(str(out))
+    assert prof.num_devices == 2 and prof.num_units == 6
+    assert "[profile] unit 2/3 layer_0" in proc.stdout and "rel" in proc.stdout
+    assert "proc0:cpu1" in proc.stdout
+    plan = allocator.plan(prof, "optimal", "1f1b", 4)
+    assert plan.stages
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_multiprocess_profile_under_jax_distributed(tmp_path):
+    """2 processes (this module's __main__ block) under jax.distributed with the runtime's
+    TransferServerTransport: each measures its own device, links are probed through the
+    transport, all processes get the same profile; a second run reuses the cache."""
+    import io
+
+    from skyjax.launch import launch
+
+    env = {"PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), REPO]),
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    outputs = []
+    for _ in range(2):
+        out = io.BytesIO()
+        rc = launch([str(tmp_path)], 2, 300, env=env, module="test_profiler", stdout=out)
+        text = out.getvalue().decode()
+        assert rc == 0, text[-4000:]
+        outputs.append(text)
+    results = [sorted(line.split("RESULT ", 1)[1] for line in text.splitlines()
+                      if "RESULT " in line) for text in outputs]
+    assert len(results[0]) == 2 and results[0][0].split()[1:] == results[0][1].split()[1:]
+    assert results[1] == results[0]  # the second run loaded the very same profile
+    assert "reusing cached profile" in outputs[1]
+    prof = load_profile(str(tmp_path / "profile.json"))
+    assert prof.extra["profiler"]["link_probe"] == "transport"
+    assert [d["name"] for d in prof.devices] == ["proc0:cpu0", "proc1:cpu0"]
+    total = (prof.forward_s + prof.backward_s).sum(axis=0)
+    assert total[1] > 1.5 * total[0]  # slow-downs (1, 3), measured concurrently: loose
+    assert prof.latency_s[0, 1] == pytest.approx(0.003, rel=0.5)
+
+
+def _child(workdir: str) -> None:
+    from skyjax.runtime import distributed
+    from skyjax.runtime.transport import TransferServerTransport
+
+    distributed.initialize()
+    rank, n = jax.process_index(), jax.process_count()
+    c = tiny_config(n, slowdowns=(1, 3), regions=("a", "b"), link_latency_s=0.003)
+    c.cluster.mode = "distributed"
+    clu = cl.cluster_from_config(c)
+    transport = TransferServerTransport(rank, n, clu.jax_devices[rank], clu.links,
+                                        namespace="profile-test", timeout_s=120)
+    prof = profiler.profile_or_load(c, workdir, transport=transport, log=print)
+    print(f"RESULT rank={rank} key={prof.extra['cache_key']} "
+          f"fwd={np.round(prof.forward_s, 9).tolist()} lat={prof.latency_s.tolist()}", flush=True)
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])
