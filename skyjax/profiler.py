@@ -265,8 +265,8 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
         out, res = cluster_lib.block(fwd_c(params, c, rng, lab))
         ct = None if is_last else {key: jnp.ones_like(v) for key, v in out.items()
                                    if jnp.issubdtype(v.dtype, jnp.floating)}
-        bwd_c = prog.backward.lower(res, ct, grads).compile()
-        grads, _ = cluster_lib.block(bwd_c(res, ct, grads))
+        bwd_c = prog.backward.lower(params, res, ct, grads).compile()
+        grads, _ = cluster_lib.block(bwd_c(params, res, ct, grads))
         compile_s += time.perf_counter() - tic
         if k == 0:
             activation_bytes = tree_bytes(res)
@@ -276,7 +276,7 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
                 memory.update({f"backward_{k2}": v for k2, v in _memory_analysis(bwd_c).items()})
         # One warm-up call each, not kept; it sizes the number of repeats.
         (_, res), tf = cluster_lib.timed_call(fwd_c, params, c, rng, lab, slowdown=slowdown)
-        (grads, _), tb = cluster_lib.timed_call(bwd_c, res, ct, grads, slowdown=slowdown)
+        (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads, slowdown=slowdown)
         estimate = max(estimate, tf + tb)
         states.append([params, c, rng, lab, ct, grads, res, fwd_c, bwd_c])
     repeats = int(min(options.repeats,
@@ -298,8 +298,8 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
             # right after a slow one.
             cluster_lib.block(fwd_c(params, c, rng, lab))
             (_, res), tf = cluster_lib.timed_call(fwd_c, params, c, rng, lab, slowdown=slowdown)
-            grads, _ = cluster_lib.block(bwd_c(res, ct, grads))
-            (grads, _), tb = cluster_lib.timed_call(bwd_c, res, ct, grads, slowdown=slowdown)
+            grads, _ = cluster_lib.block(bwd_c(params, res, ct, grads))
+            (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads, slowdown=slowdown)
             states[k][5], states[k][6] = grads, res
             fwd[k].append(tf)
             bwd[k].append(tb)

@@ -126,8 +126,8 @@ class PipelineStage:
                     tag, _float_like(self.out_like), self.index + 1)
                 t0 = time.perf_counter()
                 (self.state.grads, d_carry), seconds = timed_call(
-                    self.program.backward, residuals.pop(mb), cotangent, self.state.grads,
-                    slowdown=self.slowdown)
+                    self.program.backward, self.state.params, residuals.pop(mb), cotangent,
+                    self.state.grads, slowdown=self.slowdown)
                 if not self.is_first:
                     self.link.send(tag, d_carry, self.index - 1)
             compute += seconds

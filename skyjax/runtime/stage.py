@@ -2,7 +2,8 @@
 
 A stage owns a contiguous block of units on one device. Per micro-batch it runs ``forward``, which
 returns the block's output and the residuals of the ``jax.vjp`` pullback (exactly what backward
-needs, nothing recomputed), and later ``backward``, which applies the pullback to the incoming
+needs, nothing recomputed; parameters among them are not copied but passed to backward again),
+and later ``backward``, which applies the pullback to the incoming
 cotangent, accumulates parameter gradients and returns the cotangent for the previous stage. The
 last stage's forward ends in the loss, so its backward needs no incoming cotangent. After the last
 micro-batch, ``update`` applies optax with gradients already scaled for global-norm clipping.
@@ -49,9 +50,9 @@ class StageProgram:
         self.optimizer = optimizer
         self.train = train
         self.compile_counts = {"forward": 0, "backward": 0, "update": 0}
-        self._pullbacks: dict[tuple, tuple[jax.tree_util.PyTreeDef, Any]] = {}
+        self._pullbacks: dict[tuple, tuple[jax.tree_util.PyTreeDef, list, Any]] = {}
         self.forward = jax.jit(self._forward)
-        self.backward = jax.jit(self._backward, donate_argnums=(2,))  # residuals may alias params
+        self.backward = jax.jit(self._backward, donate_argnums=(3,))
         self.update = jax.jit(self._update, donate_argnums=(0, 1, 2))
         self.evaluate = jax.jit(self._evaluate)
 
@@ -68,15 +69,23 @@ class StageProgram:
         self.compile_counts["forward"] += 1
         out, pullback, aux = jax.vjp(lambda p, c: self._block(p, c, rng, labels), params, carry,
                                      has_aux=True)
-        residuals, treedef = jax.tree.flatten(pullback)
+        leaves, treedef = jax.tree.flatten(pullback)
+        # Residuals that *are* parameters (e.g. a kernel, for the input cotangent) are not kept
+        # per micro-batch: backward takes them from the params it is given.
+        param_leaves = jax.tree.leaves(params)
+        slots = [next((j for j, p in enumerate(param_leaves) if r is p), None) for r in leaves]
+        residuals = [r for r, j in zip(leaves, slots) if j is None]
         out_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), out)
-        self._pullbacks[_signature(residuals)] = (treedef, out_like)
+        self._pullbacks[_signature(residuals)] = (treedef, slots, out_like)
         return (aux if self.is_last else out), residuals
 
-    def _backward(self, residuals: Residuals, cotangent, grads: list[Params]):
+    def _backward(self, params: list[Params], residuals: Residuals, cotangent,
+                  grads: list[Params]):
         self.compile_counts["backward"] += 1
-        treedef, out_like = self._pullbacks[_signature(residuals)]
-        pullback = jax.tree.unflatten(treedef, residuals)
+        treedef, slots, out_like = self._pullbacks[_signature(residuals)]
+        param_leaves, kept = jax.tree.leaves(params), iter(residuals)
+        leaves = [next(kept) if j is None else param_leaves[j] for j in slots]
+        pullback = jax.tree.unflatten(treedef, leaves)
         if self.is_last:
             cotangent = jnp.ones((), jnp.float32)
         else:  # integer outputs (the attention mask) take float0 zeros as cotangents

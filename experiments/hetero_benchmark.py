@@ -1,0 +1,224 @@
+"""Heterogeneous pipeline benchmark: even vs optimal plans, measured side by side in one run.
+
+    python experiments/hetero_benchmark.py                      # 4 processes, slow-downs 1,2,3,6
+    python experiments/hetero_benchmark.py --processes 3 --slowdowns 1,2,4 --steps 6
+
+N processes on this host under jax.distributed (configs/local_hetero.py, one stage per process,
+emulated slow-downs). The processes profile once, plan ``even`` and ``optimal`` from the same
+profile, build both pipelines and then alternate blocks of steps between them, so that machine
+noise hits both alike. Printed: measured vs predicted step time per plan, the measured speed-up
+of optimal over even against the planner's predicted one, and pipeline efficiency against the
+ideal step (all work spread perfectly over the devices' speeds, no bubble, no communication).
+Then, in this process: a one-stage pipeline against a plain jitted full-model step at m = 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+MODEL = dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4, intermediate_size=1024,
+             max_position_embeddings=64)
+
+
+def build_config(args) -> "ml_collections.ConfigDict":
+    sys.path.insert(0, os.path.join(REPO, "configs"))
+    import local_hetero
+
+    config = local_hetero.get_config()
+    config.unlock()
+    config.model.update(MODEL)
+    config.data.seq_len = args.seq_len
+    config.data.batch_size = args.batch_size
+    config.data.eval_examples = 0
+    config.pipeline.microbatches = args.microbatches
+    config.pipeline.schedule = args.schedule
+    config.cluster.num_devices = args.processes
+    config.cluster.slowdowns = tuple(args.slowdowns)
+    config.profile.repeats = 5
+    config.train.steps = 10_000  # the lr schedule's horizon; the benchmark runs far fewer
+    config.train.warmup_steps = 0
+    return config
+
+
+def ideal_step_s(profile, microbatches: int) -> float:
+    """All forward+backward work spread over the devices in proportion to their speed (every
+    unit's time on device d scales with 1 / speed_d): no bubble, no communication."""
+    work = profile.forward_s + profile.backward_s  # [U, D]
+    speed = 1.0 / work.sum(axis=0)  # whole models per second, per device
+    return microbatches / speed.sum()
+
+
+# ----------------------------------------------------------------------------------- worker
+
+def worker(spec_path: str) -> None:
+    import jax
+    import numpy as np
+
+    from skyjax import allocator, cluster as cluster_lib, data as data_lib, schedule, train
+    from skyjax.models import bert
+    from skyjax.runtime import distributed
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    args = argparse.Namespace(**spec["args"])
+    config = build_config(args)
+    distributed.initialize()
+    cluster = cluster_lib.cluster_from_config(config)
+    transport = train.make_transport(cluster)
+    chain = bert.units(train.build_model(config), config.allocation.granularity)
+    profile = train.profile_phase(config, chain, spec["workdir"], cluster, transport)
+    plans = {s: allocator.plan(profile, s, args.schedule, args.microbatches)
+             for s in ("even", "optimal")}
+    executors = {s: train.make_executor(config, chain, p.to_json(), cluster, transport)
+                 for s, p in plans.items()}
+    batches = data_lib.train_batches(config)
+    times: dict[str, list[float]] = {s: [] for s in plans}
+    step = 0
+    for r in range(args.rounds + 1):  # round 0 is warm-up (compilation), not recorded
+        order = list(plans) if r % 2 else list(reversed(plans))
+        for s in order:
+            for _ in range(args.steps if r else 2):
+                batch = next(batches)
+                tic = time.perf_counter()
+                executors[s].train_step(step, batch)
+                if r:
+                    times[s].append(time.perf_counter() - tic)
+                step += 1
+    if jax.process_index() == 0:
+        out = {"plans": {s: p.to_json() for s, p in plans.items()}, "times": times,
+               "simulated": {s: schedule.simulate_plan(p, profile).step_time_s
+                             for s, p in plans.items()},
+               "ideal_s": ideal_step_s(profile, args.microbatches),
+               "device_names": [d["name"] for d in profile.devices],
+               "profile_s": profile.extra.get("profiler", {}).get("profile_time_s")}
+        with open(os.path.join(spec["workdir"], "result.json"), "w") as f:
+            json.dump(out, f)
+        del np
+    distributed.shutdown()
+
+
+# ------------------------------------------------------------------------------ one stage
+
+def one_stage_overhead(args) -> dict:
+    """Median step of a one-stage pipeline vs the plain jitted full-model step, m = 1."""
+    import jax
+    import numpy as np
+
+    from skyjax import baseline, data as data_lib, train
+    from skyjax.models import bert
+    from skyjax.runtime.executor import LocalExecutor
+
+    config = build_config(args)
+    config.cluster.mode, config.cluster.num_devices, config.cluster.slowdowns = "local", 1, ()
+    config.pipeline.microbatches = 1
+    chain = bert.units(train.build_model(config), "layer")
+    plan = {"schedule": "1f1b", "microbatches": 1,
+            "stages": [{"device": 0, "units": [0, len(chain)]}]}
+    pipe = LocalExecutor(chain, plan, jax.local_devices(), batch_size=config.data.batch_size,
+                         seq_len=config.data.seq_len, optimizer=train.make_optimizer(config, False),
+                         max_grad_norm=config.train.grad_clip_norm,
+                         rng=lambda s, m: baseline.microbatch_rng(0, s, m))
+    optimizer = train.make_optimizer(config)
+    params = jax.tree.map(np.array, [u.params for u in chain])
+    opt_state = optimizer.init(params)
+    plain = baseline.make_train_step(chain, optimizer, 0, 1)
+    batches = data_lib.train_batches(config)
+    times = {"pipeline": [], "plain": []}
+    for r in range(args.rounds * 2 + 1):
+        for _ in range(args.steps):
+            batch = next(batches)
+            tic = time.perf_counter()
+            pipe.train_step(r, batch)
+            t_pipe = time.perf_counter() - tic
+            tic = time.perf_counter()
+            params, opt_state, metrics = plain(params, opt_state, batch, np.int32(r))
+            jax.block_until_ready(metrics)
+            t_plain = time.perf_counter() - tic
+            if r:
+                times["pipeline"].append(t_pipe)
+                times["plain"].append(t_plain)
+    pipe.close()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# ---------------------------------------------------------------------------------- report
+
+def report(result: dict, overhead: dict | None, args) -> None:
+    med = {s: statistics.median(t) for s, t in result["times"].items()}
+    pred = {s: p["step_time_s"] for s, p in result["plans"].items()}
+    names = result["device_names"]
+    print(f"\n{args.processes} processes, slow-downs {tuple(args.slowdowns)}, {args.schedule}, "
+          f"m={args.microbatches}, batch {args.batch_size} x seq {args.seq_len}, model {MODEL}")
+    for s, p in result["plans"].items():
+        blocks = ", ".join(f"{names[st['device']]}[{st['units'][0]}:{st['units'][1]})"
+                           for st in p["stages"])
+        print(f"  {s:8s} plan: {blocks}")
+    print(f"\n{'plan':8s} {'measured s':>10s} {'predicted s':>11s} {'simulated s':>11s} "
+          f"{'error':>7s} {'efficiency':>10s}  steps")
+    for s in result["plans"]:
+        err = (med[s] - pred[s]) / med[s]
+        eff = result["ideal_s"] / med[s]
+        print(f"{s:8s} {med[s]:10.4f} {pred[s]:11.4f} {result['simulated'][s]:11.4f} "
+              f"{err:+7.1%} {eff:10.1%}  {len(result['times'][s])}")
+    measured_speedup = med["even"] / med["optimal"]
+    predicted_speedup = pred["even"] / pred["optimal"]
+    print(f"\nspeed-up optimal vs even: measured {measured_speedup:.3f}x, predicted "
+          f"{predicted_speedup:.3f}x ({measured_speedup / predicted_speedup:.1%} of predicted)")
+    print(f"ideal step (perfect balance, no bubble, no comm): {result['ideal_s']:.4f} s")
+    if overhead:
+        print(f"\none-stage pipeline vs plain jitted step (m=1): {overhead['pipeline']:.4f} s vs "
+              f"{overhead['plain']:.4f} s = {overhead['pipeline'] / overhead['plain']:.3f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--slowdowns", type=lambda s: [float(x) for x in s.split(",")],
+                        default=[1, 2, 3, 6])
+    parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b"))
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--seq_len", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=5, help="steps per block")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating blocks per plan")
+    parser.add_argument("--timeout", type=float, default=1500)
+    parser.add_argument("--skip_overhead", action="store_true")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    if len(args.slowdowns) != args.processes:
+        parser.error(f"--slowdowns has {len(args.slowdowns)} entries for {args.processes} "
+                     "processes")
+    from skyjax.launch import launch
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="skyjax_bench_")
+    os.makedirs(workdir, exist_ok=True)
+    spec = os.path.join(workdir, "spec.json")
+    with open(spec, "w") as f:
+        json.dump({"args": vars(args), "workdir": workdir}, f)
+    env = {"SKYJAX_BENCH_SPEC": spec, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
+    rc = launch([], args.processes, timeout_s=args.timeout, env=env,
+                module="experiments.hetero_benchmark", stdout=open(
+                    os.path.join(workdir, "workers.log"), "wb"))
+    if rc:
+        sys.exit(f"workers failed (exit {rc}); see {workdir}/workers.log")
+    with open(os.path.join(workdir, "result.json")) as f:
+        result = json.load(f)
+    overhead = None if args.skip_overhead else one_stage_overhead(args)
+    report(result, overhead, args)
+    print(f"\n(profile, logs and raw times in {workdir})")
+
+
+if __name__ == "__main__":
+    if "SKYJAX_BENCH_SPEC" in os.environ:
+        worker(os.environ["SKYJAX_BENCH_SPEC"])
+    else:
+        main()
