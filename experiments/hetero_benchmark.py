@@ -82,6 +82,7 @@ def worker(spec_path: str) -> None:
                  for s, p in plans.items()}
     batches = data_lib.train_batches(config)
     times: dict[str, list[float]] = {s: [] for s in plans}
+    busy: dict[str, list[list[float]]] = {s: [] for s in plans}  # per step, per stage
     step = 0
     for r in range(args.rounds + 1):  # round 0 is warm-up (compilation), not recorded
         order = list(plans) if r % 2 else list(reversed(plans))
@@ -89,12 +90,19 @@ def worker(spec_path: str) -> None:
             for _ in range(args.steps if r else 2):
                 batch = next(batches)
                 tic = time.perf_counter()
-                executors[s].train_step(step, batch)
+                metrics = executors[s].train_step(step, batch)
                 if r:
                     times[s].append(time.perf_counter() - tic)
+                    spans = sorted((sp for res in metrics.results for sp in res.spans),
+                                   key=lambda sp: sp.stage)
+                    per_stage = [0.0] * len(plans[s].stages)
+                    for sp in spans:
+                        per_stage[sp.stage] += sp.end - sp.start
+                    busy[s].append(per_stage)
                 step += 1
     if jax.process_index() == 0:
         out = {"plans": {s: p.to_json() for s, p in plans.items()}, "times": times,
+               "busy": {s: np.median(np.array(b), axis=0).tolist() for s, b in busy.items()},
                "simulated": {s: schedule.simulate_plan(p, profile).step_time_s
                              for s, p in plans.items()},
                "ideal_s": ideal_step_s(profile, args.microbatches),
@@ -102,7 +110,6 @@ def worker(spec_path: str) -> None:
                "profile_s": profile.extra.get("profiler", {}).get("profile_time_s")}
         with open(os.path.join(spec["workdir"], "result.json"), "w") as f:
             json.dump(out, f)
-        del np
     distributed.shutdown()
 
 
@@ -169,6 +176,13 @@ def report(result: dict, overhead: dict | None, args) -> None:
         eff = result["ideal_s"] / med[s]
         print(f"{s:8s} {med[s]:10.4f} {pred[s]:11.4f} {result['simulated'][s]:11.4f} "
               f"{err:+7.1%} {eff:10.1%}  {len(result['times'][s])}")
+    print("\nper-stage compute per step (forward + backward of all micro-batches, emulation "
+          "included), measured / predicted:")
+    for s, p in result["plans"].items():
+        m = p["microbatches"]
+        cells = [f"{names[st['device']]} {b:.3f}/{m * st['compute_s']:.3f}"
+                 for st, b in zip(p["stages"], result["busy"][s])]
+        print(f"  {s:8s} " + "  ".join(cells))
     measured_speedup = med["even"] / med["optimal"]
     predicted_speedup = pred["even"] / pred["optimal"]
     print(f"\nspeed-up optimal vs even: measured {measured_speedup:.3f}x, predicted "
