@@ -1,8 +1,10 @@
 """The local demo's model on 4 processes of one host with emulated slow-downs (1, 2, 3, 6).
 
 Used by the heterogeneous benchmark: one process per pipeline stage under jax.distributed, each
-slowed down by its factor, so that even and optimal allocations differ. (The multi-stage runtime
-is being written; until it lands, training with this config stops with NotImplementedError.)
+slowed down by its factor, so that even and optimal allocations differ. Run it through the
+launcher, which starts the 4 processes:
+
+    python -m skyjax.launch --num_processes 4 -- --config configs/local_hetero.py --workdir /tmp/h
 """
 
 from skyjax.config_defaults import base_config

@@ -184,6 +184,9 @@ def _check_allocation(a: Any) -> None:
     if a.replan_every and a.strategy != "dynamic":
         _fail(f"config.allocation.replan_every={a.replan_every} needs "
               f"config.allocation.strategy='dynamic', got {a.strategy!r}")
+    if a.replan_every:
+        _fail(f"config.allocation.replan_every={a.replan_every}: re-planning during training is "
+              "not implemented yet ('dynamic' plans once, like 'optimal'); use 0")
 
 
 def _check_cluster(c: Any) -> None:

@@ -71,16 +71,23 @@ def test_distributed_config_in_one_process_reuses_local_devices():
     assert clu.jax_devices[-1] == jax.local_devices()[(n - 1) % len(jax.local_devices())]
 
 
-def test_timed_call_sleeps_slowdown_minus_one_times_elapsed():
+def test_timed_call_sleeps_slowdown_minus_one_times_fastest_elapsed():
+    delay = [0.02]
+
     def work(x):
-        time.sleep(0.02)
+        time.sleep(delay[0])
         return x + 1
 
     work(jnp.ones(3))  # compiles x + 1
     result, fast = cl.timed_call(work, jnp.ones(3), slowdown=1)
     assert float(result[0]) == 2.0 and 0.02 <= fast < 0.06
+    _, first = cl.timed_call(work, jnp.ones(3), slowdown=3)
+    assert 0.02 <= first < 0.04  # a program's first call (compilation) is not slowed down
     _, slow = cl.timed_call(work, jnp.ones(3), slowdown=3)
     assert 0.06 <= slow < 0.12
+    delay[0] = 0.05  # contention: this run is slower, the sleep still uses the fastest (0.02 s)
+    _, contended = cl.timed_call(work, jnp.ones(3), slowdown=3)
+    assert 0.09 <= contended < 0.14
     # Blocks until the (asynchronously dispatched) result is ready.
     f = jax.jit(lambda x: (x @ x).sum())
     out, _ = cl.timed_call(f, jnp.ones((64, 64)), slowdown=2.5)

@@ -51,6 +51,7 @@ def _plan(blocks, devices, schedule, m):
     ("1f1b", [(0, 2), (2, 3), (3, 5)], [0, 1, 2], 4),
     ("gpipe", [(0, 4), (4, 5)], [2, 0], 2),  # uneven, reordered, process 1 idle, m = p
     ("1f1b", [(0, 1), (1, 3), (3, 5)], [0, 1, 2], 1),  # m < p
+    ("gpipe", [(0, 5)], [1], 2),  # p = 1 on process 1; processes 0 and 2 idle
 ])
 def test_one_step_gradients_equal_full_model_grad(tmp_path, schedule, blocks, devices, m):
     import test_runtime_local as ref
