@@ -41,6 +41,7 @@ def build_config(args) -> "ml_collections.ConfigDict":
     config.data.eval_examples = 0
     config.pipeline.microbatches = args.microbatches
     config.pipeline.schedule = args.schedule
+    config.allocation.granularity = args.granularity
     config.cluster.num_devices = args.processes
     config.cluster.slowdowns = tuple(args.slowdowns)
     config.profile.repeats = 5
@@ -164,7 +165,7 @@ def report(result: dict, overhead: dict | None, args) -> None:
     pred = {s: p["step_time_s"] for s, p in result["plans"].items()}
     names = result["device_names"]
     print(f"\n{args.processes} processes, slow-downs {tuple(args.slowdowns)}, {args.schedule}, "
-          f"m={args.microbatches}, batch {args.batch_size} x seq {args.seq_len}, model {MODEL}")
+          f"m={args.microbatches}, {args.granularity} units, batch {args.batch_size} x seq {args.seq_len}, model {MODEL}")
     for s, p in result["plans"].items():
         blocks = ", ".join(f"{names[st['device']]}[{st['units'][0]}:{st['units'][1]})"
                            for st in p["stages"])
@@ -200,6 +201,7 @@ def main() -> None:
                         default=[1, 2, 3, 6])
     parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b"))
     parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--granularity", default="layer", choices=("layer", "sublayer"))
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--seq_len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5, help="steps per block")

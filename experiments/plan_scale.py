@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from paper_reproduction import BertShape, bert_units, synth_profile  # noqa: E402
 
 from skyjax import allocator  # noqa: E402
