@@ -83,7 +83,7 @@ def _allocation() -> ml_collections.ConfigDict:
     a = ml_collections.ConfigDict()
     a.strategy = "optimal"
     a.granularity = "layer"
-    a.replan_every = 0  # steps between re-plans for strategy "dynamic" (0 = never)
+    a.replan_every = 0  # strategy "dynamic": re-plan from measured times every N steps (0 = never)
     return a
 
 
@@ -104,6 +104,7 @@ def _profile() -> ml_collections.ConfigDict:
     p = ml_collections.ConfigDict()
     p.repeats = 5  # timed repetitions per unit and device (median is kept)
     p.reprofile = False  # measure again even if workdir/profile.json exists
+    p.path = ""  # plan from this profile.json instead of measuring ("" = measure or use the cache)
     return p
 
 

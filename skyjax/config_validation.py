@@ -184,9 +184,6 @@ def _check_allocation(a: Any) -> None:
     if a.replan_every and a.strategy != "dynamic":
         _fail(f"config.allocation.replan_every={a.replan_every} needs "
               f"config.allocation.strategy='dynamic', got {a.strategy!r}")
-    if a.replan_every:
-        _fail(f"config.allocation.replan_every={a.replan_every}: re-planning during training is "
-              "not implemented yet ('dynamic' plans once, like 'optimal'); use 0")
 
 
 def _check_cluster(c: Any) -> None:
@@ -218,3 +215,5 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _check_allocation(config.allocation)
     _check_cluster(config.cluster)
     _at_least("config.profile.repeats", config.profile.repeats, 1)
+    if config.profile.path and not os.path.isfile(config.profile.path):
+        _fail(f"config.profile.path={config.profile.path!r}: file not found")

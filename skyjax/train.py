@@ -29,12 +29,12 @@ import optax
 from absl import logging
 from flax import nnx
 
-from skyjax import allocator, cluster as cluster_lib, data as data_lib, profiler
+from skyjax import allocator, cluster as cluster_lib, data as data_lib, profiler, replan
 from skyjax import schedule as schedule_lib
 from skyjax.baseline import microbatch_rng
 from skyjax.config_validation import validate_config
 from skyjax.models import bert
-from skyjax.profile_io import Profile
+from skyjax.profile_io import Profile, load_profile
 from skyjax.runtime import pipeline
 from skyjax.runtime.executor import DistributedExecutor, LocalExecutor
 
@@ -100,8 +100,16 @@ def build_model(config: ml_collections.ConfigDict) -> bert.BertForSequenceClassi
 
 def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], workdir: str,
                   cluster: cluster_lib.Cluster, transport: Any = None) -> Profile:
-    """Per-unit timings on every device: the cached ``workdir/profiles/<key>.json`` or a new
-    measurement (:func:`skyjax.profiler.profile_or_load`), also written to ``profile.json``."""
+    """Per-unit timings on every device: ``config.profile.path`` if given, else the cached
+    ``workdir/profiles/<key>.json`` or a new measurement (:func:`profiler.profile_or_load`)."""
+    if config.profile.path:
+        profile = load_profile(config.profile.path)
+        if profile.num_units != len(chain) or profile.num_devices != cluster.num_devices:
+            raise ValueError(
+                f"config.profile.path={config.profile.path!r} has {profile.num_units} units and "
+                f"{profile.num_devices} devices; this run has {len(chain)} units "
+                f"({config.allocation.granularity}) and {cluster.num_devices} devices")
+        return profile
     return profiler.profile_or_load(config, workdir, chain=chain, cluster=cluster,
                                     transport=transport)
 
@@ -174,9 +182,76 @@ def make_transport(cluster: cluster_lib.Cluster) -> Any:
                                    cluster.links if cluster.emulate_links else None)
 
 
+def stage_busy(metrics) -> list[float]:
+    """Each stage's measured compute in one step (its forward and backward spans)."""
+    busy: dict[int, float] = {}
+    for r in metrics.results:
+        for sp in r.spans:
+            busy[sp.stage] = busy.get(sp.stage, 0.0) + sp.end - sp.start
+    return [busy[k] for k in sorted(busy)]
+
+
+def broadcast_json(obj: Any, key: str) -> Any:
+    """Process 0's ``obj`` on every process (through the jax.distributed key-value store)."""
+    if jax.process_count() == 1:
+        return obj
+    from skyjax.runtime import distributed
+
+    client = distributed.key_value_client()
+    if jax.process_index() == 0:
+        client.key_value_set(key, json.dumps(obj))
+        return obj
+    return json.loads(client.blocking_key_value_get(key, 600_000))
+
+
+class Replanner:
+    """``allocation.strategy="dynamic"``: every ``replan_every`` steps, correct the profile with
+    the measured stage times and switch plans when that is predicted to pay (``skyjax.replan``)."""
+
+    MIN_GAIN = 0.05
+
+    def __init__(self, config: ml_collections.ConfigDict, profile: Profile, plan: allocator.Plan):
+        self.every = config.allocation.replan_every if config.allocation.strategy == "dynamic" \
+            else 0
+        self.profile, self.plan = profile, plan
+        self.busy: list[list[float]] = []
+        self.history: list[dict] = []
+        self._rebuilt_at = -1
+
+    def observe(self, step: int, metrics) -> None:
+        """Records a step's stage times (not a compiling step: the first, or one after a switch)."""
+        if self.every and step > 0 and step != self._rebuilt_at and jax.process_index() == 0:
+            self.busy.append(stage_busy(metrics))
+
+    def maybe_switch(self, step: int, executor):
+        """The executor to continue with after ``step`` (a rebuilt one if the plan changes)."""
+        if not self.every or (step + 1) % self.every:
+            return executor
+        info = None
+        if jax.process_index() == 0 and self.busy:
+            decision = replan.decide(self.profile, self.plan, replan.stage_busy_s(self.busy))
+            switch = decision.switch(self.MIN_GAIN)
+            info = {"step": step + 1, "switch": switch, **decision.to_json()}
+            self.profile = decision.profile
+            self.plan = decision.candidate if switch else decision.current
+            logging.info("re-plan after step %d: measured/predicted per device %s; %s (%.1f%% "
+                         "predicted gain)", step + 1, info["factors"],
+                         "switching plans" if switch else "keeping the plan", 100 * decision.gain)
+        info = broadcast_json(info, f"skyjax/replan/{step}")
+        self.busy = []
+        if info is None:
+            return executor
+        self.history.append(info)
+        if not info["switch"]:
+            return executor
+        self._rebuilt_at = step + 1
+        return executor.rebuild(info["candidate"])
+
+
 def train_loop(config: ml_collections.ConfigDict, executor, workdir: str, eval_data: list[Batch],
-               is_chief: bool) -> dict:
-    """Runs ``config.train.steps`` pipelined steps; returns times, metrics and the last spans."""
+               is_chief: bool, replanner: Replanner | None = None) -> dict:
+    """Runs ``config.train.steps`` pipelined steps; returns times, metrics, the last spans and
+    the executor in use at the end (re-planning may have replaced it)."""
     t = config.train
     schedule = learning_rate_schedule(config)
     metrics_path = os.path.join(workdir, "metrics.jsonl")
@@ -202,8 +277,11 @@ def train_loop(config: ml_collections.ConfigDict, executor, workdir: str, eval_d
                 logging.info("eval at step %d: %s", step + 1, result)
                 _append_jsonl(metrics_path, result)
             evals.append(result)
+        if replanner is not None and step + 1 < t.steps:
+            replanner.observe(step, last)
+            executor = replanner.maybe_switch(step, executor)
     return {"metrics": metrics, "step_times": step_times, "evals": evals, "last_step": last,
-            "train_time_s": time.perf_counter() - start}
+            "train_time_s": time.perf_counter() - start, "executor": executor}
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,6 +327,7 @@ def make_summary(config: ml_collections.ConfigDict, plan: dict, result: dict, fi
         "mode": config.cluster.mode,
         "processes": jax.process_count(),
         "plan": plan,
+        "replans": result.get("replans", []),
         "devices": [str(d) for d in jax.devices()],
         "jax_version": jax.__version__,
     }
@@ -290,11 +369,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     executor = make_executor(config, chain, plan_json, cluster, transport)
     del model, chain  # the stages hold their own copies
     eval_data = data_lib.eval_batches(config) if config.data.eval_examples else []
+    replanner = Replanner(config, profile, plan)
     try:
-        result = train_loop(config, executor, workdir, eval_data, is_chief)
+        result = train_loop(config, executor, workdir, eval_data, is_chief, replanner)
+        executor = result.pop("executor")
         final_eval = executor.evaluate(eval_data) if eval_data else {}
     finally:
         executor.close()
+    if replanner.history:  # the plan in use at the end, on the measured-corrected profile
+        plan, profile = replanner.plan, replanner.profile
+        plan_json = plan.to_json()
+        result["replans"] = replanner.history
+        if is_chief:
+            write_json(os.path.join(workdir, "plan.json"), plan_json)
     summary = make_summary(config, plan_json, result, final_eval, len(profile.units), num_params,
                            time.perf_counter() - wall_start)
     if is_chief:

@@ -80,6 +80,20 @@ def test_losses_equal_single_device_training(tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+def test_rebuild_moves_units_between_processes_without_changing_the_math(tmp_path):
+    """Re-planning mid-run: units (params + optimizer state) move to other processes."""
+    import test_runtime_local as ref
+
+    steps, m, clip = 4, 2, 0.5
+    first = _plan([(0, 1), (1, 3), (3, 5)], [0, 1, 2], "1f1b", m)
+    second = _plan([(0, 3), (3, 5)], [2, 0], "1f1b", m)  # every unit moves; process 1 idles
+    _run(tmp_path, 3, {"mode": "losses", "plan": first, "then": second, "steps": steps,
+                       "clip": clip})
+    want = ref.reference_losses(ref.fresh_chain(), steps, m, clip)
+    got = json.loads((tmp_path / "losses.json").read_text())
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
 # ------------------------------------------------------------------------------------- worker
 
 def _worker() -> None:
@@ -102,7 +116,11 @@ def _worker() -> None:
     ex = DistributedExecutor(chain, spec["plan"], transport, pid, device, batch_size=ref.BATCH,
                              seq_len=ref.SEQ, optimizer=optimizer,
                              max_grad_norm=spec.get("clip"), rng=ref.rng_for)
-    losses = [ex.train_step(step, ref.make_batch(step)).loss for step in range(spec["steps"])]
+    losses = []
+    for step in range(spec["steps"]):
+        if "then" in spec and step == spec["steps"] // 2:
+            ex = ex.rebuild(spec["then"])
+        losses.append(ex.train_step(step, ref.make_batch(step)).loss)
     if grad_mode and ex.stage is not None:
         k = ex.stage.index
         a = ex.places[k].start

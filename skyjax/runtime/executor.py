@@ -57,16 +57,33 @@ def microbatch_like(batch_size: int, seq_len: int, microbatches: int) -> Batch:
             "labels": jax.ShapeDtypeStruct((mb,), np.int32)}
 
 
+UnitState = tuple[Any, Any]  # (params, optimizer state) of one unit
+
+
 def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_stages: int,
                 device: jax.Device, link: StageLink, shapes: list[Any], microbatches: int,
-                optimizer: optax.GradientTransformation, slowdown: float = 1.0) -> PipelineStage:
-    """A stage owning units ``[place.start, place.end)`` on ``device``, params copied there."""
+                optimizer: optax.GradientTransformation, slowdown: float = 1.0,
+                unit_states: dict[int, UnitState] | None = None) -> PipelineStage:
+    """A stage owning units ``[place.start, place.end)`` on ``device``: params copied there from
+    the units, or params and optimizer states from ``unit_states`` (by unit index)."""
     block = list(chain[place.start:place.end])
     program = StageProgram(block, is_last=index == num_stages - 1, microbatches=microbatches,
                            optimizer=optimizer)
-    params = jax.device_put([u.params for u in block], device, may_alias=False)
-    return PipelineStage(index, num_stages, program, program.init_state(params), device, link,
-                         shapes[place.start], shapes[place.end], slowdown)
+    units = range(place.start, place.end)
+    if unit_states:
+        params = jax.device_put([unit_states[u][0] for u in units], device, may_alias=False)
+        opt = jax.device_put([unit_states[u][1] for u in units], device, may_alias=False)
+        state = program.init_state(params, opt)
+    else:
+        state = program.init_state(jax.device_put([u.params for u in block], device,
+                                                  may_alias=False))
+    return PipelineStage(index, num_stages, program, state, device, link, shapes[place.start],
+                         shapes[place.end], slowdown)
+
+
+def abstract_units(chain: Sequence[Unit]) -> list[Unit]:
+    """The units with shapes in place of parameter arrays (enough to rebuild stages)."""
+    return [dataclasses.replace(u, params=jax.eval_shape(lambda p=u.params: p)) for u in chain]
 
 
 def split_microbatches(batch: Batch, microbatches: int) -> Callable[[int], Batch]:
@@ -91,7 +108,12 @@ class LocalExecutor:
     def __init__(self, chain: Sequence[Unit], plan: dict, devices: Sequence[jax.Device], *,
                  batch_size: int, seq_len: int, optimizer, max_grad_norm: float | None,
                  rng: Callable[[int, int], jax.Array], slowdowns: Sequence[float] = (),
-                 links: Any = None):
+                 links: Any = None, unit_states: dict[int, UnitState] | None = None):
+        self.plan = plan
+        self.chain = abstract_units(chain)
+        self._args = dict(devices=devices, batch_size=batch_size, seq_len=seq_len,
+                          optimizer=optimizer, max_grad_norm=max_grad_norm, rng=rng,
+                          slowdowns=slowdowns, links=links)
         self.places = placements(plan)
         transport = LocalTransport([devices[p.device] for p in self.places], links,
                                    link_ids=[p.device for p in self.places])
@@ -104,7 +126,7 @@ class LocalExecutor:
         self.stages = [
             build_stage(chain, place, k, p, devices[place.device], transport.for_stage(k), shapes,
                         self.microbatches, optimizer,
-                        slowdowns[place.device] if slowdowns else 1.0)
+                        slowdowns[place.device] if slowdowns else 1.0, unit_states)
             for k, place in enumerate(self.places)]
         self.transport = transport
         self.actions = schedules.actions(self.schedule, p, self.microbatches)
@@ -141,6 +163,22 @@ class LocalExecutor:
     def unit_params(self) -> list[Any]:
         """Every unit's current params, in chain order (for checks and checkpoints)."""
         return [p for s in self.stages for p in s.state.params]
+
+    def unit_states(self) -> dict[int, UnitState]:
+        """Every unit's (params, optimizer state), by unit index."""
+        out = {}
+        for place, stage in zip(self.places, self.stages):
+            for u, p, o in zip(range(place.start, place.end), stage.state.params,
+                               stage.state.opt_state):
+                out[u] = (p, o)
+        return out
+
+    def rebuild(self, plan: dict) -> "LocalExecutor":
+        """An executor for ``plan`` that continues from this one's params and optimizer states
+        (each unit moves to its new device); this one is closed."""
+        states = self.unit_states()
+        self.close()
+        return LocalExecutor(self.chain, plan, unit_states=states, **self._args)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -192,7 +230,13 @@ class DistributedExecutor:
     def __init__(self, chain: Sequence[Unit], plan: dict, transport: Any, process_index: int,
                  device: jax.Device, *, batch_size: int, seq_len: int, optimizer,
                  max_grad_norm: float | None, rng: Callable[[int, int], jax.Array],
-                 slowdown: float = 1.0):
+                 slowdown: float = 1.0, unit_states: dict[int, UnitState] | None = None):
+        self.plan = plan
+        self.chain = abstract_units(chain)
+        self.optimizer = optimizer
+        self.device = device
+        self._args = dict(batch_size=batch_size, seq_len=seq_len, optimizer=optimizer,
+                          max_grad_norm=max_grad_norm, rng=rng, slowdown=slowdown)
         self.places = placements(plan)
         self.schedule = plan["schedule"]
         self.microbatches = int(plan["microbatches"])
@@ -208,7 +252,7 @@ class DistributedExecutor:
             shapes = boundary_shapes(chain, microbatch_like(batch_size, seq_len,
                                                             self.microbatches))
             self.stage = build_stage(chain, self.places[mine[0]], mine[0], p, device, link,
-                                     shapes, self.microbatches, optimizer, slowdown)
+                                     shapes, self.microbatches, optimizer, slowdown, unit_states)
         self.actions = schedules.actions(self.schedule, p, self.microbatches)
         self._tag = 0
 
@@ -251,5 +295,41 @@ class DistributedExecutor:
     def unit_params(self) -> list[Any]:
         return list(self.stage.state.params) if self.stage else []
 
+    def unit_states(self) -> dict[int, UnitState]:
+        """This process's units' (params, optimizer state), by unit index."""
+        if self.stage is None:
+            return {}
+        start = self.places[self.stage.index].start
+        return {start + i: (p, o) for i, (p, o) in enumerate(
+            zip(self.stage.state.params, self.stage.state.opt_state))}
+
+    def rebuild(self, plan: dict) -> "DistributedExecutor":
+        """An executor for ``plan`` continuing from this one: every unit whose device changes
+        is sent (params and optimizer state) from its old process to its new one."""
+        old, new = _owners(self.plan), _owners(plan)
+        me = self.process_index
+        states = self.unit_states()
+        for u, (o, n) in enumerate(zip(old, new)):
+            if o == me and n != me:
+                self.transport.send(MIGRATE_TAG - u, states.pop(u), n)
+        for u, (o, n) in enumerate(zip(old, new)):
+            if n == me and o != me:
+                like = jax.eval_shape(lambda p: (p, self.optimizer.init(p)), self.chain[u].params)
+                states[u] = self.transport.recv(MIGRATE_TAG - u, like, o)
+        self.close()
+        return DistributedExecutor(self.chain, plan, self.transport, me, self.device,
+                                   unit_states=states, **self._args)
+
     def close(self) -> None:
         pass
+
+
+MIGRATE_TAG = -(10 ** 9)  # units moving after a re-plan: tags MIGRATE_TAG - unit
+
+
+def _owners(plan: dict) -> list[int]:
+    owners = {}
+    for place in placements(plan):
+        for u in range(place.start, place.end):
+            owners[u] = place.device
+    return [owners[u] for u in sorted(owners)]

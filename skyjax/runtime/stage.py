@@ -27,7 +27,7 @@ Residuals = list[jax.Array]
 
 @dataclasses.dataclass
 class StageState:
-    """What a stage keeps across steps: params, optimizer state and the gradient accumulator."""
+    """What a stage keeps across steps: per-unit params and optimizer states, gradient sums."""
 
     params: list[Params]
     opt_state: Any
@@ -94,12 +94,16 @@ class StageProgram:
         d_params, d_carry = pullback(cotangent)
         return jax.tree.map(jnp.add, grads, d_params), _float_only(d_carry)
 
-    def _update(self, params: list[Params], opt_state, grads: list[Params], scale):
+    def _update(self, params: list[Params], opt_state: list[Any], grads: list[Params], scale):
+        """One optax step per unit (same math as one step over the block: AdamW is elementwise
+        and clipping is already in ``scale``), so a unit's state can move to another stage."""
         self.compile_counts["update"] += 1
-        grads = jax.tree.map(lambda g: g * scale, grads)
-        updates, opt_state = self.optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return params, opt_state, jax.tree.map(jnp.zeros_like, grads)
+        new_params, new_state = [], []
+        for p, s, g in zip(params, opt_state, grads):
+            updates, s = self.optimizer.update(jax.tree.map(lambda x: x * scale, g), s, p)
+            new_params.append(optax.apply_updates(p, updates))
+            new_state.append(s)
+        return new_params, new_state, jax.tree.map(jnp.zeros_like, grads)
 
     def _evaluate(self, params: list[Params], carry: Carry, labels=None, weights=None):
         """Eval-mode forward; the last stage returns weighted sums (loss, correct, weight)."""
@@ -113,9 +117,11 @@ class StageProgram:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def init_state(self, params: list[Params]) -> StageState:
-        """Fresh optimizer state and zero gradients for ``params`` (already on the device)."""
-        opt_state = self.optimizer.init(params) if self.optimizer is not None else None
+    def init_state(self, params: list[Params], opt_state: list[Any] | None = None) -> StageState:
+        """State for ``params`` (already on the device): the given per-unit optimizer states
+        (e.g. moved here by re-planning) or fresh ones, and zero gradients."""
+        if opt_state is None and self.optimizer is not None:
+            opt_state = [self.optimizer.init(p) for p in params]
         return StageState(params, opt_state, jax.tree.map(jnp.zeros_like, params))
 
     @staticmethod

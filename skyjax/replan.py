@@ -1,0 +1,78 @@
+"""Dynamic re-planning: correct the profile with the times the runtime measured, plan again.
+
+The original Sky Computing's "dynamic" mode balanced once before training and never again. Here,
+every ``config.allocation.replan_every`` steps the trainer takes each stage's measured compute per
+step (forward + backward spans of all micro-batches, emulation included), compares it with what
+the plan predicted for that stage, and scales the profile's columns of that device by the ratio
+(devices the plan does not use keep their profiled times). If the optimal plan for the corrected
+profile beats the current plan, *re-evaluated on the same corrected profile*, by more than
+``min_gain``, the units (params and per-unit optimizer state) move to their new devices.
+Pure functions; the executors do the moving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Sequence
+
+from skyjax import allocator
+from skyjax.profile_io import Profile
+
+
+@dataclasses.dataclass
+class Decision:
+    """The outcome of one re-planning check."""
+
+    profile: Profile  # corrected with the measured times
+    current: allocator.Plan  # the running plan, re-evaluated on the corrected profile
+    candidate: allocator.Plan  # the best plan for the corrected profile
+    factors: dict[int, float]  # device -> measured / predicted compute
+
+    @property
+    def gain(self) -> float:
+        """Predicted fraction of step time saved by switching."""
+        return 1.0 - self.candidate.step_time_s / self.current.step_time_s
+
+    def switch(self, min_gain: float) -> bool:
+        return self.gain > min_gain and _blocks(self.candidate) != _blocks(self.current)
+
+    def to_json(self) -> dict:
+        return {"gain": self.gain, "factors": {str(d): f for d, f in self.factors.items()},
+                "current_step_time_s": self.current.step_time_s,
+                "candidate_step_time_s": self.candidate.step_time_s,
+                "candidate": self.candidate.to_json()}
+
+
+def _blocks(plan: allocator.Plan) -> list[tuple[int, tuple[int, int]]]:
+    return [(s.device, tuple(s.units)) for s in plan.stages]
+
+
+def stage_busy_s(per_step_busy: Sequence[Sequence[float]]) -> list[float]:
+    """Median over steps of each stage's measured compute per step."""
+    return [statistics.median(col) for col in zip(*per_step_busy)]
+
+
+def corrected_profile(profile: Profile, plan: allocator.Plan, busy_s: Sequence[float]
+                      ) -> tuple[Profile, dict[int, float]]:
+    """``profile`` with each used device's times scaled by measured / predicted compute."""
+    forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
+    factors = {}
+    for stage, measured in zip(plan.stages, busy_s):
+        predicted = stage.compute_s * plan.microbatches
+        if predicted <= 0 or measured <= 0:
+            continue
+        factors[stage.device] = measured / predicted
+        forward[:, stage.device] *= factors[stage.device]
+        backward[:, stage.device] *= factors[stage.device]
+    return dataclasses.replace(profile, forward_s=forward, backward_s=backward), factors
+
+
+def decide(profile: Profile, plan: allocator.Plan, busy_s: Sequence[float]) -> Decision:
+    """Corrects the profile and compares the running plan with the best plan for it."""
+    fixed, factors = corrected_profile(profile, plan, busy_s)
+    current = allocator.evaluate(fixed, [(s.device, s.units[0], s.units[1]) for s in plan.stages],
+                                 plan.schedule, plan.microbatches, strategy=plan.strategy)
+    candidate = allocator.plan(fixed, "optimal", plan.schedule, plan.microbatches)
+    candidate.strategy = plan.strategy
+    return Decision(fixed, current, candidate, factors)
