@@ -6,28 +6,22 @@ sequence length 128, GLUE MNLI, 30 steps, one batch in flight (the original did 
 --config.data.name=synthetic the same shapes run on synthetic data.
 """
 
+import os
+import sys
+
 import numpy as np
 
-from skyjax.config_defaults import base_config
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bert_large_mnli  # noqa: E402
 
 NUM_DEVICES = 64
 
 
 def get_config():
-    config = base_config()
-    m = config.model
-    m.vocab_size = 30522
-    m.hidden_size = 1024
-    m.num_hidden_layers = 160
-    m.num_attention_heads = 16
-    m.intermediate_size = 4096
-    m.hidden_dropout_prob = 0.1
-    m.attention_probs_dropout_prob = 0.1
-    m.max_position_embeddings = 512
-    m.num_labels = 3
-    config.data.name = "glue/mnli"
-    config.data.seq_len = 128
-    config.data.batch_size = 32
+    config = bert_large_mnli.get_config()
+    config.unlock()
+    config.model.num_hidden_layers = 160
     config.data.eval_examples = 0
     t = config.train
     t.steps = 30
@@ -35,6 +29,7 @@ def get_config():
     t.learning_rate = 1e-4
     t.lr_schedule = "constant"
     t.log_every = 1
+    t.eval_every = 0
     config.pipeline.schedule = "gpipe"
     config.pipeline.microbatches = 1
     config.allocation.strategy = "optimal"

@@ -95,6 +95,7 @@ def save_profile(profile: Profile, path: str) -> None:
 def write_json_atomic(obj: Any, path: str, indent: int | None = None) -> None:
     """json.dump to a temporary file in the same folder, then os.replace."""
     folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import tempfile
 import time
 from typing import Any
 
@@ -34,7 +33,7 @@ from skyjax import schedule as schedule_lib
 from skyjax.baseline import microbatch_rng
 from skyjax.config_validation import validate_config
 from skyjax.models import bert
-from skyjax.profile_io import Profile, load_profile
+from skyjax.profile_io import Profile, load_profile, write_json_atomic
 from skyjax.runtime import pipeline
 from skyjax.runtime.executor import DistributedExecutor, LocalExecutor
 
@@ -46,18 +45,7 @@ Batch = dict[str, np.ndarray]
 
 def write_json(path: str, obj: Any) -> None:
     """Writes ``obj`` as JSON to ``path`` atomically (temporary file + ``os.replace``)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    write_json_atomic(obj, path, indent=2)
 
 
 def count_params(tree: Any) -> int:
