@@ -25,6 +25,7 @@ import math
 import os
 import sys
 import time
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -128,16 +129,17 @@ def block(tree: Any) -> Any:
     return jax.block_until_ready(tree)
 
 
-def _call_key(fn: Callable, args: tuple) -> tuple:
-    """Identifies a program: the function and the shapes/dtypes it is called with."""
+def _shapes(args: tuple) -> tuple:
+    """The shapes/dtypes a program is called with (with the function, it names the program)."""
     import jax
 
-    return (id(fn),) + tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x))))
-                             for x in jax.tree.leaves(args))
+    return tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x))))
+                 for x in jax.tree.leaves(args))
 
 
-# Fastest run seen of each program in this process (see timed_call).
-_BEST_S: dict[tuple, float] = {}
+# Fastest run seen of each program in this process (see timed_call): function -> shapes -> s.
+# Weakly keyed, so a freed function (e.g. of a replaced executor) cannot lend its times.
+_BEST_S: "weakref.WeakKeyDictionary[Callable, dict[tuple, float]]" = weakref.WeakKeyDictionary()
 
 
 def timed_call(fn: Callable, *args: Any, slowdown: float = 1.0, **kwargs: Any
@@ -156,9 +158,14 @@ def timed_call(fn: Callable, *args: Any, slowdown: float = 1.0, **kwargs: Any
     result = block(fn(*args, **kwargs))
     elapsed = time.perf_counter() - start
     if slowdown > 1:
-        key = _call_key(fn, args)
-        best = _BEST_S.get(key)
-        _BEST_S[key] = elapsed if best is None else min(best, elapsed)
+        try:
+            seen = _BEST_S.setdefault(fn, {})
+        except TypeError:  # not weakly referenceable: no memory, slowed by this run's own time
+            seen = None
+        key = _shapes(args)
+        best = seen.get(key) if seen is not None else elapsed
+        if seen is not None:
+            seen[key] = elapsed if best is None else min(best, elapsed)
         if best is not None:
             precise_sleep((slowdown - 1.0) * min(best, elapsed))
             elapsed = time.perf_counter() - start
