@@ -50,6 +50,7 @@ from absl import logging
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
 from skyjax.profile_io import Profile, ProfileError, load_profile, save_profile
+from skyjax.runtime.transport import tree_nbytes as tree_bytes
 
 PROFILER_VERSION = 1
 MAX_BANDWIDTH_Bps = 1e13  # reported when a transfer's time does not grow with its size
@@ -80,12 +81,6 @@ class Options:
 
 
 # ------------------------------------------------------------------------------- helpers
-
-def tree_bytes(tree: Any) -> int:
-    """Bytes of all arrays / ShapeDtypeStructs in ``tree``."""
-    return int(sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
-                   for x in jax.tree.leaves(tree) if hasattr(x, "dtype")))
-
 
 def _shapes(tree: Any) -> Any:
     return jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), tree)

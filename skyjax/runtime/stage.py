@@ -34,11 +34,6 @@ class StageState:
     grads: list[Params]
 
 
-def tree_bytes(tree: Any) -> int:
-    """Total bytes of the arrays (or ShapeDtypeStructs) in ``tree``."""
-    return sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
-
-
 class StageProgram:
     """Jitted programs for the block ``chain``; ``is_last`` adds the loss to the forward."""
 

@@ -110,7 +110,9 @@ class Transport(Protocol):
 # ------------------------------------------------------------------------------- link emulation
 
 def tree_nbytes(tree: Any) -> int:
-    return int(sum(np.dtype(x.dtype).itemsize * math.prod(x.shape) for x in jax.tree.leaves(tree)))
+    """Bytes of the arrays (or ShapeDtypeStructs) in ``tree``; other leaves count 0."""
+    return int(sum(np.dtype(x.dtype).itemsize * math.prod(x.shape)
+                   for x in jax.tree.leaves(tree) if hasattr(x, "dtype")))
 
 
 class _LinkClock:
