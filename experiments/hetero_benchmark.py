@@ -29,7 +29,7 @@ MODEL = dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4, interm
              max_position_embeddings=64)
 
 
-def build_config(args) -> "ml_collections.ConfigDict":
+def build_config(args: argparse.Namespace):
     sys.path.insert(0, os.path.join(REPO, "configs"))
     import local_hetero
 
@@ -94,12 +94,7 @@ def worker(spec_path: str) -> None:
                 metrics = executors[s].train_step(step, batch)
                 if r:
                     times[s].append(time.perf_counter() - tic)
-                    spans = sorted((sp for res in metrics.results for sp in res.spans),
-                                   key=lambda sp: sp.stage)
-                    per_stage = [0.0] * len(plans[s].stages)
-                    for sp in spans:
-                        per_stage[sp.stage] += sp.end - sp.start
-                    busy[s].append(per_stage)
+                    busy[s].append(train.stage_busy(metrics))
                 step += 1
     if jax.process_index() == 0:
         out = {"plans": {s: p.to_json() for s, p in plans.items()}, "times": times,

@@ -725,19 +725,16 @@ def _profile_or_load_distributed(config, workdir, key, path, chain, cluster, rep
                                  transport, log) -> Profile:
     """Process 0 decides (cache hit or measure) and shares the profile through the
     jax.distributed key-value store."""
-    from skyjax.runtime.distributed import key_value_client
+    from skyjax.runtime.distributed import broadcast_json
 
     global _DIST_CALLS
-    kv = key_value_client()
     rank = jax.process_index()
     _DIST_CALLS += 1  # every process calls as often: a fresh key-value namespace per call
     decision_key = f"skyjax/profile/{_DIST_CALLS}/{key}/decision"
     data_key = f"skyjax/profile/{_DIST_CALLS}/{key}/json"
-    timeout_ms = 3_600_000
-    if rank == 0:
-        prof = None if reprofile else _try_load(path, log)
-        kv.key_value_set(decision_key, "load" if prof is not None else "measure")
-    decision = kv.blocking_key_value_get(decision_key, timeout_ms)
+    timeout_s = 3600.0
+    prof = None if rank or reprofile else _try_load(path, log)
+    decision = broadcast_json("load" if prof is not None else "measure", decision_key, timeout_s)
     if decision == "measure":
         if transport is None:
             raise ValueError("profiling under jax.distributed needs the runtime's transport")
@@ -746,12 +743,12 @@ def _profile_or_load_distributed(config, workdir, key, path, chain, cluster, rep
         if rank == 0:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             save_profile(prof, path)
+    shared = broadcast_json(prof.to_json() if rank == 0 else None, data_key, timeout_s)
     if rank == 0:
-        kv.key_value_set(data_key, json.dumps(prof.to_json()))
         os.makedirs(workdir, exist_ok=True)
         save_profile(prof, os.path.join(workdir, "profile.json"))
         return prof
-    return Profile.from_json(json.loads(kv.blocking_key_value_get(data_key, timeout_ms)))
+    return Profile.from_json(shared)
 
 
 # -------------------------------------------------------------------------------- report

@@ -34,7 +34,7 @@ from skyjax.baseline import microbatch_rng
 from skyjax.config_validation import validate_config
 from skyjax.models import bert
 from skyjax.profile_io import Profile, load_profile, write_json_atomic
-from skyjax.runtime import pipeline
+from skyjax.runtime import distributed, pipeline
 from skyjax.runtime.executor import DistributedExecutor, LocalExecutor
 
 Batch = dict[str, np.ndarray]
@@ -179,19 +179,6 @@ def stage_busy(metrics) -> list[float]:
     return [busy[k] for k in sorted(busy)]
 
 
-def broadcast_json(obj: Any, key: str) -> Any:
-    """Process 0's ``obj`` on every process (through the jax.distributed key-value store)."""
-    if jax.process_count() == 1:
-        return obj
-    from skyjax.runtime import distributed
-
-    client = distributed.key_value_client()
-    if jax.process_index() == 0:
-        client.key_value_set(key, json.dumps(obj))
-        return obj
-    return json.loads(client.blocking_key_value_get(key, 600_000))
-
-
 class Replanner:
     """``allocation.strategy="dynamic"``: every ``replan_every`` steps, correct the profile with
     the measured stage times and switch plans when that is predicted to pay (``skyjax.replan``)."""
@@ -225,7 +212,7 @@ class Replanner:
             logging.info("re-plan after step %d: measured/predicted per device %s; %s (%.1f%% "
                          "predicted gain)", step + 1, info["factors"],
                          "switching plans" if switch else "keeping the plan", 100 * decision.gain)
-        info = broadcast_json(info, f"skyjax/replan/{step}")
+        info = distributed.broadcast_json(info, f"skyjax/replan/{step}")
         self.busy = []
         if info is None:
             return executor

@@ -15,8 +15,10 @@ peer does not hold the survivors for five minutes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+from typing import Any
 
 import jax
 
@@ -124,6 +126,18 @@ def key_value_client():
         raise RuntimeError("jax.distributed is not initialized; call "
                            "skyjax.runtime.distributed.initialize() first")
     return client
+
+
+def broadcast_json(obj: Any, key: str, timeout_s: float = 600.0) -> Any:
+    """Process 0's JSON-able ``obj`` on every process, through the key-value store under ``key``
+    (use a key unique to this call). Other processes' ``obj`` is ignored."""
+    if jax.process_count() == 1:
+        return obj
+    client = key_value_client()
+    if jax.process_index() == 0:
+        client.key_value_set(key, json.dumps(obj))
+        return obj
+    return json.loads(client.blocking_key_value_get(key, int(timeout_s * 1000)))
 
 
 def shutdown(barrier_timeout_s: float | None = None) -> None:

@@ -270,7 +270,7 @@ class DistributedExecutor:
         else:
             if self.max_grad_norm:
                 self.transport.allreduce_sum(0.0, step)
-            result = StepResult([], [], [], 0.0, 0.0)
+            result = StepResult([], [], [], 0.0)
         gathered = self.transport.gather_to_first(
             {"losses": result.losses, "accuracies": result.accuracies,
              "spans": [dataclasses.asdict(s) for s in result.spans], "wall_s": result.wall_s},
@@ -280,7 +280,7 @@ class DistributedExecutor:
         losses = [x for g in gathered for x in g["losses"]]
         accuracies = [x for g in gathered for x in g["accuracies"]]
         results = [StepResult(g["losses"], g["accuracies"], [Span(**s) for s in g["spans"]],
-                              0.0, g["wall_s"]) for g in gathered]
+                              g["wall_s"]) for g in gathered]
         return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
                            max(g["wall_s"] for g in gathered), results)
 

@@ -20,12 +20,12 @@ import numpy as np
 
 from skyjax.cluster import timed_call
 from skyjax.models.bert import initial_carry
-from skyjax.runtime.stage import StageProgram, StageState, clip_scale
+from skyjax.runtime.stage import StageProgram, StageState, clip_scale, float_entries
 from skyjax.schedule import Action
 
 Batch = dict[str, np.ndarray]
 
-FORWARD, BACKWARD, EVAL = 0, 1, 2
+FORWARD, BACKWARD = 0, 1  # message directions (eval uses negative tags)
 
 
 class StageLink(Protocol):
@@ -61,7 +61,6 @@ class StepResult:
     losses: list[float]
     accuracies: list[float]
     spans: list[Span]
-    compute_s: float
     wall_s: float
 
 
@@ -102,7 +101,6 @@ class PipelineStage:
         m = self.program.microbatches
         residuals: dict[int, Any] = {}
         losses, accuracies, spans = [], [], []
-        compute = 0.0
         start, wall_start = time.perf_counter(), time.time()
         for action in actions:
             mb = action.microbatch
@@ -123,18 +121,17 @@ class PipelineStage:
             else:
                 tag = message_tag(step, mb, BACKWARD, m)
                 cotangent = None if self.is_last else self.link.recv(
-                    tag, _float_like(self.out_like), self.index + 1)
+                    tag, float_entries(self.out_like), self.index + 1)
                 t0 = time.perf_counter()
                 (self.state.grads, d_carry), seconds = timed_call(
                     self.program.backward, self.state.params, residuals.pop(mb), cotangent,
                     self.state.grads, slowdown=self.slowdown)
                 if not self.is_first:
                     self.link.send(tag, d_carry, self.index - 1)
-            compute += seconds
             t0 = wall_start + (t0 - start)
             spans.append(Span(self.index, action.kind, mb, t0, t0 + seconds))
         self._update(step, max_grad_norm)
-        return StepResult(losses, accuracies, spans, compute, time.perf_counter() - start)
+        return StepResult(losses, accuracies, spans, time.perf_counter() - start)
 
     def _update(self, step: int, max_grad_norm: float | None) -> None:
         local = float(self.program.grad_sq_norm(self.state.grads)) if max_grad_norm else 0.0
@@ -160,10 +157,6 @@ class PipelineStage:
             else:
                 self.link.send(tag, self.program.evaluate(self.state.params, carry), self.index + 1)
         return results
-
-
-def _float_like(like: Any) -> Any:
-    return {k: v for k, v in like.items() if np.issubdtype(v.dtype, np.floating)}
 
 
 def trace_events(spans: Iterable[Span], pid: int = 0, name: str = "measured") -> list[dict]:

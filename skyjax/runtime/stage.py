@@ -87,7 +87,7 @@ class StageProgram:
             cotangent = {k: cotangent[k] if k in cotangent else np.zeros(v.shape, jax.dtypes.float0)
                          for k, v in out_like.items()}
         d_params, d_carry = pullback(cotangent)
-        return jax.tree.map(jnp.add, grads, d_params), _float_only(d_carry)
+        return jax.tree.map(jnp.add, grads, d_params), float_entries(d_carry)
 
     def _update(self, params: list[Params], opt_state: list[Any], grads: list[Params], scale):
         """One optax step per unit (same math as one step over the block: AdamW is elementwise
@@ -128,8 +128,9 @@ def _signature(leaves: Residuals) -> tuple:
     return tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
 
 
-def _float_only(tree: Carry) -> Carry:
-    """Drops integer cotangents (float0, e.g. of the attention mask): nothing to send back."""
+def float_entries(tree: Carry) -> Carry:
+    """The floating-point entries of a carry (arrays or ShapeDtypeStructs): the ones that have
+    cotangents; integer ones (the attention mask, float0 cotangents) have nothing to send back."""
     return {k: v for k, v in tree.items() if jnp.issubdtype(v.dtype, jnp.floating)}
 
 
