@@ -8,7 +8,9 @@ setup(
     description="Load-balanced pipeline training of BERT on heterogeneous devices (JAX).",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["skyjax", "skyjax.*"]),
+    # configs/ and experiments/ are installed too, so that config variants import their base
+    # (``from configs import bert_base_mnli``) and experiments share code, from any directory.
+    packages=find_packages(include=["skyjax", "skyjax.*", "configs", "experiments"]),
     python_requires=">=3.11",
     install_requires=[
         "jax>=0.10.2",

@@ -6,7 +6,7 @@ Pass a Hugging Face checkpoint and tokenizer directory, e.g.
 NotImplementedError; the config itself loads and validates.
 """
 
-from skyjax.config_defaults import base_config
+from skyjax.config import base_config
 
 
 def get_config():

@@ -5,12 +5,7 @@ As configs/bert_base_mnli.py with BERT-large shapes; pass --config.model.pretrai
 raises NotImplementedError; the config itself loads and validates.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import bert_base_mnli  # noqa: E402
+from configs import bert_base_mnli
 
 
 def get_config():

@@ -3,10 +3,10 @@
     python -m skyjax.main --config configs/local_demo.py --workdir /tmp/skyjax_demo
 
 Reaches eval accuracy >= 0.8 in about a minute on a 2-core CPU. Every key is listed in
-skyjax/config_defaults.py, where the defaults are these same values.
+skyjax/config/defaults.py, where the defaults are these same values.
 """
 
-from skyjax.config_defaults import base_config
+from skyjax.config import base_config
 
 
 def get_config():

@@ -7,7 +7,7 @@ launcher, which starts the 4 processes:
     python -m skyjax.launch --num_processes 4 -- --config configs/local_hetero.py --workdir /tmp/h
 """
 
-from skyjax.config_defaults import base_config
+from skyjax.config import base_config
 
 
 def get_config():

@@ -6,14 +6,9 @@ sequence length 128, GLUE MNLI, 30 steps, one batch in flight (the original did 
 --config.data.name=synthetic the same shapes run on synthetic data.
 """
 
-import os
-import sys
-
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import bert_large_mnli  # noqa: E402
+from configs import bert_large_mnli
 
 NUM_DEVICES = 64
 

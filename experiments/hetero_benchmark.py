@@ -22,16 +22,13 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 MODEL = dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4, intermediate_size=1024,
              max_position_embeddings=64)
 
 
 def build_config(args: argparse.Namespace):
-    sys.path.insert(0, os.path.join(REPO, "configs"))
-    import local_hetero
+    from configs import local_hetero
 
     config = local_hetero.get_config()
     config.unlock()
@@ -64,7 +61,8 @@ def worker(spec_path: str) -> None:
     import jax
     import numpy as np
 
-    from skyjax import allocator, cluster as cluster_lib, data as data_lib, schedule, train
+    from skyjax import cluster as cluster_lib, data as data_lib, train
+    from skyjax.plan import allocator, schedules as schedule
     from skyjax.models import bert
     from skyjax.runtime import distributed
 

@@ -32,16 +32,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from skyjax import allocator  # noqa: E402
-from skyjax.profile_io import Profile  # noqa: E402
+from skyjax.plan import allocator  # noqa: E402
+from skyjax.profile.format import Profile  # noqa: E402
 
 GIB = 1 << 30
 

@@ -16,17 +16,14 @@ Run: ``python experiments/plan_scale.py`` (add ``--quick`` to skip the 1024-devi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from paper_reproduction import BertShape, bert_units, synth_profile  # noqa: E402
+from experiments.paper_reproduction import BertShape, bert_units, synth_profile  # noqa: E402
 
-from skyjax import allocator  # noqa: E402
+from skyjax.plan import allocator  # noqa: E402
 
 GIB = 1 << 30
 KIND_MEMORY = np.array([16, 24, 32, 40, 48, 80]) * GIB

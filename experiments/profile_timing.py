@@ -12,17 +12,14 @@ those ratios should follow the slow-down factors).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from skyjax import cluster as cluster_lib  # noqa: E402  (no jax import yet)
 
 cluster_lib.ensure_host_device_count(4)
 
-from skyjax import config_defaults, profiler  # noqa: E402
+from skyjax.config import defaults as config_defaults  # noqa: E402
+from skyjax.profile import measure as profiler  # noqa: E402
 
 
 def demo(devices=1, slowdowns=()):

@@ -27,8 +27,6 @@ import sys
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 DEFAULT_SIZES = (4096, 262144, 4194304, 33554432)
 

@@ -12,8 +12,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from skyjax import config_defaults
-from skyjax.config_validation import validate_config
+from skyjax.config import defaults as config_defaults
+from skyjax.config import validate_config
 
 FLAGS = flags.FLAGS
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for summary.json, plan.json, metrics.")

@@ -3,8 +3,8 @@
 A run goes through the phases of skyjax, each a small function:
 
 1. ``build_model`` / ``bert.units``: the model as a chain of units at ``allocation.granularity``;
-2. ``profile_phase``: per-unit times and bytes on each device (``skyjax.profiler``, cached);
-3. ``plan_phase``: the stages (``skyjax.allocator.plan``);
+2. ``profile_phase``: per-unit times and bytes on each device (``skyjax.profile.measure``, cached);
+3. ``plan_phase``: the stages (``skyjax.plan.plan``);
 4. ``train_loop`` / eval: the pipeline executors of ``skyjax.runtime`` (local: one thread per
    stage device; distributed: this process's stage under ``jax.distributed``).
 
@@ -28,12 +28,14 @@ import optax
 from absl import logging
 from flax import nnx
 
-from skyjax import allocator, cluster as cluster_lib, data as data_lib, profiler, replan
-from skyjax import schedule as schedule_lib
+from skyjax import cluster as cluster_lib, data as data_lib
+from skyjax.plan import allocator, replan
+from skyjax.plan import schedules as schedule_lib
+from skyjax.profile import measure as profiler
 from skyjax.baseline import microbatch_rng
-from skyjax.config_validation import validate_config
+from skyjax.config import validate_config
 from skyjax.models import bert
-from skyjax.profile_io import Profile, load_profile, write_json_atomic
+from skyjax.profile.format import Profile, load_profile, write_json_atomic
 from skyjax.runtime import distributed, pipeline
 from skyjax.runtime.executor import DistributedExecutor, LocalExecutor
 
@@ -181,7 +183,7 @@ def stage_busy(metrics) -> list[float]:
 
 class Replanner:
     """``allocation.strategy="dynamic"``: every ``replan_every`` steps, correct the profile with
-    the measured stage times and switch plans when that is predicted to pay (``skyjax.replan``)."""
+    the measured stage times and switch plans when that is predicted to pay (``skyjax.plan.replan``)."""
 
     MIN_GAIN = 0.05
 

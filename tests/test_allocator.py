@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from skyjax import allocator
-from skyjax.allocator import InfeasibleError
-from skyjax.profile_io import Profile
+from skyjax.plan import allocator
+from skyjax.plan.allocator import InfeasibleError
+from skyjax.profile.format import Profile
 
 
 def make_profile(fwd, bwd=None, *, state=None, act=None, out=None, memory=None, latency=None,

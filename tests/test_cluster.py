@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from skyjax import cluster as cl
-from skyjax import config_defaults
+from skyjax.config import defaults as config_defaults
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,11 +11,12 @@ import pytest
 from ml_collections import config_flags
 from absl import flags
 
-from skyjax import config_defaults
-from skyjax.config_validation import validate_config
+from skyjax.config import defaults as config_defaults
+from skyjax.config import validate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_FILES = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
+CONFIG_FILES = sorted(f for f in glob.glob(os.path.join(REPO, "configs", "*.py"))
+                      if not f.endswith("__init__.py"))
 
 
 def load(path: str, *overrides: str) -> ml_collections.ConfigDict:
@@ -127,7 +128,7 @@ def test_unknown_key_on_command_line_is_rejected():
 def test_config_file_with_unknown_key(tmp_path):
     path = tmp_path / "extra.py"
     path.write_text(textwrap.dedent("""
-        from skyjax.config_defaults import base_config
+        from skyjax.config import base_config
 
         def get_config():
             config = base_config()

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from skyjax import baseline, config_defaults, train
+from skyjax import baseline, train
+from skyjax.config import defaults as config_defaults
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "local_demo.py")

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from skyjax import plan as plan_cli
-from skyjax.profile_io import save_profile
+from skyjax.plan import cli as plan_cli
+from skyjax.profile.format import save_profile
 from tests.test_allocator import make_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

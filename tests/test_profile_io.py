@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from skyjax.profile_io import Profile, ProfileError, load_profile, save_profile
+from skyjax.profile.format import Profile, ProfileError, load_profile, save_profile
 
 
 def good() -> dict:

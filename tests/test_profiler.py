@@ -1,4 +1,4 @@
-"""skyjax.profiler: measured per-unit times on emulated heterogeneous devices, exact bytes,
+"""skyjax.profile.measure: measured per-unit times on emulated heterogeneous devices, exact bytes,
 link probes, the profile cache, the CLI, and plans made from measured profiles."""
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from skyjax import allocator, config_defaults, profiler
+from skyjax.config import defaults as config_defaults
+from skyjax.plan import allocator
+from skyjax.profile import measure as profiler
 from skyjax import cluster as cl
 from skyjax.models import bert
-from skyjax.profile_io import Profile, load_profile
+from skyjax.profile.format import Profile, load_profile
 from skyjax.runtime.stage import StageProgram
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

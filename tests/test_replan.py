@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from skyjax import allocator, replan
-from skyjax.profile_io import Profile, save_profile
+from skyjax.plan import allocator, replan
+from skyjax.profile.format import Profile, save_profile
 
-from test_main import tiny_config
+from tests.test_main import tiny_config
 
 
 def uniform_profile(units: int, devices: int, unit_s: float = 1e-3) -> Profile:

@@ -12,15 +12,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)
-sys.path.insert(0, REPO)
-sys.path.insert(0, TESTS_DIR)
 
 import jax  # noqa: E402
 import optax  # noqa: E402

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from skyjax import allocator, schedule
-from skyjax.schedule import Action
+from skyjax.plan import allocator, schedules as schedule
+from skyjax.plan.schedules import Action
 
 CASES = [(1, 1), (1, 4), (2, 2), (3, 1), (4, 8), (4, 2), (8, 3), (5, 16)]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from skyjax import config_defaults, data
+from skyjax import data
+from skyjax.config import defaults as config_defaults
 from skyjax.data import synthetic
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 import threading
 import time
 
@@ -17,7 +16,6 @@ import pytest
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)
-sys.path.insert(0, REPO)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

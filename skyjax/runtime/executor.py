@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import optax
 
-from skyjax import schedule as schedules
+from skyjax.plan import schedules
 from skyjax.models.bert import Unit, initial_carry
 from skyjax.runtime.pipeline import Batch, PipelineStage, Span, StageLink, StepResult
 from skyjax.runtime.stage import StageProgram

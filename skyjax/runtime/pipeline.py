@@ -1,6 +1,6 @@
 """The per-stage pipeline loop, shared by the local (threads) and distributed (processes) executors.
 
-Each stage walks its own action list from ``skyjax.schedule.actions`` (GPipe or 1F1B): a forward
+Each stage walks its own action list from ``skyjax.plan.schedules.actions`` (GPipe or 1F1B): a forward
 receives its input from the previous stage (or the batch, at stage 0), runs the jitted forward and
 sends the output on; a backward receives the cotangent from the next stage (none at the last,
 whose forward ends in the loss), runs the jitted backward and sends the input cotangent back.
@@ -21,7 +21,7 @@ import numpy as np
 from skyjax.cluster import timed_call
 from skyjax.models.bert import initial_carry
 from skyjax.runtime.stage import StageProgram, StageState, clip_scale, float_entries
-from skyjax.schedule import Action
+from skyjax.plan.schedules import Action
 
 Batch = dict[str, np.ndarray]
 

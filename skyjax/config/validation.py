@@ -2,7 +2,7 @@
 
 ``validate_config(config)`` raises ``ValueError`` naming the offending key, e.g.
 ``config.model.num_attention_heads=3 does not divide config.model.hidden_size=128``.
-It checks keys against the schema in :mod:`skyjax.config_defaults` (unknown and missing keys),
+It checks keys against the schema in :mod:`skyjax.config.defaults` (unknown and missing keys),
 value types, the allowed values of enum keys, and relations between keys.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import ml_collections
 
-from skyjax import config_defaults as defaults
+from skyjax.config import defaults
 from skyjax.data import synthetic
 
 _NUMBER = (int, float)

@@ -16,8 +16,8 @@ import dataclasses
 import statistics
 from typing import Sequence
 
-from skyjax import allocator
-from skyjax.profile_io import Profile
+from skyjax.plan import allocator
+from skyjax.profile.format import Profile
 
 
 @dataclasses.dataclass

@@ -49,7 +49,7 @@ from absl import logging
 
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
-from skyjax.profile_io import Profile, ProfileError, load_profile, save_profile
+from skyjax.profile.format import Profile, ProfileError, load_profile, save_profile
 from skyjax.runtime.transport import tree_nbytes as tree_bytes
 
 PROFILER_VERSION = 1

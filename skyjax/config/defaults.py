@@ -1,7 +1,7 @@
 """The config schema: every key skyjax reads, with its type and default.
 
 Config files (``configs/*.py``) start from :func:`base_config` and change values; a key that is not
-here is an error (see :mod:`skyjax.config_validation`). The defaults are those of
+here is an error (see :mod:`skyjax.config.validation`). The defaults are those of
 ``configs/local_demo.py``: a small BERT on the synthetic task, one device.
 """
 

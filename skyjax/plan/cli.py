@@ -15,8 +15,8 @@ import argparse
 import json
 import sys
 
-from skyjax import allocator, schedule
-from skyjax.profile_io import Profile, ProfileError, load_profile, write_json_atomic
+from skyjax.plan import allocator, schedules as schedule
+from skyjax.profile.format import Profile, ProfileError, load_profile, write_json_atomic
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -102,6 +102,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(out, indent=1) if args.json else format_table(plan, profile))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

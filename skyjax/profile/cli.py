@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
     if not _OUT.value and not _WORKDIR.value:
         raise app.UsageError("pass --out and/or --workdir")
     config = FLAGS.config
-    from skyjax.config_validation import validate_config
+    from skyjax.config import validate_config
 
     try:
         validate_config(config)
@@ -44,8 +44,8 @@ def main(argv: list[str]) -> None:
     from skyjax import cluster as cluster_lib
 
     cluster_lib.ensure_host_device_count(int(config.cluster.num_devices))
-    from skyjax import profiler  # imports jax: after XLA_FLAGS
-    from skyjax.profile_io import save_profile
+    from skyjax.profile import measure as profiler  # imports jax: after XLA_FLAGS
+    from skyjax.profile.format import save_profile
 
     overrides = {"dedup_units": _DEDUP.value, "dedup_devices": _DEDUP.value}
     if _REPEATS.value:
@@ -67,6 +67,3 @@ def main(argv: list[str]) -> None:
     if "profile_time_s" in meta:
         print(f"profiled in {meta['profile_time_s']:.1f} s (compilation {meta['compile_s']:.1f} s)")
 
-
-if __name__ == "__main__":
-    app.run(main)

@@ -71,7 +71,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from skyjax.profile_io import Profile
+from skyjax.profile.format import Profile
 
 SCHEDULES = ("gpipe", "1f1b")
 STRATEGIES = ("even", "optimal", "dynamic")

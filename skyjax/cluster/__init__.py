@@ -1,0 +1,15 @@
+"""The devices a run plans over, and the emulation that makes one host look heterogeneous.
+
+``devices``: :class:`Cluster` (devices, memory, links) built from ``config.cluster``;
+``emulation``: slow calls (:func:`timed_call`) and slow links (:class:`LinkEmulation`). Importing
+this package does not import JAX, so :func:`ensure_host_device_count` can run before JAX starts.
+"""
+
+from skyjax.cluster.devices import (Cluster, DeviceSpec, cluster_from_config, device_kind,
+                                    device_memory_bytes, device_name,
+                                    ensure_host_device_count, host_memory_bytes, select_devices)
+from skyjax.cluster.emulation import LinkEmulation, block, precise_sleep, timed_call
+
+__all__ = ["Cluster", "DeviceSpec", "LinkEmulation", "block", "cluster_from_config",
+           "device_kind", "device_memory_bytes", "device_name", "ensure_host_device_count",
+           "host_memory_bytes", "precise_sleep", "select_devices", "timed_call"]

@@ -1,0 +1,120 @@
+"""Emulated heterogeneity on the real execution path: slow devices and slow links.
+
+So that the profiler *measures* a slow device the same way the runtime experiences it, never
+reading the factor from the config:
+
+* :func:`timed_call` runs a (jitted) call to completion, then sleeps ``(slowdown - 1) x elapsed``;
+  the profiler and the runtime's stages both call it.
+* :class:`LinkEmulation` gives the delay ``latency + bytes / bandwidth`` of a transfer; the
+  transports (``skyjax.runtime.transport``) and the profiler's link probes wait it out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+# The last part of an emulated sleep is spun (yielding the GIL) for precision: time.sleep
+# overshoots by ~50-100 us on Linux, which would distort the slow-down of sub-millisecond calls.
+_SPIN_S = 2e-4
+
+def precise_sleep(seconds: float) -> None:
+    """Sleeps ``seconds`` with ~10 us precision (coarse sleep, then a short GIL-yielding spin)."""
+    if seconds <= 0:
+        return
+    deadline = time.perf_counter() + seconds
+    if seconds > _SPIN_S:
+        time.sleep(seconds - _SPIN_S)
+    while time.perf_counter() < deadline:
+        time.sleep(0)
+
+
+def block(tree: Any) -> Any:
+    """``jax.block_until_ready`` that tolerates non-array leaves."""
+    import jax
+
+    return jax.block_until_ready(tree)
+
+
+def _shapes(args: tuple) -> tuple:
+    """The shapes/dtypes a program is called with (with the function, it names the program)."""
+    import jax
+
+    return tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x))))
+                 for x in jax.tree.leaves(args))
+
+
+# Fastest run seen of each program in this process (see timed_call): function -> shapes -> s.
+# Weakly keyed, so a freed function (e.g. of a replaced executor) cannot lend its times.
+_BEST_S: "weakref.WeakKeyDictionary[Callable, dict[tuple, float]]" = weakref.WeakKeyDictionary()
+
+
+def timed_call(fn: Callable, *args: Any, slowdown: float = 1.0, **kwargs: Any
+               ) -> tuple[Any, float]:
+    """Runs ``fn(*args, **kwargs)`` to completion and returns ``(result, seconds)``.
+
+    With ``slowdown > 1`` the call then sleeps ``(slowdown - 1) x t``, so a device emulated as k
+    times slower really takes k times as long; ``seconds`` is the total wall time (compute +
+    emulation). ``t`` is the fastest run of the same program seen so far in this process (this
+    one included): an emulated device is k times slower than this host *uncontended*, so when
+    emulated devices share the host's cores the contention is not multiplied by k. The first
+    call of a program (it compiles) is not slowed down. The one emulation used by both the
+    profiler and the runtime.
+    """
+    start = time.perf_counter()
+    result = block(fn(*args, **kwargs))
+    elapsed = time.perf_counter() - start
+    if slowdown > 1:
+        try:
+            seen = _BEST_S.setdefault(fn, {})
+        except TypeError:  # not weakly referenceable: no memory, slowed by this run's own time
+            seen = None
+        key = _shapes(args)
+        best = seen.get(key) if seen is not None else elapsed
+        if seen is not None:
+            seen[key] = elapsed if best is None else min(best, elapsed)
+        if best is not None:
+            precise_sleep((slowdown - 1.0) * min(best, elapsed))
+            elapsed = time.perf_counter() - start
+    return result, elapsed
+
+
+@dataclasses.dataclass
+class LinkEmulation:
+    """Emulated links: ``latency_s[src][dst]`` seconds plus ``bytes / bandwidth_Bps[src][dst]``.
+
+    A bandwidth that is ``inf``, ``0`` or negative means no per-byte cost (not emulated).
+    """
+
+    latency_s: Any
+    bandwidth_Bps: Any
+
+    def __post_init__(self):
+        self.latency_s = np.asarray(self.latency_s, dtype=np.float64)
+        self.bandwidth_Bps = np.asarray(self.bandwidth_Bps, dtype=np.float64)
+
+    @property
+    def active(self) -> bool:
+        bw = self.bandwidth_Bps
+        return bool(np.any(self.latency_s > 0) or np.any(np.isfinite(bw) & (bw > 0)))
+
+    def delay(self, src: int, dst: int, nbytes: int) -> float:
+        """Seconds a transfer of ``nbytes`` from ``src`` to ``dst`` is held back (no sleeping)."""
+        if src == dst:
+            return 0.0
+        seconds = float(self.latency_s[src, dst])
+        bw = float(self.bandwidth_Bps[src, dst])
+        if math.isfinite(bw) and bw > 0:
+            seconds += nbytes / bw
+        return seconds
+
+    def wait(self, src: int, dst: int, nbytes: int) -> float:
+        """Sleeps :meth:`delay` seconds; returns them."""
+        seconds = self.delay(src, dst, nbytes)
+        precise_sleep(seconds)
+        return seconds
