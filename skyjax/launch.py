@@ -26,10 +26,8 @@ import threading
 import time
 from typing import IO, Mapping, Sequence
 
-ENV_COORDINATOR = "SKYJAX_COORDINATOR"
-ENV_NUM_PROCESSES = "SKYJAX_NUM_PROCESSES"
-ENV_PROCESS_ID = "SKYJAX_PROCESS_ID"
-_ENV_LAUNCHER_PID = "SKYJAX_LAUNCHER_PID"
+from skyjax import env_vars
+
 
 EXIT_TIMEOUT = 124
 GRACE_S = 5.0
@@ -42,12 +40,12 @@ try:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 except Exception:
     pass
-if os.getppid() != int(os.environ["SKYJAX_LAUNCHER_PID"]):
+if os.getppid() != int(os.environ[{launcher_pid!r}]):
     sys.exit("[launch] launcher died before this child started")
 module = sys.argv[1]
 sys.argv = [module] + sys.argv[2:]
 runpy.run_module(module, run_name="__main__", alter_sys=True)
-"""
+""".format(launcher_pid=env_vars.LAUNCHER_PID)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -146,9 +144,9 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
     base_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (repo_root, base_env.get("PYTHONPATH", "")) if p)
     base_env.setdefault("PYTHONUNBUFFERED", "1")
-    base_env[ENV_COORDINATOR] = f"{coordinator_host}:{port}"
-    base_env[ENV_NUM_PROCESSES] = str(num_processes)
-    base_env[_ENV_LAUNCHER_PID] = str(os.getpid())
+    base_env[env_vars.COORDINATOR] = f"{coordinator_host}:{port}"
+    base_env[env_vars.NUM_PROCESSES] = str(num_processes)
+    base_env[env_vars.LAUNCHER_PID] = str(os.getpid())
 
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
@@ -162,7 +160,7 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
     rc = 0
     try:
         for k in range(num_processes):
-            child_env = dict(base_env, **{ENV_PROCESS_ID: str(k)})
+            child_env = dict(base_env, **{env_vars.PROCESS_ID: str(k)})
             procs.append(subprocess.Popen(
                 [sys.executable, "-c", _BOOTSTRAP, module, *module_args], env=child_env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import ml_collections
 
+
 # Allowed values of the string-valued enum keys (checked by validate_config).
-SCHEDULES = ("gpipe", "1f1b")
-STRATEGIES = ("even", "optimal", "dynamic")
-GRANULARITIES = ("layer", "sublayer")
-MODES = ("local", "distributed")
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 LR_SCHEDULES = ("linear", "cosine", "constant")
 DATASETS = ("synthetic", "glue/mnli")

@@ -15,6 +15,7 @@ from typing import Any
 
 import ml_collections
 
+from skyjax import names
 from skyjax.config import defaults
 from skyjax.data import synthetic
 
@@ -170,7 +171,7 @@ def _check_train(t: Any) -> None:
 
 def _check_pipeline(config: Any) -> None:
     p = config.pipeline
-    _one_of("config.pipeline.schedule", p.schedule, defaults.SCHEDULES)
+    _one_of("config.pipeline.schedule", p.schedule, names.SCHEDULES)
     _at_least("config.pipeline.microbatches", p.microbatches, 1)
     if config.data.batch_size % p.microbatches:
         _fail(f"config.pipeline.microbatches={p.microbatches} does not divide "
@@ -178,8 +179,8 @@ def _check_pipeline(config: Any) -> None:
 
 
 def _check_allocation(a: Any) -> None:
-    _one_of("config.allocation.strategy", a.strategy, defaults.STRATEGIES)
-    _one_of("config.allocation.granularity", a.granularity, defaults.GRANULARITIES)
+    _one_of("config.allocation.strategy", a.strategy, names.STRATEGIES)
+    _one_of("config.allocation.granularity", a.granularity, names.GRANULARITIES)
     _at_least("config.allocation.replan_every", a.replan_every, 0)
     if a.replan_every and a.strategy != "dynamic":
         _fail(f"config.allocation.replan_every={a.replan_every} needs "
@@ -187,7 +188,7 @@ def _check_allocation(a: Any) -> None:
 
 
 def _check_cluster(c: Any) -> None:
-    _one_of("config.cluster.mode", c.mode, defaults.MODES)
+    _one_of("config.cluster.mode", c.mode, names.MODES)
     _at_least("config.cluster.num_devices", c.num_devices, 1)
     n = c.num_devices
     _per_device("config.cluster.slowdowns", c.slowdowns, n, _NUMBER)

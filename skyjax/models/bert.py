@@ -294,7 +294,7 @@ def classification_loss(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array
 # --------------------------------------------------------------------------------------------
 # Units.
 
-GRANULARITIES = ("layer", "sublayer")
+from skyjax.names import GRANULARITIES  # noqa: E402
 
 
 @dataclasses.dataclass

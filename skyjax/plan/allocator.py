@@ -71,10 +71,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from skyjax.names import SCHEDULES, STRATEGIES
 from skyjax.profile.format import Profile
 
-SCHEDULES = ("gpipe", "1f1b")
-STRATEGIES = ("even", "optimal", "dynamic")
 EXACT_PAIRS = 4000  # most (count vector, class) states for the exact DP
 EXACT_WORK = 6e7  # most vectorised elements per exact DP(t)
 MAX_LINK_GROUPS = 16  # heuristic: more link groups are coarsened (worst link per group pair)

@@ -16,7 +16,8 @@ import json
 import sys
 
 from skyjax.plan import allocator, schedules as schedule
-from skyjax.profile.format import Profile, ProfileError, load_profile, write_json_atomic
+from skyjax.jsonio import write_json_atomic
+from skyjax.profile.format import Profile, ProfileError, load_profile
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

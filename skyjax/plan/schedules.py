@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-SCHEDULES = ("gpipe", "1f1b")
+from skyjax.names import SCHEDULES
 
 
 @dataclasses.dataclass(frozen=True)

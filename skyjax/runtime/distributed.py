@@ -22,9 +22,8 @@ from typing import Any
 
 import jax
 
-ENV_COORDINATOR = "SKYJAX_COORDINATOR"
-ENV_NUM_PROCESSES = "SKYJAX_NUM_PROCESSES"
-ENV_PROCESS_ID = "SKYJAX_PROCESS_ID"
+from skyjax import env_vars
+
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +62,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     global _info
     if _info is not None:
         return _info
-    coordinator_address = coordinator_address or os.environ.get(ENV_COORDINATOR) or None
+    coordinator_address = coordinator_address or os.environ.get(env_vars.COORDINATOR) or None
     if num_processes is None:
-        num_processes = _env_int(ENV_NUM_PROCESSES)
+        num_processes = _env_int(env_vars.NUM_PROCESSES)
     if process_id is None:
-        process_id = _env_int(ENV_PROCESS_ID)
+        process_id = _env_int(env_vars.PROCESS_ID)
     kwargs = dict(initialization_timeout=int(max(1, timeout_s)),
                   heartbeat_timeout_seconds=int(max(1, heartbeat_timeout_s)),
                   shutdown_timeout_seconds=int(max(1, shutdown_timeout_s)))
@@ -78,8 +77,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         raise ValueError(
             "give all of coordinator address, number of processes and process id, or none of "
             f"them (got coordinator={coordinator_address!r}, num_processes={num_processes!r}, "
-            f"process_id={process_id!r}; env {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/"
-            f"{ENV_PROCESS_ID})")
+            f"process_id={process_id!r}; env {env_vars.COORDINATOR}/{env_vars.NUM_PROCESSES}/"
+            f"{env_vars.PROCESS_ID})")
     if process_id is not None and not 0 <= process_id < num_processes:
         raise ValueError(f"process_id {process_id} not in [0, {num_processes})")
     if cpu_collectives:

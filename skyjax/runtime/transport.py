@@ -43,6 +43,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import jax
 import numpy as np
 
+from skyjax import env_vars
+
 log = logging.getLogger(__name__)
 
 try:
@@ -361,7 +363,7 @@ class TransferServerTransport:
         self.ns = namespace
         self._client = client if client is not None else distributed.key_value_client()
         self._sharding = jax.sharding.SingleDeviceSharding(device)
-        host = host or os.environ.get("SKYJAX_TRANSFER_HOST") or "127.0.0.1"
+        host = host or os.environ.get(env_vars.TRANSFER_HOST) or "127.0.0.1"
         self._server = _transfer_server(device, host)
         self.address = self._server.address()
         self._client.key_value_set(f"{self.ns}/addr/{stage_index}", self.address)

@@ -1,0 +1,14 @@
+"""Every environment variable skyjax reads or sets, named once.
+
+The launcher (``skyjax.launch``) sets the first four for each child; ``jax.distributed`` start-up
+(``skyjax.runtime.distributed``) reads them; the transfer-server transport reads
+``TRANSFER_HOST``. ``XLA_FLAGS`` is XLA's own (``skyjax.cluster.ensure_host_device_count`` adds
+the host device count to it before JAX starts).
+"""
+
+COORDINATOR = "SKYJAX_COORDINATOR"  # "host:port" of the jax.distributed coordinator
+NUM_PROCESSES = "SKYJAX_NUM_PROCESSES"  # processes in the job
+PROCESS_ID = "SKYJAX_PROCESS_ID"  # this process's index
+LAUNCHER_PID = "SKYJAX_LAUNCHER_PID"  # the launcher's pid: a child exits if it is orphaned
+TRANSFER_HOST = "SKYJAX_TRANSFER_HOST"  # address the point-to-point transfer server binds
+XLA_FLAGS = "XLA_FLAGS"

@@ -1,0 +1,10 @@
+"""The names a config, a plan and the runtime agree on, each listed once.
+
+Plain tuples, no imports: the config checks, the planner (which imports no JAX) and the model all
+read them from here.
+"""
+
+SCHEDULES = ("gpipe", "1f1b")  # pipeline schedules (skyjax.plan.schedules)
+STRATEGIES = ("even", "optimal", "dynamic")  # allocation strategies (skyjax.plan)
+GRANULARITIES = ("layer", "sublayer")  # how the model is cut into units (skyjax.models.units)
+MODES = ("local", "distributed")  # one process for all stages, or one process per stage
