@@ -1,7 +1,8 @@
 """The plain single-device train step: one jit over the whole model, no pipeline.
 
 The reference that pipelined training must equal (tests) and the baseline that a one-stage
-pipeline is measured against (``experiments/hetero_benchmark.py``).
+pipeline is measured against (``experiments/hetero_benchmark.py``). Loss, eval sums and norms
+are the ones the pipeline uses (``skyjax.metrics``, ``skyjax.optim``), so the two compare exactly.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from skyjax.metrics import classification_loss, summarize_eval, weighted_sums
 from skyjax.models import bert
+from skyjax.optim import global_norm
 
 Params = list[dict[str, Any]]  # one pure param dict per unit
 Batch = dict[str, np.ndarray]
@@ -27,11 +30,6 @@ def microbatch_rng(seed: int, step: int, microbatch: int) -> jax.Array:
     """The dropout key of one micro-batch: the same on every stage and for every plan."""
     key = jax.random.fold_in(jax.random.PRNGKey(seed), _DROPOUT_STREAM)
     return jax.random.fold_in(jax.random.fold_in(key, step), microbatch)
-
-
-def global_norm(tree: Any) -> jax.Array:
-    """The L2 norm of all leaves together."""
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
 
 
 def forward(chain: list[bert.Unit], params: Params, batch: Batch, rng: jax.Array | None,
@@ -51,8 +49,7 @@ def make_train_step(chain: list[bert.Unit], optimizer: optax.GradientTransformat
     """
 
     def loss_fn(params: Params, mb: Batch, rng: jax.Array):
-        loss, acc = bert.classification_loss(forward(chain, params, mb, rng, True), mb["labels"])
-        return loss, acc
+        return classification_loss(forward(chain, params, mb, rng, True), mb["labels"])
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -77,25 +74,17 @@ def make_train_step(chain: list[bert.Unit], optimizer: optax.GradientTransformat
 
 
 def make_eval_step(chain: list[bert.Unit]) -> Callable:
-    """``eval_step(params, batch) -> sums of (loss, correct, weight)``, jitted; uses ``weights``."""
+    """``eval_step(params, batch) -> (sum of loss, sum of correct, sum of weight)``, jitted;
+    padding rows carry ``weights`` 0."""
 
     def eval_fn(params: Params, batch: Batch):
         logits = forward(chain, params, batch, None, False)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        nll = -jnp.take_along_axis(logp, batch["labels"][:, None], axis=-1)[:, 0]
-        correct = (jnp.argmax(logits, axis=-1) == batch["labels"]).astype(jnp.float32)
-        w = batch["weights"]
-        return {"loss": jnp.sum(nll * w), "correct": jnp.sum(correct * w), "count": jnp.sum(w)}
+        return weighted_sums(logits, batch["labels"], batch["weights"])
 
     return jax.jit(eval_fn)
 
 
 def evaluate(eval_step: Callable, params: Params, batches: Iterable[Batch]) -> dict[str, float]:
-    """Mean loss and accuracy over the weighted eval examples."""
-    totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
-    for batch in batches:
-        for k, v in eval_step(params, batch).items():
-            totals[k] += float(v)
-    n = max(totals["count"], 1.0)
-    return {"eval_loss": totals["loss"] / n, "eval_accuracy": totals["correct"] / n,
-            "eval_examples": int(totals["count"])}
+    """Mean loss and accuracy over the weighted eval examples (``{}`` when there are none, as
+    the pipeline executors report)."""
+    return summarize_eval(eval_step(params, batch) for batch in batches)

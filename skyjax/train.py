@@ -28,7 +28,7 @@ import optax
 from absl import logging
 from flax import nnx
 
-from skyjax import cluster as cluster_lib, data as data_lib
+from skyjax import cluster as cluster_lib, data as data_lib, optim
 from skyjax.plan import allocator, replan
 from skyjax.plan import schedules as schedule_lib
 from skyjax.profile import measure as profiler
@@ -36,8 +36,10 @@ from skyjax.baseline import microbatch_rng
 from skyjax.config import validate_config
 from skyjax.models import bert
 from skyjax.profile.format import Profile, load_profile, write_json_atomic
-from skyjax.runtime import distributed, pipeline
-from skyjax.runtime.executor import DistributedExecutor, LocalExecutor
+from skyjax.runtime import distributed
+from skyjax.runtime.distributed_executor import DistributedExecutor
+from skyjax.runtime.local_executor import LocalExecutor
+from skyjax.trace import stage_events
 
 Batch = dict[str, np.ndarray]
 
@@ -145,11 +147,14 @@ def make_optimizer(config: ml_collections.ConfigDict, clip: bool = True
     return adamw
 
 
-def make_executor(config: ml_collections.ConfigDict, chain: list[bert.Unit], plan: dict,
-                  cluster: cluster_lib.Cluster, transport: Any = None):
-    """The executor for ``config.cluster.mode``: all stages here, or this process's stage."""
+def make_executor(config: ml_collections.ConfigDict, chain: list[bert.Unit],
+                  plan: allocator.Plan | dict, cluster: cluster_lib.Cluster, transport: Any = None):
+    """The executor for ``config.cluster.mode``: all stages here, or this process's stage.
+    ``plan``: a Plan (a plan.json dict is read with ``Plan.from_json``)."""
+    if isinstance(plan, dict):
+        plan = allocator.Plan.from_json(plan)
     kwargs = dict(batch_size=config.data.batch_size, seq_len=config.data.seq_len,
-                  optimizer=make_optimizer(config, clip=False),
+                  optimizer=optim.make_optimizer(config.train, clip=False),
                   max_grad_norm=config.train.grad_clip_norm or None,
                   rng=lambda step, mb: microbatch_rng(config.train.seed, step, mb))
     if jax.process_count() > 1:
@@ -222,7 +227,7 @@ class Replanner:
         if not info["switch"]:
             return executor
         self._rebuilt_at = step + 1
-        return executor.rebuild(info["candidate"])
+        return executor.rebuild(allocator.Plan.from_json(info["candidate"]))
 
 
 def train_loop(config: ml_collections.ConfigDict, executor, workdir: str, eval_data: list[Batch],
@@ -267,7 +272,7 @@ def train_loop(config: ml_collections.ConfigDict, executor, workdir: str, eval_d
 def trace_json(plan: allocator.Plan, profile: Profile, last_step) -> dict:
     """A measured step's per-stage spans (pid 0) beside the simulator's trace of the plan."""
     spans = [s for r in (last_step.results if last_step else []) for s in r.spans]
-    events = pipeline.trace_events(spans, pid=0, name="measured step")
+    events = stage_events(spans, pid=0, name="measured step")
     simulated = schedule_lib.simulate_plan(plan, profile).trace["traceEvents"]
     for e in simulated:
         e["pid"] = 10 + e.get("pid", 0)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from skyjax import metrics
 from skyjax.models import bert
 from skyjax.models.hf_loading import CheckpointError
 
@@ -153,7 +154,7 @@ def _full_loss(model_params, model, ids, types, mask, labels, rng, train):
     def loss(p):
         m = nnx.merge(graphdef, p)
         logits = m(ids, types, mask, train=train, rng=rng)
-        return bert.classification_loss(logits, labels)[0], logits
+        return metrics.classification_loss(logits, labels)[0], logits
 
     return jax.value_and_grad(loss, has_aux=True)(rest)
 
@@ -161,7 +162,7 @@ def _full_loss(model_params, model, ids, types, mask, labels, rng, train):
 def _units_loss(chain, ids, types, mask, labels, rng, train):
     def loss(params):
         carry = bert.apply_units(chain, params, bert.initial_carry(ids, types, mask), rng, train)
-        return bert.classification_loss(carry["logits"], labels)[0], carry["logits"]
+        return metrics.classification_loss(carry["logits"], labels)[0], carry["logits"]
 
     return jax.value_and_grad(loss, has_aux=True)([u.params for u in chain])
 

@@ -40,8 +40,10 @@ def _run(tmp_path, nprocs: int, spec: dict) -> None:
 
 
 def _plan(blocks, devices, schedule, m):
-    return {"schedule": schedule, "microbatches": m,
-            "stages": [{"device": d, "units": [a, b]} for d, (a, b) in zip(devices, blocks)]}
+    """plan.json of a hand-made plan (the workers read it with ``Plan.from_json``)."""
+    import test_runtime_local as ref
+
+    return ref.make_plan(blocks, schedule, m, devices).to_json()
 
 
 @pytest.mark.parametrize("schedule,blocks,devices,m", [
@@ -94,8 +96,9 @@ def test_rebuild_moves_units_between_processes_without_changing_the_math(tmp_pat
 # ------------------------------------------------------------------------------------- worker
 
 def _worker() -> None:
+    from skyjax.plan import Plan
     from skyjax.runtime import distributed
-    from skyjax.runtime.executor import DistributedExecutor
+    from skyjax.runtime.distributed_executor import DistributedExecutor
     from skyjax.runtime.transport import TransferServerTransport
 
     import test_runtime_local as ref
@@ -110,13 +113,13 @@ def _worker() -> None:
     grad_mode = spec["mode"] == "grad"
     optimizer = optax.sgd(1.0) if grad_mode else optax.adamw(1e-3)
     params0 = [jax.tree.map(np.array, u.params) for u in chain]
-    ex = DistributedExecutor(chain, spec["plan"], transport, pid, device, batch_size=ref.BATCH,
-                             seq_len=ref.SEQ, optimizer=optimizer,
+    ex = DistributedExecutor(chain, Plan.from_json(spec["plan"]), transport, pid, device,
+                             batch_size=ref.BATCH, seq_len=ref.SEQ, optimizer=optimizer,
                              max_grad_norm=spec.get("clip"), rng=ref.rng_for)
     losses = []
     for step in range(spec["steps"]):
         if "then" in spec and step == spec["steps"] // 2:
-            ex = ex.rebuild(spec["then"])
+            ex = ex.rebuild(Plan.from_json(spec["then"]))
         losses.append(ex.train_step(step, ref.make_batch(step)).loss)
     if grad_mode and ex.stage is not None:
         k = ex.stage.index

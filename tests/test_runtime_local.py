@@ -7,8 +7,10 @@ import optax
 import pytest
 from flax import nnx
 
+from skyjax.metrics import classification_loss
 from skyjax.models import bert
-from skyjax.runtime.executor import LocalExecutor
+from skyjax.plan import Plan, Stage
+from skyjax.runtime.local_executor import LocalExecutor
 
 CFG = bert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                       intermediate_size=48, max_position_embeddings=32, num_labels=3,
@@ -32,9 +34,11 @@ def rng_for(step, mb):
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(7), step), mb)
 
 
-def plan_dict(blocks, schedule, m):
-    return {"schedule": schedule, "microbatches": m,
-            "stages": [{"device": d, "units": [a, b]} for d, (a, b) in enumerate(blocks)]}
+def make_plan(blocks, schedule, m, devices=None):
+    """A hand-made plan: ``blocks[k]`` on ``devices[k]`` (default: device k); no predicted costs."""
+    devices = range(len(blocks)) if devices is None else devices
+    stages = [Stage(d, (a, b), 0.0, 0.0, 0) for d, (a, b) in zip(devices, blocks)]
+    return Plan("manual", schedule, m, stages, step_time_s=0.0, bottleneck_s=0.0, exact=False)
 
 
 def fresh_chain(granularity="layer"):
@@ -48,14 +52,14 @@ def reference_loss(chain, params, batch, step, m):
         sl = {k: v[mb * size:(mb + 1) * size] for k, v in batch.items()}
         carry = bert.initial_carry(sl["input_ids"], sl["token_type_ids"], sl["attention_mask"])
         out = bert.apply_units(chain, params, carry, rng_for(step, mb), True)
-        total += bert.classification_loss(out["logits"], sl["labels"])[0] / m
+        total += classification_loss(out["logits"], sl["labels"])[0] / m
     return total
 
 
 def executor(chain, blocks, schedule, m, optimizer, max_grad_norm=None):
     devices = jax.devices()[:len(blocks)]
-    return LocalExecutor(chain, plan_dict(blocks, schedule, m), devices, batch_size=BATCH, seq_len=SEQ, optimizer=optimizer,
-                         max_grad_norm=max_grad_norm, rng=rng_for)
+    return LocalExecutor(chain, make_plan(blocks, schedule, m), devices, batch_size=BATCH,
+                         seq_len=SEQ, optimizer=optimizer, max_grad_norm=max_grad_norm, rng=rng_for)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

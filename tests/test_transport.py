@@ -20,9 +20,10 @@ REPO = os.path.dirname(TESTS_DIR)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from skyjax.cluster import LinkEmulation  # noqa: E402
 from skyjax.runtime.transport import (  # noqa: E402
-    LinkEmulation, LocalTransport, TransferServerTransport, Transport, TransportError,
-    TransportTimeout, tree_nbytes)
+    LocalTransport, TransferServerTransport, Transport, TransportError, TransportTimeout)
+from skyjax.tree import tree_nbytes  # noqa: E402
 
 LATENCY_S, BANDWIDTH_BPS, EMU_FLOATS = 0.05, 1e6, 5000  # 20 kB -> 20 ms on the wire
 

@@ -12,7 +12,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from skyjax.models.bert import BertConfig, BertForSequenceClassification
+from skyjax.models.modeling import BertConfig, BertForSequenceClassification
 
 # Tensors in pre-training checkpoints that a classifier does not use.
 _IGNORED = (re.compile(r"^cls\."), re.compile(r"(^|\.)embeddings\.position_ids$"))

@@ -1,9 +1,29 @@
-"""Planning: the cost model, even / optimal allocation, schedules and their simulation.
+"""Planning: from a profile to stages on devices, and what the chosen schedule does with them.
+
+One job per module, dependencies pointing one way (types <- cost <- classes, bounds <- exact,
+heuristic <- planner):
+
+* ``types``: Plan, Stage, InfeasibleError; plan.json to and from.
+* ``cost``: the cost model (DESIGN.md): tables of a profile, stage costs, step time, evaluate.
+* ``even``: the ``even`` strategy's split.
+* ``classes``: interchangeable devices and link groups.
+* ``bounds``: lower bounds on the step time and the bottleneck.
+* ``exact`` / ``heuristic``: the two searches for the ``optimal`` strategy.
+* ``planner``: ``plan()``, which picks the strategy and search.
+* ``schedules``: GPipe / 1F1B as per-stage action lists; ``simulate``: an event simulation of
+  them; ``replan``: the re-planning policy; ``cli``: ``python -m skyjax.plan``.
 
 Pure Python + numpy: nothing here imports JAX (``tests/test_layout.py`` checks it), so plans can
-be made and inspected on any machine from a profile.json.
+be made and inspected on any machine from a profile.json. The names below are the planner's API.
 """
 
-from skyjax.plan.allocator import InfeasibleError, Plan, Stage, evaluate, plan
+from skyjax.plan.bounds import lower_bound, min_bottleneck
+from skyjax.plan.classes import device_classes, link_groups
+from skyjax.plan.cost import Tables, evaluate, stage_costs, step_time, tables
+from skyjax.plan.even import even_assignment
+from skyjax.plan.planner import plan
+from skyjax.plan.types import InfeasibleError, Plan, Stage
 
-__all__ = ["InfeasibleError", "Plan", "Stage", "evaluate", "plan"]
+__all__ = ["InfeasibleError", "Plan", "Stage", "Tables", "device_classes", "evaluate",
+           "even_assignment", "link_groups", "lower_bound", "min_bottleneck", "plan",
+           "stage_costs", "step_time", "tables"]

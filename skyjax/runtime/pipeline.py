@@ -7,6 +7,8 @@ whose forward ends in the loss), runs the jitted backward and sends the input co
 After the step's actions the stages agree on the global gradient norm (for clipping) and apply
 optax. Sends never block and receives block only on data the stage needs, so any schedule whose
 action lists are consistent runs without deadlock, for any number of stages and micro-batches.
+Message tags come from ``skyjax.runtime.tags``; measured actions are ``skyjax.trace.Span`` records
+(the simulator's type, so a measured step and its simulation share one trace builder).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import numpy as np
 
 from skyjax.cluster import timed_call
 from skyjax.models.bert import initial_carry
-from skyjax.runtime.stage import StageProgram, StageState, clip_scale, float_entries
+from skyjax.optim import clip_scale, global_sq_norm
 from skyjax.plan.schedules import Action
+from skyjax.runtime import tags
+from skyjax.runtime.stage import StageProgram, StageState, float_entries
+from skyjax.trace import Span
 
 Batch = dict[str, np.ndarray]
-
-FORWARD, BACKWARD = 0, 1  # message directions (eval uses negative tags)
 
 
 class StageLink(Protocol):
@@ -38,22 +41,6 @@ class StageLink(Protocol):
     def allreduce_sum(self, value: float, tag: int) -> float: ...
 
 
-def message_tag(step: int, microbatch: int, direction: int, microbatches: int) -> int:
-    """A tag unique to one message of one step: (step, micro-batch, direction)."""
-    return (step * microbatches + microbatch) * 3 + direction
-
-
-@dataclasses.dataclass
-class Span:
-    """One measured action: stage, kind ("F"/"B"), micro-batch, start and end (``time.time()``)."""
-
-    stage: int
-    kind: str
-    microbatch: int
-    start: float
-    end: float
-
-
 @dataclasses.dataclass
 class StepResult:
     """Per-stage outcome of one step; ``losses``/``accuracies`` only on the last stage."""
@@ -62,6 +49,16 @@ class StepResult:
     accuracies: list[float]
     spans: list[Span]
     wall_s: float
+
+
+@dataclasses.dataclass
+class StepMetrics:
+    """One step as seen by the last stage: mean loss/accuracy over micro-batches, and timing."""
+
+    loss: float
+    accuracy: float
+    wall_s: float
+    results: list[StepResult]  # per stage (local); this process's stage only (distributed)
 
 
 @dataclasses.dataclass
@@ -105,7 +102,7 @@ class PipelineStage:
         for action in actions:
             mb = action.microbatch
             if action.kind == "F":
-                tag = message_tag(step, mb, FORWARD, m)
+                tag = tags.train_message(step, mb, tags.FORWARD, m)
                 batch = microbatch(mb) if (self.is_first or self.is_last) else None
                 carry = self._input(tag, batch)
                 labels = self._put(batch["labels"]) if self.is_last else None
@@ -119,7 +116,7 @@ class PipelineStage:
                 else:
                     self.link.send(tag, out, self.index + 1)
             else:
-                tag = message_tag(step, mb, BACKWARD, m)
+                tag = tags.train_message(step, mb, tags.BACKWARD, m)
                 cotangent = None if self.is_last else self.link.recv(
                     tag, float_entries(self.out_like), self.index + 1)
                 t0 = time.perf_counter()
@@ -134,8 +131,8 @@ class PipelineStage:
         return StepResult(losses, accuracies, spans, time.perf_counter() - start)
 
     def _update(self, step: int, max_grad_norm: float | None) -> None:
-        local = float(self.program.grad_sq_norm(self.state.grads)) if max_grad_norm else 0.0
-        total = self.link.allreduce_sum(local, tag=step) if max_grad_norm else 0.0
+        local = float(global_sq_norm(self.state.grads)) if max_grad_norm else 0.0
+        total = self.link.allreduce_sum(local, tags.grad_norm(step)) if max_grad_norm else 0.0
         scale = np.float32(clip_scale(total, max_grad_norm))
         (self.state.params, self.state.opt_state, self.state.grads), _ = timed_call(
             self.program.update, self.state.params, self.state.opt_state, self.state.grads, scale,
@@ -143,11 +140,11 @@ class PipelineStage:
 
     def run_eval(self, batches: Iterable[Batch]) -> list[tuple[float, float, float]]:
         """Forward-only pass over micro-batch-sized ``batches`` (optional ``weights``); the last
-        stage returns weighted sums (loss, correct, weight) per batch. Eval messages use negative
-        tags (training uses non-negative ones); the transports pair repeated tags in order."""
+        stage returns weighted sums (loss, correct, weight) per batch. Eval messages have their
+        own tag range (``tags.eval_message``); the transports pair repeated tags in order."""
         results = []
         for i, batch in enumerate(batches):
-            tag = -1 - i
+            tag = tags.eval_message(i)
             carry = self._input(tag, batch)
             if self.is_last:
                 weights = batch.get("weights", np.ones(len(batch["labels"]), np.float32))
@@ -158,14 +155,3 @@ class PipelineStage:
                 self.link.send(tag, self.program.evaluate(self.state.params, carry), self.index + 1)
         return results
 
-
-def trace_events(spans: Iterable[Span], pid: int = 0, name: str = "measured") -> list[dict]:
-    """Chrome/Perfetto trace events (one row per stage) for measured ``spans``."""
-    spans = list(spans)
-    origin = min((s.start for s in spans), default=0.0)
-    events = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}]
-    for s in spans:
-        events.append({"name": f"{s.kind}{s.microbatch}", "cat": s.kind, "ph": "X", "pid": pid,
-                       "tid": s.stage, "ts": (s.start - origin) * 1e6, "dur": (s.end - s.start) * 1e6,
-                       "args": {"stage": s.stage, "microbatch": s.microbatch}})
-    return events

@@ -6,21 +6,25 @@ needs, nothing recomputed; parameters among them are not copied but passed to ba
 and later ``backward``, which applies the pullback to the incoming
 cotangent, accumulates parameter gradients and returns the cotangent for the previous stage. The
 last stage's forward ends in the loss, so its backward needs no incoming cotangent. After the last
-micro-batch, ``update`` applies optax with gradients already scaled for global-norm clipping.
-Each program is compiled once per shape (``compile_counts`` lets tests prove it).
+micro-batch, ``update`` applies optax with gradients already scaled for global-norm clipping
+(the optimizer comes from ``skyjax.optim.make_optimizer(config.train, clip=False)``: a stage cannot
+clip alone, it sees only its share of the norm). Each program is compiled once per shape
+(``compile_counts`` lets tests prove it). The loss and eval sums are ``skyjax.metrics``'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from skyjax.models.bert import Carry, Params, Unit, apply_units, classification_loss
+from skyjax.metrics import classification_loss, weighted_sums
+from skyjax.models.bert import Carry, Params, Unit, apply_units
+from skyjax.tree import tree_avals
 
 Residuals = list[jax.Array]
 
@@ -71,13 +75,13 @@ class StageProgram:
         slots = [next((j for j, p in enumerate(param_leaves) if r is p), None) for r in leaves]
         residuals = [r for r, j in zip(leaves, slots) if j is None]
         out_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), out)
-        self._pullbacks[_signature(residuals)] = (treedef, slots, out_like)
+        self._pullbacks[tree_avals(residuals)] = (treedef, slots, out_like)
         return (aux if self.is_last else out), residuals
 
     def _backward(self, params: list[Params], residuals: Residuals, cotangent,
                   grads: list[Params]):
         self.compile_counts["backward"] += 1
-        treedef, slots, out_like = self._pullbacks[_signature(residuals)]
+        treedef, slots, out_like = self._pullbacks[tree_avals(residuals)]
         param_leaves, kept = jax.tree.leaves(params), iter(residuals)
         leaves = [next(kept) if j is None else param_leaves[j] for j in slots]
         pullback = jax.tree.unflatten(treedef, leaves)
@@ -105,10 +109,7 @@ class StageProgram:
         out = apply_units(self.chain, params, carry, None, False)
         if not self.is_last:
             return out
-        logp = jax.nn.log_softmax(out["logits"].astype(jnp.float32), axis=-1)
-        nll = -jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), axis=-1)[:, 0]
-        correct = (jnp.argmax(out["logits"], axis=-1) == labels).astype(jnp.float32)
-        return jnp.sum(nll * weights), jnp.sum(correct * weights), jnp.sum(weights)
+        return weighted_sums(out["logits"], labels, weights)
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -119,31 +120,8 @@ class StageProgram:
             opt_state = [self.optimizer.init(p) for p in params]
         return StageState(params, opt_state, jax.tree.map(jnp.zeros_like, params))
 
-    @staticmethod
-    def grad_sq_norm(grads: list[Params]) -> jax.Array:
-        return sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads))
-
-
-def _signature(leaves: Residuals) -> tuple:
-    return tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
-
 
 def float_entries(tree: Carry) -> Carry:
     """The floating-point entries of a carry (arrays or ShapeDtypeStructs): the ones that have
     cotangents; integer ones (the attention mask, float0 cotangents) have nothing to send back."""
     return {k: v for k, v in tree.items() if jnp.issubdtype(v.dtype, jnp.floating)}
-
-
-def clip_scale(global_sq_norm: float, max_norm: float | None) -> float:
-    """The factor global-norm clipping applies to every gradient (optax's clip_by_global_norm)."""
-    if not max_norm:
-        return 1.0
-    norm = float(global_sq_norm) ** 0.5
-    return 1.0 if norm < max_norm else max_norm / norm
-
-
-def make_optimizer(learning_rate: float | Callable, weight_decay: float = 0.0,
-                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
-                   ) -> optax.GradientTransformation:
-    """AdamW without clipping: stages clip with the norm over all stages (``clip_scale``)."""
-    return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)

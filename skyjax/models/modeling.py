@@ -1,0 +1,280 @@
+"""BERT for sequence classification in Flax NNX, with Hugging Face semantics: the config and the
+modules.
+
+The model mirrors Hugging Face's ``BertForSequenceClassification`` (post-LN encoder, erf GELU for
+``hidden_act="gelu"``, additive attention masking of padded keys, tanh pooler on [CLS]) so that
+weights load one-to-one (:mod:`skyjax.models.hf_loading`) and logits match to ~1e-6. Dropout keys
+are derived from the position in the model (layer index and dropout site, :func:`site_key`), never
+from how the model is cut, so the granularity and the plan never change the math.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Params = dict[str, Any]
+Carry = dict[str, jax.Array]
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "tanh": jnp.tanh,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Model hyper-parameters, named as in Hugging Face's ``BertConfig``."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    num_labels: int = 2
+    classifier_dropout: float | None = None
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any], **overrides: Any) -> "BertConfig":
+        """Builds a config from a Hugging Face ``config.json`` dict (unknown keys are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in hf.items() if k in names}
+        if "num_labels" not in values and "id2label" in hf:
+            values["num_labels"] = len(hf["id2label"])
+        values.update(overrides)
+        return cls(**values).validate()
+
+    def to_hf(self) -> dict[str, Any]:
+        """The Hugging Face ``config.json`` form of this config."""
+        out = dataclasses.asdict(self)
+        out.update(model_type="bert", architectures=["BertForSequenceClassification"])
+        return out
+
+    def validate(self) -> "BertConfig":
+        """Raises ``ValueError`` naming the first impossible field; returns self."""
+        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "max_position_embeddings", "type_vocab_size", "num_labels")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"BertConfig.{name}={value!r} must be a positive integer")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"BertConfig.num_attention_heads={self.num_attention_heads} does not divide "
+                f"hidden_size={self.hidden_size}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"BertConfig.hidden_act={self.hidden_act!r} is not one of "
+                             f"{sorted(ACTIVATIONS)}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"BertConfig.{name}={value!r} must be in [0, 1)")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"BertConfig.pad_token_id={self.pad_token_id} is outside the vocabulary")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+# --------------------------------------------------------------------------------------------
+# Dropout with keys derived from the position in the model.
+
+# Dropout sites inside one block; combined with the block index (embeddings 0, encoder layer i
+# is i + 1, head num_hidden_layers + 1) they name every dropout in the model.
+SITE_EMBEDDINGS, SITE_ATTENTION_PROBS, SITE_ATTENTION_OUTPUT, SITE_FFN_OUTPUT, SITE_CLASSIFIER = range(5)
+
+
+def site_key(rng: jax.Array, block: int, site: int) -> jax.Array:
+    """The dropout key of ``site`` in ``block`` for the micro-batch key ``rng``."""
+    return jax.random.fold_in(jax.random.fold_in(rng, block), site)
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None, train: bool) -> jax.Array:
+    """Inverted dropout, active only when ``train`` and ``rate > 0``."""
+    if not train or rate == 0.0:
+        return x
+    if rng is None:
+        raise ValueError("train=True with dropout needs an rng key")
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+# --------------------------------------------------------------------------------------------
+# Modules (attribute names follow Hugging Face's parameter names where Python allows).
+
+def _dense(cfg: BertConfig, n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
+    init = jax.nn.initializers.normal(cfg.initializer_range)
+    return nnx.Linear(n_in, n_out, kernel_init=init, rngs=rngs)
+
+
+def _layer_norm(cfg: BertConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(cfg.hidden_size, epsilon=cfg.layer_norm_eps, use_fast_variance=False,
+                         rngs=rngs)
+
+
+class BertEmbeddings(nnx.Module):
+    """Word + position + token-type embeddings, LayerNorm, dropout."""
+
+    def __init__(self, cfg: BertConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        init = jax.nn.initializers.normal(cfg.initializer_range)
+        self.word_embeddings = nnx.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=init, rngs=rngs)
+        table = self.word_embeddings.embedding
+        table[...] = table[...].at[cfg.pad_token_id].set(0.0)  # as HF's padding_idx
+        self.position_embeddings = nnx.Embed(cfg.max_position_embeddings, cfg.hidden_size,
+                                             embedding_init=init, rngs=rngs)
+        self.token_type_embeddings = nnx.Embed(cfg.type_vocab_size, cfg.hidden_size,
+                                               embedding_init=init, rngs=rngs)
+        self.LayerNorm = _layer_norm(cfg, rngs)
+
+    def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array, rng, train: bool) -> jax.Array:
+        positions = jnp.arange(input_ids.shape[-1])[None, :]
+        x = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+             + self.position_embeddings(positions))
+        x = self.LayerNorm(x)
+        key = None if rng is None else site_key(rng, 0, SITE_EMBEDDINGS)
+        return dropout(x, self.cfg.hidden_dropout_prob, key, train)
+
+
+class BertSelfAttention(nnx.Module):
+    """Multi-head scaled dot-product self-attention with HF's additive key mask."""
+
+    def __init__(self, cfg: BertConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.query = _dense(cfg, cfg.hidden_size, cfg.hidden_size, rngs)
+        self.key = _dense(cfg, cfg.hidden_size, cfg.hidden_size, rngs)
+        self.value = _dense(cfg, cfg.hidden_size, cfg.hidden_size, rngs)
+
+    def __call__(self, x: jax.Array, attention_mask: jax.Array, key, train: bool) -> jax.Array:
+        cfg = self.cfg
+        b, s, _ = x.shape
+
+        def heads(t: jax.Array) -> jax.Array:
+            return t.reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(cfg.head_dim)
+        bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(scores.dtype).min)
+        probs = jax.nn.softmax(scores + bias.astype(scores.dtype), axis=-1)
+        probs = dropout(probs, cfg.attention_probs_dropout_prob, key, train)
+        return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, cfg.hidden_size)
+
+
+class BertResidualOutput(nnx.Module):
+    """dense -> dropout -> LayerNorm(x + residual): HF's BertSelfOutput and BertOutput."""
+
+    def __init__(self, cfg: BertConfig, n_in: int, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.dense = _dense(cfg, n_in, cfg.hidden_size, rngs)
+        self.LayerNorm = _layer_norm(cfg, rngs)
+
+    def __call__(self, x: jax.Array, residual: jax.Array, key, train: bool) -> jax.Array:
+        x = dropout(self.dense(x), self.cfg.hidden_dropout_prob, key, train)
+        return self.LayerNorm(x + residual)
+
+
+class BertAttention(nnx.Module):
+    """Self-attention followed by its output projection, residual and LayerNorm."""
+
+    def __init__(self, cfg: BertConfig, rngs: nnx.Rngs):
+        self.self_attention = BertSelfAttention(cfg, rngs)  # HF name: attention.self
+        self.output = BertResidualOutput(cfg, cfg.hidden_size, rngs)
+
+    def __call__(self, x: jax.Array, attention_mask: jax.Array, rng, block: int, train: bool):
+        k_probs = None if rng is None else site_key(rng, block, SITE_ATTENTION_PROBS)
+        k_out = None if rng is None else site_key(rng, block, SITE_ATTENTION_OUTPUT)
+        context = self.self_attention(x, attention_mask, k_probs, train)
+        return self.output(context, x, k_out, train)
+
+
+class BertIntermediate(nnx.Module):
+    """dense H -> FFN with the configured activation."""
+
+    def __init__(self, cfg: BertConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.dense = _dense(cfg, cfg.hidden_size, cfg.intermediate_size, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return ACTIVATIONS[self.cfg.hidden_act](self.dense(x))
+
+
+class BertLayer(nnx.Module):
+    """One post-LN encoder layer: attention, intermediate, output."""
+
+    def __init__(self, cfg: BertConfig, rngs: nnx.Rngs):
+        self.attention = BertAttention(cfg, rngs)
+        self.intermediate = BertIntermediate(cfg, rngs)
+        self.output = BertResidualOutput(cfg, cfg.intermediate_size, rngs)
+
+    def __call__(self, x: jax.Array, attention_mask: jax.Array, rng, block: int, train: bool):
+        attended = self.attention(x, attention_mask, rng, block, train)
+        k_out = None if rng is None else site_key(rng, block, SITE_FFN_OUTPUT)
+        return self.output(self.intermediate(attended), attended, k_out, train)
+
+
+class BertClassificationHead(nnx.Module):
+    """tanh pooler on [CLS], dropout, linear classifier."""
+
+    def __init__(self, cfg: BertConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.pooler = _dense(cfg, cfg.hidden_size, cfg.hidden_size, rngs)
+        self.classifier = _dense(cfg, cfg.hidden_size, cfg.num_labels, rngs)
+
+    def __call__(self, x: jax.Array, rng, train: bool) -> jax.Array:
+        pooled = jnp.tanh(self.pooler(x[:, 0]))
+        rate = (self.cfg.classifier_dropout if self.cfg.classifier_dropout is not None
+                else self.cfg.hidden_dropout_prob)
+        key = None if rng is None else site_key(rng, self.cfg.num_hidden_layers + 1, SITE_CLASSIFIER)
+        return self.classifier(dropout(pooled, rate, key, train))
+
+
+def initial_carry(input_ids: jax.Array, token_type_ids: jax.Array | None = None,
+                  attention_mask: jax.Array | None = None) -> Carry:
+    """The carry entering the first unit; HF defaults (all type 0, no padding) where omitted."""
+    input_ids = jnp.asarray(input_ids, jnp.int32)
+    if token_type_ids is None:
+        token_type_ids = jnp.zeros_like(input_ids)
+    if attention_mask is None:
+        attention_mask = jnp.ones_like(input_ids)
+    return {"input_ids": input_ids, "token_type_ids": jnp.asarray(token_type_ids, jnp.int32),
+            "attention_mask": jnp.asarray(attention_mask, jnp.int32)}
+
+
+class BertForSequenceClassification(nnx.Module):
+    """BERT encoder with a pooler and classifier; ``__call__`` returns logits ``[batch, labels]``."""
+
+    def __init__(self, config: BertConfig, rngs: nnx.Rngs | None = None):
+        self.config = config.validate()
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.embeddings = BertEmbeddings(config, rngs)
+        self.layers = nnx.List([BertLayer(config, rngs) for _ in range(config.num_hidden_layers)])
+        self.head = BertClassificationHead(config, rngs)
+
+    def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None, *, train: bool = False,
+                 rng: jax.Array | None = None) -> jax.Array:
+        carry = initial_carry(input_ids, token_type_ids, attention_mask)
+        x = self.embeddings(carry["input_ids"], carry["token_type_ids"], rng, train)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, carry["attention_mask"], rng, i + 1, train)
+        return self.head(x, rng, train)

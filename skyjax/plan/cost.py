@@ -1,0 +1,178 @@
+"""The cost model (DESIGN.md, stable): what a plan costs, per stage and per training step.
+
+For a plan of stages k = 0..p-1 (device d_k, units [a_k, b_k); :mod:`skyjax.plan.types`) and m
+micro-batches:
+
+  compute_k = sum_{u in [a_k, b_k)} forward_s[u][d_k] + backward_s[u][d_k]
+  comm_k    = 2 (latency[d_k][d_k+1] + output_bytes[b_k - 1] / bandwidth[d_k][d_k+1]), 0 for the
+              last stage; bandwidth 0 means unreachable (comm = inf, such a pair is never adjacent)
+  t_k       = compute_k + comm_k
+  memory_k  = sum state_bytes + inflight_k * sum activation_bytes <= memory_bytes[d_k],
+              inflight_k = m (GPipe) or min(m, p - k) (1F1B)
+  T         = sum_k t_k + (m - 1) max_k t_k
+
+``tables`` turns a profile into the arrays every search reads (prefix sums, so a block's compute
+or memory is two lookups); ``evaluate`` prices a given assignment and checks that it fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from skyjax.names import SCHEDULES
+from skyjax.plan.types import InfeasibleError, Plan, Stage
+from skyjax.profile.format import Profile
+
+_INF = math.inf
+
+Assignment = Sequence[tuple[int, int, int]]  # [(device, first unit, end unit), ...] in order
+
+
+@dataclasses.dataclass(frozen=True)
+class Tables:
+    """The profile as arrays for one schedule and micro-batch count."""
+
+    work: np.ndarray  # [U, D] forward + backward seconds
+    prefix: np.ndarray  # [D, U+1] prefix sums of work per device
+    state_prefix: np.ndarray  # [U+1]
+    act_prefix: np.ndarray  # [U+1]
+    output_bytes: np.ndarray  # [U]
+    latency: np.ndarray  # [D, D]
+    bandwidth: np.ndarray  # [D, D]
+    memory: np.ndarray  # [D]
+    schedule: str
+    microbatches: int
+
+    @property
+    def num_units(self) -> int:
+        return self.work.shape[0]
+
+    @property
+    def num_devices(self) -> int:
+        return self.work.shape[1]
+
+    def inflight(self, stages_from_end: int | np.ndarray) -> int | np.ndarray:
+        """Micro-batches whose activations a stage keeps (p - k = stages_from_end)."""
+        if self.schedule == "gpipe":
+            return self.microbatches
+        return np.minimum(self.microbatches, stages_from_end)
+
+    def comm(self, d: int, e: int, cuts: np.ndarray | int) -> np.ndarray:
+        """Two-way comm seconds of a stage on d ending at cut(s) (1..U-1), next stage on e."""
+        cuts = np.asarray(cuts)
+        if self.bandwidth[d, e] <= 0:
+            return np.full(cuts.shape, _INF)
+        return 2.0 * (self.latency[d, e] + self.output_bytes[cuts - 1] / self.bandwidth[d, e])
+
+
+@dataclasses.dataclass
+class Solution:
+    """What a search returns: an assignment with its sum and maximum of stage times, so that
+    T = total + (m - 1) bottleneck."""
+
+    total: float  # sum of t_k
+    bottleneck: float  # max t_k
+    assignment: list[tuple[int, int, int]]
+
+
+def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> Tables:
+    """Cost tables for a profile (validates schedule and micro-batch count)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
+    if int(microbatches) != microbatches or microbatches < 1:
+        raise ValueError(f"microbatches: expected a positive integer, got {microbatches!r}")
+    work = np.asarray(profile.forward_s, float) + np.asarray(profile.backward_s, float)
+    prefix = np.concatenate([np.zeros((work.shape[1], 1)), np.cumsum(work.T, axis=1)], axis=1)
+    units = profile.units
+    state = np.array([float(u["state_bytes"]) for u in units])
+    act = np.array([float(u["activation_bytes"]) for u in units])
+    return Tables(
+        work=work, prefix=prefix,
+        state_prefix=np.concatenate([[0.0], np.cumsum(state)]),
+        act_prefix=np.concatenate([[0.0], np.cumsum(act)]),
+        output_bytes=np.array([float(u["output_bytes"]) for u in units]),
+        latency=np.asarray(profile.latency_s, float),
+        bandwidth=np.asarray(profile.bandwidth_Bps, float),
+        memory=np.array([float(d["memory_bytes"]) for d in profile.devices]),
+        schedule=schedule, microbatches=int(microbatches))
+
+
+def stage_costs(t: Tables, assignment: Assignment) -> list[Stage]:
+    """Stages (compute, comm, memory) of an assignment [(device, start, end), ...]."""
+    p = len(assignment)
+    stages = []
+    for k, (d, a, b) in enumerate(assignment):
+        compute = float(t.work[a:b, d].sum())
+        comm = 0.0 if k == p - 1 else float(t.comm(d, assignment[k + 1][0], b))
+        mem = (t.state_prefix[b] - t.state_prefix[a]
+               + t.inflight(p - k) * (t.act_prefix[b] - t.act_prefix[a]))
+        stages.append(Stage(int(d), (int(a), int(b)), compute, comm, int(round(mem))))
+    return stages
+
+
+def step_time(stage_times: Iterable[float], microbatches: int) -> float:
+    """T = sum t_k + (m - 1) max t_k."""
+    ts = list(stage_times)
+    return float(sum(ts) + (microbatches - 1) * max(ts))
+
+
+def check_assignment(t: Tables, assignment: Assignment) -> None:
+    """Raises ValueError unless the assignment is distinct devices covering all units in order."""
+    if not assignment:
+        raise ValueError("assignment: empty")
+    pos = 0
+    seen = set()
+    for k, (d, a, b) in enumerate(assignment):
+        if not 0 <= d < t.num_devices:
+            raise ValueError(f"assignment[{k}]: no device {d}")
+        if d in seen:
+            raise ValueError(f"assignment[{k}]: device {d} used twice")
+        seen.add(d)
+        if a != pos or b <= a:
+            raise ValueError(f"assignment[{k}]: units [{a}, {b}) do not continue at {pos}")
+        pos = b
+    if pos != t.num_units:
+        raise ValueError(f"assignment: covers units [0, {pos}) of {t.num_units}")
+
+
+def check_fits(profile: Profile, t: Tables, stages: list[Stage]) -> None:
+    """Raises InfeasibleError for the first stage over its device's memory or whose next
+    device it cannot reach."""
+    for k, s in enumerate(stages):
+        cap = t.memory[s.device]
+        if s.memory_bytes > cap:
+            raise InfeasibleError(
+                f"stage {k} on device {s.device} ({profile.devices[s.device]['name']}): units "
+                f"[{s.units[0]}, {s.units[1]}) need {s.memory_bytes} bytes but it has {int(cap)}: "
+                f"{int(s.memory_bytes - cap)} bytes do not fit")
+        if math.isinf(s.comm_s):
+            nxt = stages[k + 1].device
+            raise InfeasibleError(f"stage {k}: device {s.device} cannot reach device {nxt} "
+                                  f"(bandwidth_Bps[{s.device}][{nxt}] = 0)")
+
+
+def evaluate(profile: Profile, assignment: Assignment, schedule: str = "1f1b",
+             microbatches: int = 8, strategy: str = "custom", *, exact: bool = False,
+             lower_bound_s: float | None = None, check: bool = True) -> Plan:
+    """The Plan of a given assignment under the cost model (raises if it does not fit)."""
+    t = tables(profile, schedule, microbatches)
+    return evaluate_tables(profile, t, assignment, strategy, exact, lower_bound_s, check)
+
+
+def evaluate_tables(profile: Profile, t: Tables, assignment: Assignment, strategy: str,
+                    exact: bool, lower_bound_s: float | None, check: bool = True) -> Plan:
+    """``evaluate`` on tables already built (the planner builds them once)."""
+    check_assignment(t, assignment)
+    stages = stage_costs(t, assignment)
+    if check:
+        check_fits(profile, t, stages)
+    times = [s.time_s for s in stages]
+    return Plan(strategy=strategy, schedule=t.schedule, microbatches=t.microbatches,
+                stages=stages, step_time_s=step_time(times, t.microbatches),
+                bottleneck_s=float(max(times)), exact=exact,
+                lower_bound_s=None if exact else lower_bound_s,
+                device_names=[d["name"] for d in profile.devices])

@@ -1,0 +1,214 @@
+"""The exact search: least T over device subsets, orders and cuts, by a DP over class counts.
+
+Order and subset (``ClassDP``). Devices fall into classes of interchangeable devices
+(:func:`skyjax.plan.classes.device_classes`). The DP runs backward over suffixes of the chain;
+its state is (count vector v of devices used per class in the suffix, class of the suffix's first
+stage, its first unit b), and |v| is the number of stages to the end, so 1F1B's in-flight count
+min(m, p - k) is exact. With distinct devices v is a subset (a TSP-style DP over subsets, any
+order); with identical ones it only counts (search over class counts, not permutations). One
+DP(t) costs about sum_states C x U^2 vectorised operations and runs when ``exact_cost`` is within
+``EXACT_PAIRS`` / ``EXACT_WORK`` (e.g. <= 8 distinct devices at 40 units, or 64 identical devices
+at 483 units). Plans from it have ``exact: true``; tests check them against brute force.
+
+Bottleneck (``pareto_walk``). DP(t) = min sum_k t_k subject to t_k <= t and memory, and
+T* = min_t DP(t) + (m - 1) t (:mod:`skyjax.plan.planner`). DP(t) is a non-increasing step
+function, so only its Pareto points matter: DP(inf) (optimal for m = 1); the least feasible cap
+t_lo by binary search over the sorted set of every stage time the DP can produce; then the Pareto
+points downward from (best - DP(inf)) / (m - 1) (no larger bottleneck can beat the best): after
+DP(t) returns sum s and maximum M, the next cap is the largest stage time below M (caps in [M, t]
+give the same plan). It stops once s + (m - 1) t_lo cannot beat the best. Exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from skyjax.plan.cost import Solution, Tables
+
+EXACT_PAIRS = 4000  # most (count vector, class) states for the exact DP
+EXACT_WORK = 6e7  # most vectorised elements per exact DP(t)
+_INF = math.inf
+
+Solve = Callable[[float], "Solution | None"]  # DP(cap): the least-sum plan under a cap, or None
+
+
+def _count_vectors(sizes: Sequence[int]) -> list[tuple[int, ...]]:
+    vecs = [v for v in itertools.product(*(range(n + 1) for n in sizes)) if sum(v) > 0]
+    return sorted(vecs, key=sum)
+
+
+def exact_cost(sizes: Sequence[int], num_units: int) -> tuple[int, float]:
+    """(states, vectorised elements) of one exact DP(t) over class counts."""
+    n_vec = math.prod(n + 1 for n in sizes)
+    pairs = int(round(n_vec * sum(n / (n + 1) for n in sizes)))
+    return pairs, float(pairs) * len(sizes) * (num_units + 1) ** 2
+
+
+def exact_fits(sizes: Sequence[int], num_units: int) -> bool:
+    """Whether the exact DP is cheap enough for classes of these sizes."""
+    pairs, work = exact_cost(sizes, num_units)
+    return pairs <= EXACT_PAIRS and work <= EXACT_WORK
+
+
+def _class_link(classes: list[list[int]], c: int, c2: int) -> tuple[int, int] | None:
+    """A (device, device) pair realising the link class c -> class c2, None if impossible."""
+    if c != c2:
+        return classes[c][0], classes[c2][0]
+    return (classes[c][0], classes[c][1]) if len(classes[c]) > 1 else None
+
+
+class ClassDP:
+    """Exact DP(t) over (class count vector, class, first unit) for suffixes of the chain."""
+
+    def __init__(self, t: Tables, classes: list[list[int]]):
+        self.t, self.classes = t, classes
+        u, c_n = t.num_units, len(classes)
+        self.vectors = _count_vectors([len(c) for c in classes])
+        reps = [c[0] for c in classes]
+        pre = t.prefix[reps]  # [C, U+1]
+        b = np.arange(u)[:, None]
+        e = np.arange(u + 1)[None, :]
+        valid = e > b
+        self.block = np.where(valid[None], pre[:, None, :] - pre[:, :u, None], _INF)  # [C,U,U+1]
+        self.last = self.block[:, :, u].copy()  # [C, U]
+        cuts = np.arange(1, u)
+        self.nonlast = np.full((c_n, c_n, u, u + 1), _INF)  # [C, C2, b, e]
+        for c, c2 in itertools.product(range(c_n), range(c_n)):
+            pair = _class_link(classes, c, c2)
+            if pair is None or u < 2:
+                continue
+            comm = np.full(u + 1, _INF)
+            comm[1:u] = t.comm(pair[0], pair[1], cuts)
+            self.nonlast[c, c2] = self.block[c] + comm[None, :]
+        self._mem_cache: dict[tuple[int, int], np.ndarray] = {}
+        self.lengths = [len(c) for c in classes]
+
+    def mem_ok(self, c: int, inflight: int) -> np.ndarray:
+        key = (c, int(inflight))
+        if key not in self._mem_cache:
+            t = self.t
+            need = (t.state_prefix[None, :] - t.state_prefix[:-1, None]
+                    + inflight * (t.act_prefix[None, :] - t.act_prefix[:-1, None]))
+            self._mem_cache[key] = need <= t.memory[self.classes[c][0]]
+        return self._mem_cache[key]
+
+    def candidates(self) -> np.ndarray:
+        """Every finite stage time the DP can produce, sorted and unique."""
+        vals = np.concatenate([self.nonlast.ravel(), self.last.ravel()])
+        return np.unique(vals[np.isfinite(vals)])
+
+    def solve(self, cap: float) -> Solution | None:
+        """min sum t_k with every t_k <= cap and memory; None if infeasible."""
+        t, u, c_n = self.t, self.t.num_units, len(self.classes)
+        table: dict[tuple[tuple[int, ...], int], tuple] = {}
+        best: tuple[float, tuple[int, ...], int] | None = None
+        for v in self.vectors:
+            s = sum(v)
+            infl = t.inflight(s)
+            for c in range(c_n):
+                if v[c] == 0:
+                    continue
+                mem = self.mem_ok(c, infl)
+                if s == 1:
+                    tk = self.last[c]
+                    val = np.where((tk <= cap) & mem[:, u], tk, _INF)
+                    entry = (val, val, None, None)
+                else:
+                    entry = self._step(v, c, cap, mem, table)
+                table[(v, c)] = entry
+                if entry[0][0] < _INF and (best is None or entry[0][0] < best[0]):
+                    best = (float(entry[0][0]), v, c)
+        if best is None:
+            return None
+        return self._reconstruct(best[1], best[2], table)
+
+    def _step(self, v: tuple[int, ...], c: int, cap: float, mem: np.ndarray,
+              table: dict) -> tuple:
+        u = self.t.num_units
+        v2 = tuple(x - (i == c) for i, x in enumerate(v))
+        c2s = [i for i, x in enumerate(v2) if x > 0]
+        tk = self.nonlast[c, c2s]  # [k, U, U+1]
+        nxt = np.full((len(c2s), u + 1), _INF)
+        nmx = np.full((len(c2s), u + 1), _INF)
+        for i, c2 in enumerate(c2s):
+            nxt[i, :u], nmx[i, :u] = table[(v2, c2)][0], table[(v2, c2)][1]
+        tot = np.where((tk <= cap) & mem[None], tk + nxt[:, None, :], _INF)
+        flat = tot.transpose(1, 0, 2).reshape(u, -1)
+        idx = np.argmin(flat, axis=1)
+        rows = np.arange(u)
+        val = flat[rows, idx]
+        ci, e = np.divmod(idx, u + 1)
+        mx = np.maximum(tk[ci, rows, e], nmx[ci, e])
+        mx = np.where(val < _INF, mx, _INF)
+        return val, mx, np.asarray(c2s)[ci], e
+
+    def _reconstruct(self, v: tuple[int, ...], c: int, table: dict) -> Solution:
+        used = [0] * len(self.classes)
+        out, b = [], 0
+        total, mx = float(table[(v, c)][0][0]), float(table[(v, c)][1][0])
+        while True:
+            val, _, c2, e = table[(v, c)]
+            dev = self.classes[c][used[c]]
+            used[c] += 1
+            if c2 is None:
+                out.append((dev, b, self.t.num_units))
+                return Solution(total, mx, out)
+            out.append((dev, b, int(e[b])))
+            v = tuple(x - (i == c) for i, x in enumerate(v))
+            c, b = int(c2[b]), int(e[b])
+
+
+def pareto_walk(solve: Solve, candidates: np.ndarray, m: int) -> Solution | None:
+    """min over caps of DP(cap) + (m - 1) * bottleneck, exactly (module doc)."""
+    first = solve(_INF)
+    if first is None or m == 1:
+        return first
+    best = first
+
+    def score(sol: Solution) -> float:
+        return sol.total + (m - 1) * sol.bottleneck
+
+    def probe(cap: float) -> Solution | None:
+        nonlocal best
+        sol = solve(cap)
+        if sol is not None and score(sol) < score(best):
+            best = sol
+        return sol
+
+    s0 = first.total  # every plan has sum >= s0
+    top = int(np.searchsorted(candidates, first.bottleneck, "left"))
+    lo, t_lo = _least_cap(probe, candidates, 0, top - 1)
+    idx = top - 1
+    while True:
+        stop = int(np.searchsorted(candidates, (score(best) - s0) / (m - 1), "right")) - 1
+        idx = min(idx, stop)
+        if idx < lo:
+            return best
+        sol = probe(candidates[idx])
+        if sol is None or sol.total + (m - 1) * t_lo >= score(best):
+            return best
+        idx = int(np.searchsorted(candidates, sol.bottleneck, "left")) - 1
+
+
+def _least_cap(solve: Solve, candidates: np.ndarray, lo: int, hi: int) -> tuple[int, float]:
+    """Smallest index in [lo, hi] whose cap is feasible (hi + 1 if none), and its value."""
+    ans = hi + 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        sol = solve(candidates[mid])
+        if sol is None:
+            lo = mid + 1
+        else:  # feasible: the least cap is at most this plan's bottleneck
+            ans = int(np.searchsorted(candidates, sol.bottleneck, "left"))
+            hi = ans - 1
+    return ans, (float(candidates[ans]) if ans < len(candidates) else _INF)
+
+
+def search(t: Tables, classes: list[list[int]]) -> Solution | None:
+    """The least-T assignment over all subsets, orders and cuts (None if nothing fits)."""
+    dp = ClassDP(t, classes)
+    return pareto_walk(dp.solve, dp.candidates(), t.microbatches)

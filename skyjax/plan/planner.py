@@ -1,0 +1,80 @@
+"""``plan``: from a profile to the plan with the least predicted step time T (the cost model:
+:mod:`skyjax.plan.cost`).
+
+Strategies: ``even`` uses every device in profile order, unit counts as equal as possible, the
+remainder to the first stages (with more devices than units, the first U devices;
+:mod:`skyjax.plan.even`); ``optimal`` (and ``dynamic``, which is ``optimal`` at plan time)
+minimises T over which devices are used, their order and the cuts, under memory.
+
+Bottleneck (all searches). For a cap t on every t_k let DP(t) = min sum_k t_k subject to t_k <= t
+and memory. Then T* = min_t DP(t) + (m - 1) t (Alpa's approach). DP(t) is a non-increasing step
+function, so only its Pareto points matter; the exact search walks them all
+(:mod:`skyjax.plan.exact`), the heuristic samples caps (:mod:`skyjax.plan.heuristic`).
+
+Which search: the exact DP over device classes when its size (``exact.exact_cost``) is within
+budget, giving ``exact: true``; otherwise the heuristic, whose plan carries ``lower_bound_s``
+(:mod:`skyjax.plan.bounds`) and is reported exact when it meets that bound.
+
+An infeasible problem raises InfeasibleError naming the tightest device and the missing bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from skyjax.names import STRATEGIES
+from skyjax.plan import exact as exact_search
+from skyjax.plan import heuristic
+from skyjax.plan.bounds import lower_bound, min_bottleneck
+from skyjax.plan.classes import device_classes
+from skyjax.plan.cost import Tables, evaluate_tables, tables
+from skyjax.plan.even import even_assignment
+from skyjax.plan.types import InfeasibleError, Plan
+from skyjax.profile.format import Profile
+
+
+def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
+         microbatches: int = 8, *, force_heuristic: bool = False) -> Plan:
+    """Plan a profile. even: all devices in order; optimal/dynamic: least T (module doc)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
+    t = tables(profile, schedule, microbatches)
+    if strategy == "even":
+        assignment = even_assignment(t.num_units, range(t.num_devices))
+        return evaluate_tables(profile, t, assignment, strategy, exact=False, lower_bound_s=None)
+    lb = lower_bound(t)
+    classes = device_classes(t)
+    exact = not force_heuristic and exact_search.exact_fits([len(c) for c in classes],
+                                                            t.num_units)
+    sol = exact_search.search(t, classes) if exact else heuristic.search(t, min_bottleneck(t))
+    if sol is None:
+        raise InfeasibleError(_infeasible_message(profile, t))
+    out = evaluate_tables(profile, t, sol.assignment, strategy, exact, lb)
+    if not exact and out.step_time_s <= lb * (1 + 1e-9):
+        out.exact, out.lower_bound_s = True, None
+    return out
+
+
+def _infeasible_message(profile: Profile, t: Tables) -> str:
+    """Why nothing fits: the unit or total that exceeds the tightest (largest) device."""
+    m = t.microbatches
+    state, act = np.diff(t.state_prefix), np.diff(t.act_prefix)
+    infl = 1 if t.schedule == "1f1b" else m
+    big = int(np.argmax(t.memory))
+    cap = t.memory[big]
+    dev = f"device {big} ({profile.devices[big]['name']}, {int(cap)} bytes, the largest)"
+    need = state + infl * act
+    u = int(np.argmax(need))
+    if need[u] > cap:
+        return (f"no feasible plan: unit {u} ({profile.units[u]['name']}) alone needs "
+                f"{int(need[u])} bytes (state {int(state[u])} + {infl} x activations "
+                f"{int(act[u])}) but {dev} is short by {int(need[u] - cap)} bytes")
+    whole = float(state.sum() + infl * act.sum())
+    fit = float(t.memory[t.memory >= need.min()].sum())
+    if whole > fit:
+        return (f"no feasible plan: the units need at least {int(whole)} bytes in total but all "
+                f"devices together have {int(fit)}: {int(whole - fit)} bytes do not fit "
+                f"(tightest: {dev}, short by {int(whole - cap)} bytes for the whole model)")
+    return (f"no feasible plan: memory would suffice only across devices that cannot reach one "
+            f"another (bandwidth 0) or in blocks that do not fit; tightest: {dev}, short by "
+            f"{int(max(whole - cap, 0))} bytes for the whole model")

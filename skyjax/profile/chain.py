@@ -1,0 +1,122 @@
+"""What the profiler measures: the :class:`Workload` (model shape, micro-batch, granularity,
+optimizer), the units to time (:class:`ChainSpec`) and a sample micro-batch to time them on.
+
+The orchestrators (``skyjax.train.profile_phase``, ``python -m skyjax.profile``) build a
+:class:`Workload` once (:meth:`Workload.from_config`); nothing below them reads the config. A
+model given only by its shape is profiled on a one-layer skeleton whose layer stands for every
+layer (:func:`skeleton_chain`), so BERT-large with 160 layers costs no more than one layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from skyjax.models import bert
+from skyjax.tree import tree_nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one profile measures, apart from the cluster and the :class:`Options`: everything
+    here changes the numbers and is hashed into the cache key (:func:`skyjax.profile.cache.cache_key`).
+
+    ``optimizer`` *describes* the optimizer whose state is sized (the optimizer itself is passed
+    separately): ``{"name": "adamw", "clip": bool}``.
+    """
+
+    model: bert.BertConfig
+    microbatch: tuple[int, int]  # (size, seq_len)
+    granularity: str
+    optimizer: dict
+    dtype: str = "float32"
+
+    @classmethod
+    def from_config(cls, config: Any) -> "Workload":
+        """For the orchestrators: the model shape (:func:`model_config`), the micro-batch
+        (``data.batch_size / pipeline.microbatches`` x ``data.seq_len``), the granularity and the
+        optimizer description of ``config``."""
+        size = int(config.data.batch_size) // max(int(config.pipeline.microbatches), 1)
+        clip = float(getattr(config.train, "grad_clip_norm", 0.0) or 0.0)
+        return cls(model=model_config(config.model),
+                   microbatch=(max(size, 1), int(config.data.seq_len)),
+                   granularity=str(config.allocation.granularity),
+                   optimizer={"name": "adamw", "clip": clip > 0})
+
+
+def model_config(model: Any) -> bert.BertConfig:
+    """The model's shape from ``config.model``: the pretrained directory's ``config.json`` (with
+    ``model.num_labels``), else the ``BertConfig`` fields of ``config.model`` itself."""
+    if getattr(model, "pretrained", ""):
+        with open(os.path.join(model.pretrained, "config.json")) as f:
+            return bert.BertConfig.from_hf(json.load(f), num_labels=int(model.num_labels))
+    fields = {f.name for f in dataclasses.fields(bert.BertConfig)}
+    return bert.BertConfig(**{k: model[k] for k in fields if k in model})
+
+
+@dataclasses.dataclass
+class ChainSpec:
+    """The units to measure (``chain``) and the full model's units as indices into it."""
+
+    chain: list[bert.Unit]
+    names: list[str]  # one per unit of the full model
+    rep: list[int]  # full-model unit -> index into chain
+    kinds: list[str]
+    param_bytes: list[int]  # per full-model unit
+
+
+def full_chain(chain: list[bert.Unit]) -> ChainSpec:
+    """Every unit measured as itself (identical ones are still timed once, see ``dedup_units``)."""
+    n = len(chain)
+    return ChainSpec(chain, [u.name for u in chain], list(range(n)), [u.kind for u in chain],
+                     [tree_nbytes(u.params) for u in chain])
+
+
+def skeleton_chain(model: bert.BertConfig, granularity: str, seed: int = 0) -> ChainSpec:
+    """A one-layer model's units standing for the ``model.num_hidden_layers`` identical layers."""
+    from flax import nnx
+
+    layers = model.num_hidden_layers
+    small = bert.BertForSequenceClassification(dataclasses.replace(model, num_hidden_layers=1),
+                                               rngs=nnx.Rngs(seed))
+    chain = bert.units(small, granularity)
+    per_layer = len(chain) - 2
+    names, rep = [chain[0].name], [0]
+    for i in range(layers):
+        for j in range(per_layer):
+            names.append(chain[1 + j].name.replace("layer_0", f"layer_{i}", 1))
+            rep.append(1 + j)
+    names.append(chain[-1].name)
+    rep.append(len(chain) - 1)
+    return ChainSpec(chain, names, rep, [chain[r].kind for r in rep],
+                     [tree_nbytes(chain[r].params) for r in rep])
+
+
+def chain_spec(model: bert.BertConfig, granularity: str, chain: list[bert.Unit] | None,
+               dedup_units: bool) -> ChainSpec:
+    """The given chain, else a skeleton (identical layers measured once) or, with
+    ``dedup_units=False``, the whole model."""
+    if chain is not None:
+        return full_chain(chain)
+    if dedup_units:
+        return skeleton_chain(model, granularity)
+    from flax import nnx
+
+    return full_chain(bert.units(bert.BertForSequenceClassification(model, rngs=nnx.Rngs(0)),
+                                 granularity))
+
+
+def sample_microbatch(model: bert.BertConfig, size: int, seq_len: int, seed: int = 0
+                      ) -> tuple[dict, np.ndarray]:
+    """A random micro-batch (first unit's carry, labels) of the profiled shape."""
+    rs = np.random.RandomState(seed)
+    ids = rs.randint(1, model.vocab_size, size=(size, seq_len)).astype(np.int32)
+    types = np.zeros_like(ids)
+    types[:, seq_len // 2:] = 1 if model.type_vocab_size > 1 else 0
+    mask = np.ones_like(ids)
+    labels = rs.randint(0, model.num_labels, size=(size,)).astype(np.int32)
+    return bert.initial_carry(ids, types, mask), labels

@@ -1,0 +1,228 @@
+"""Timing and sizing the units of a chain on the cluster's devices.
+
+* ``forward_s`` / ``backward_s``: one micro-batch through the unit, timed through the runtime's own
+  :class:`~skyjax.runtime.stage.StageProgram` (a single-unit stage: jitted forward that keeps the
+  ``jax.vjp`` residuals, jitted backward that applies them; the last unit includes the loss) and
+  :func:`skyjax.cluster.timed_call` (the same slow-down emulation the runtime uses). Compilation
+  and warm-up calls are excluded; the mean of the fastest half of the repeats is kept
+  (:func:`~skyjax.profile.options.robust_time`). Devices are measured one after another,
+  interleaved repeat by repeat so that load drift on a shared host hits them all. The number of
+  repeats shrinks for big units (a time budget per unit and device, at least ``min_repeats``).
+* ``state_bytes``: params + gradients + optimizer state, exactly from the pytrees
+  (``jax.eval_shape`` of the optimizer's ``init``: AdamW keeps two more copies);
+  ``activation_bytes``: the residual arrays the stage's forward returns (what backward needs, per
+  micro-batch in flight); ``output_bytes``: the unit's output carry (the message to the next
+  stage). ``memory_analysis()`` of the compiled forward/backward is recorded as extra keys.
+
+Identical units (same kind, parameter shapes and input shapes) are measured once and reused;
+identical devices (same kind, process and emulated slow-down) likewise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from skyjax import cluster as cluster_lib
+from skyjax.models import bert
+from skyjax.profile.chain import ChainSpec
+from skyjax.profile.options import Log, Options, robust_time
+from skyjax.profile.report import fmt_s
+from skyjax.tree import tree_avals, tree_nbytes
+
+
+@dataclasses.dataclass
+class _UnitResult:
+    forward_s: dict  # device class -> seconds
+    backward_s: dict
+    activation_bytes: int
+    repeats: int
+    out_carry: Any
+    memory: dict  # memory_analysis figures
+    compile_s: float
+
+
+def _stage_program(unit: bert.Unit, is_last: bool):
+    from skyjax.runtime.stage import StageProgram
+
+    return StageProgram([unit], is_last=is_last, microbatches=1, optimizer=None, train=True)
+
+
+def _memory_analysis(compiled) -> dict:
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend has it
+        return {}
+    if ma is None:
+        return {}
+    return {k: int(getattr(ma, k)) for k in ("temp_size_in_bytes", "argument_size_in_bytes",
+                                             "output_size_in_bytes") if hasattr(ma, k)}
+
+
+def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
+                  targets: list[tuple[Any, float]], options: Options) -> _UnitResult:
+    """Times one unit on each ``(jax device, slowdown)`` target (interleaved repeats)."""
+    prog = _stage_program(unit, is_last)
+    states = []
+    compile_s = 0.0
+    estimate = 0.0
+    activation_bytes = 0
+    out_carry = None
+    memory: dict = {}
+    for k, (dev, slowdown) in enumerate(targets):
+        params = jax.device_put([unit.params], dev)
+        c = jax.device_put(carry, dev)
+        rng = jax.device_put(jax.random.PRNGKey(0), dev)
+        lab = jax.device_put(labels, dev) if is_last else None
+        grads = jax.tree.map(jnp.zeros_like, params)
+        # Compiled ahead of time for this device (the executable the jitted call would run),
+        # which also gives its memory_analysis() without compiling twice.
+        tic = time.perf_counter()
+        fwd_c = prog.forward.lower(params, c, rng, lab).compile()
+        out, res = cluster_lib.block(fwd_c(params, c, rng, lab))
+        ct = None if is_last else {key: jnp.ones_like(v) for key, v in out.items()
+                                   if jnp.issubdtype(v.dtype, jnp.floating)}
+        bwd_c = prog.backward.lower(params, res, ct, grads).compile()
+        grads, _ = cluster_lib.block(bwd_c(params, res, ct, grads))
+        compile_s += time.perf_counter() - tic
+        if k == 0:
+            activation_bytes = tree_nbytes(res)
+            out_carry = out
+            if options.memory_analysis:
+                memory = {f"forward_{k2}": v for k2, v in _memory_analysis(fwd_c).items()}
+                memory.update({f"backward_{k2}": v for k2, v in _memory_analysis(bwd_c).items()})
+        # One warm-up call each, not kept; it sizes the number of repeats.
+        (_, res), tf = cluster_lib.timed_call(fwd_c, params, c, rng, lab, slowdown=slowdown)
+        (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads, slowdown=slowdown)
+        estimate = max(estimate, tf + tb)
+        states.append([params, c, rng, lab, ct, grads, res, fwd_c, bwd_c])
+    repeats = int(min(options.repeats,
+                      max(options.min_repeats, options.budget_s // max(estimate, 1e-9))))
+    fwd = {k: [] for k in range(len(targets))}
+    bwd = {k: [] for k in range(len(targets))}
+    n = len(targets)
+    for r in range(repeats):
+        # Rotating the order spreads over all devices whatever the host does after the longest
+        # emulated sleep (other processes grab the cores), instead of always hitting device 0.
+        for k in [(r + i) % n for i in range(n)]:
+            slowdown = targets[k][1]
+            params, c, rng, lab, ct, grads, res, fwd_c, bwd_c = states[k]
+            del res
+            states[k][6] = None  # free the previous residuals before the next forward
+            # Each timed call directly follows an untimed one of the same program: after an
+            # idle gap (another device's emulated sleep) the first call runs up to 2x slower on
+            # a shared VM (cold caches / reclaimed pages), which would bias the device measured
+            # right after a slow one.
+            cluster_lib.block(fwd_c(params, c, rng, lab))
+            (_, res), tf = cluster_lib.timed_call(fwd_c, params, c, rng, lab, slowdown=slowdown)
+            grads, _ = cluster_lib.block(bwd_c(params, res, ct, grads))
+            (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads, slowdown=slowdown)
+            states[k][5], states[k][6] = grads, res
+            fwd[k].append(tf)
+            bwd[k].append(tb)
+    del states
+    return _UnitResult({k: robust_time(v) for k, v in fwd.items()},
+                       {k: robust_time(v) for k, v in bwd.items()},
+                       activation_bytes, repeats, out_carry, memory, compile_s)
+
+
+def _signature(unit: bert.Unit, is_last: bool, carry: Any) -> tuple:
+    """What makes two units time alike: kind, loss or not, parameter and input avals."""
+    return (unit.kind, is_last, jax.tree.structure(unit.params), tree_avals(unit.params),
+            jax.tree.structure(carry), tree_avals(carry))
+
+
+def device_classes(cluster: cluster_lib.Cluster, dedup: bool,
+                   only: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
+    """``(representative device of each class, class of each device)``; a class = same kind,
+    process and slow-down (only those devices in ``only`` are measured; others get class -1)."""
+    reps: list[int] = []
+    keys: dict = {}
+    cls = []
+    for d, spec in enumerate(cluster.devices):
+        if only is not None and d not in only:
+            cls.append(-1)
+            continue
+        key = (spec.kind, spec.process_index, spec.slowdown) if dedup else d
+        if key not in keys:
+            keys[key] = len(reps)
+            reps.append(d)
+        cls.append(keys[key])
+    return reps, cls
+
+
+def _output_bytes(chain: list[bert.Unit], carry: Any) -> list[int]:
+    """Each unit's output carry in bytes, from shapes alone."""
+    c = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), carry)
+    out = []
+    for unit in chain:
+        c = jax.eval_shape(lambda p, x: unit.apply(p, x, None, False), unit.params, c)
+        out.append(tree_nbytes(c))
+    return out
+
+
+def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: cluster_lib.Cluster,
+                  options: Options, optimizer: optax.GradientTransformation, log: Log,
+                  only_devices: Sequence[int] | None = None) -> dict:
+    """Times and sizes every unit of ``spec`` on the cluster's devices (or ``only_devices``).
+
+    ``sample``: ``(first unit's carry, labels)`` of one micro-batch; ``optimizer``: the training
+    optimizer (only its state's size is used). Returns ``units`` (profile records),
+    ``forward_s`` / ``backward_s`` ``[U, D]`` (NaN for devices not measured) and ``compile_s``.
+    """
+    reps, cls = device_classes(cluster, options.dedup_devices, only_devices)
+    targets = [(cluster.jax_devices[d], cluster.devices[d].slowdown) for d in reps]
+    carry, labels = sample
+    n_chain = len(spec.chain)
+    measured: dict[tuple, tuple[int, _UnitResult]] = {}
+    per_chain: list[tuple[int, _UnitResult]] = []  # (representative chain index, result)
+    compile_s = 0.0
+    total = len(spec.names)
+    for i, unit in enumerate(spec.chain):
+        is_last = i == n_chain - 1
+        sig = _signature(unit, is_last, carry)
+        if options.dedup_units and sig in measured:
+            rep_i, result = measured[sig]
+            log(f"[profile] unit {unit.name}: same shapes as {spec.chain[rep_i].name}, reused")
+        else:
+            result = _measure_unit(unit, is_last, carry, labels, targets, options)
+            rep_i = i
+            measured[sig] = (i, result)
+            compile_s += result.compile_s
+            stands = spec.rep.count(i)
+            note = f", stands for {stands} units" if stands > 1 else ""
+            for k, d in enumerate(reps):
+                dspec = cluster.devices[d]
+                log(f"[profile] unit {i + 1}/{n_chain} {unit.name:<22} on {dspec.name:<14} "
+                    f"(x{dspec.slowdown:g}): forward {fmt_s(result.forward_s[k])} "
+                    f"backward {fmt_s(result.backward_s[k])} ({result.repeats} repeats{note})")
+        per_chain.append((rep_i, result))
+        if not is_last:
+            carry = result.out_carry
+    out_bytes = _output_bytes(spec.chain, sample[0])
+    units, fwd, bwd = [], np.full((total, cluster.num_devices), np.nan), np.full(
+        (total, cluster.num_devices), np.nan)
+    opt_cache: dict[int, int] = {}
+    for u, (name, r) in enumerate(zip(spec.names, spec.rep)):
+        unit = spec.chain[r]
+        rep_i, result = per_chain[r]
+        if r not in opt_cache:
+            opt_cache[r] = tree_nbytes(jax.eval_shape(optimizer.init, [unit.params]))
+        pb = spec.param_bytes[u]
+        rec = {"name": name, "state_bytes": 2 * pb + opt_cache[r],
+               "activation_bytes": result.activation_bytes, "output_bytes": out_bytes[r],
+               "kind": spec.kinds[u], "param_bytes": pb, "optimizer_bytes": opt_cache[r],
+               "measured_as": spec.chain[rep_i].name, "repeats": result.repeats}
+        rec.update(result.memory)
+        units.append(rec)
+        for d, k in enumerate(cls):
+            if k >= 0:
+                fwd[u, d] = result.forward_s[k]
+                bwd[u, d] = result.backward_s[k]
+    return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s}

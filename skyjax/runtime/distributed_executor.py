@@ -1,0 +1,147 @@
+"""``DistributedExecutor``: the one stage of a plan that this process owns, under
+``jax.distributed`` (profile device ``d`` is process ``d``). Every process derives the same
+batches from the seed, so only activations, gradients and host scalars travel, through a
+per-process transport (``TransferServerTransport``) seen by the stage as a :class:`ProcessLink`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+import optax
+
+from skyjax.metrics import summarize_eval
+from skyjax.models.bert import Unit
+from skyjax.plan import Plan
+from skyjax.plan.schedules import actions
+from skyjax.runtime import tags
+from skyjax.runtime.batches import eval_microbatches, microbatch_like, split_microbatches
+from skyjax.runtime.pipeline import Batch, PipelineStage, StepMetrics, StepResult
+from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
+                                      placements, unit_owners)
+from skyjax.trace import Span
+
+
+class ProcessLink:
+    """A pipeline stage's view of a per-process transport: stage ``k`` lives on process
+    ``stage_process[k]``; collectives span every process (idle ones contribute nothing)."""
+
+    def __init__(self, transport: Any, stage_process: Sequence[int]):
+        self.transport = transport
+        self.stage_process = list(stage_process)
+
+    def send(self, tag: int, tree: Any, dst: int) -> None:
+        self.transport.send(tag, tree, self.stage_process[dst])
+
+    def recv(self, tag: int, like: Any, src: int) -> Any:
+        return self.transport.recv(tag, like, self.stage_process[src])
+
+    def allreduce_sum(self, value: float, tag: int) -> float:
+        return self.transport.allreduce_sum(value, tag)
+
+
+class DistributedExecutor:
+    """The stage this process owns (if the plan uses its device), under ``jax.distributed``.
+
+    A process the plan leaves out still joins the per-step collectives (gradient norm, metrics),
+    so every process runs the same number of steps.
+    """
+
+    def __init__(self, chain: Sequence[Unit], plan: Plan, transport: Any, process_index: int,
+                 device: jax.Device, *, batch_size: int, seq_len: int,
+                 optimizer: optax.GradientTransformation, max_grad_norm: float | None,
+                 rng: Callable[[int, int], jax.Array], slowdown: float = 1.0,
+                 unit_states: dict[int, UnitState] | None = None):
+        self.plan = plan
+        self.chain = abstract_units(chain)
+        self.optimizer = optimizer
+        self.device = device
+        self._args = dict(batch_size=batch_size, seq_len=seq_len, optimizer=optimizer,
+                          max_grad_norm=max_grad_norm, rng=rng, slowdown=slowdown)
+        self.places = placements(plan)
+        self.schedule = plan.schedule
+        self.microbatches = int(plan.microbatches)
+        self.max_grad_norm = max_grad_norm
+        self.rng = rng
+        self.transport = transport
+        self.process_index = process_index
+        p = len(self.places)
+        link = ProcessLink(transport, [place.device for place in self.places])
+        mine = [k for k, place in enumerate(self.places) if place.device == process_index]
+        self.stage: PipelineStage | None = None
+        if mine:
+            shapes = boundary_shapes(chain, microbatch_like(batch_size, seq_len,
+                                                            self.microbatches))
+            self.stage = build_stage(chain, self.places[mine[0]], mine[0], p, device, link,
+                                     shapes, self.microbatches, optimizer, slowdown, unit_states)
+        self.actions = actions(self.schedule, p, self.microbatches)
+        self._gathers = 0
+
+    def _gather_tag(self) -> int:
+        self._gathers += 1
+        return tags.executor_gather(self._gathers)
+
+    def train_step(self, step: int, batch: Batch) -> StepMetrics:
+        """Runs this process's stage for one step; metrics are the last stage's, on process 0."""
+        microbatch = split_microbatches(batch, self.microbatches)
+        rng = lambda mb: self.rng(step, mb)  # noqa: E731
+        if self.stage is not None:
+            result = self.stage.run_step(step, self.actions[self.stage.index], microbatch, rng,
+                                         self.max_grad_norm)
+        else:
+            if self.max_grad_norm:
+                self.transport.allreduce_sum(0.0, tags.grad_norm(step))
+            result = StepResult([], [], [], 0.0)
+        gathered = self.transport.gather_to_first(
+            {"losses": result.losses, "accuracies": result.accuracies,
+             "spans": [dataclasses.asdict(s) for s in result.spans], "wall_s": result.wall_s},
+            self._gather_tag())
+        if gathered is None:
+            return StepMetrics(float("nan"), float("nan"), result.wall_s, [result])
+        losses = [x for g in gathered for x in g["losses"]]
+        accuracies = [x for g in gathered for x in g["accuracies"]]
+        results = [StepResult(g["losses"], g["accuracies"], [Span(**s) for s in g["spans"]],
+                              g["wall_s"]) for g in gathered]
+        return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
+                           max(g["wall_s"] for g in gathered), results)
+
+    def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
+        batches = eval_microbatches(batches, self.microbatches)
+        results = self.stage.run_eval(batches) if self.stage else []
+        gathered = self.transport.gather_to_first({"results": results}, self._gather_tag())
+        if gathered is None:
+            return {}
+        return summarize_eval([tuple(r) for g in gathered for r in g["results"]])
+
+    def unit_params(self) -> list[Any]:
+        return list(self.stage.state.params) if self.stage else []
+
+    def unit_states(self) -> dict[int, UnitState]:
+        """This process's units' (params, optimizer state), by unit index."""
+        if self.stage is None:
+            return {}
+        start = self.places[self.stage.index].start
+        return {start + i: (p, o) for i, (p, o) in enumerate(
+            zip(self.stage.state.params, self.stage.state.opt_state))}
+
+    def rebuild(self, plan: Plan) -> "DistributedExecutor":
+        """An executor for ``plan`` continuing from this one: every unit whose device changes
+        is sent (params and optimizer state) from its old process to its new one."""
+        old, new = unit_owners(self.plan), unit_owners(plan)
+        me = self.process_index
+        states = self.unit_states()
+        for u, (o, n) in enumerate(zip(old, new)):
+            if o == me and n != me:
+                self.transport.send(tags.migrate(u), states.pop(u), n)
+        for u, (o, n) in enumerate(zip(old, new)):
+            if n == me and o != me:
+                like = jax.eval_shape(lambda p: (p, self.optimizer.init(p)), self.chain[u].params)
+                states[u] = self.transport.recv(tags.migrate(u), like, o)
+        self.close()
+        return DistributedExecutor(self.chain, plan, self.transport, me, self.device,
+                                   unit_states=states, **self._args)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,108 @@
+"""``LocalExecutor``: every stage of a plan in this process, each on its own local device and in
+its own thread, so that emulated slow devices and link delays overlap as real devices would.
+Stages talk through a :class:`~skyjax.runtime.transport.LocalTransport`."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+import optax
+
+from skyjax.metrics import summarize_eval
+from skyjax.models.bert import Unit
+from skyjax.plan import Plan
+from skyjax.plan.schedules import actions
+from skyjax.runtime.batches import eval_microbatches, microbatch_like, split_microbatches
+from skyjax.runtime.pipeline import Batch, PipelineStage, StepMetrics
+from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
+                                      placements)
+from skyjax.runtime.transport import LocalTransport
+
+
+class LocalExecutor:
+    """All stages of ``plan`` in this process, one thread each, on ``devices[stage.device]``.
+
+    ``slowdowns`` (by device index) and ``links`` (a ``LinkEmulation`` by device index) emulate
+    heterogeneous devices; ``unit_states`` continues from another executor's (``rebuild``).
+    """
+
+    def __init__(self, chain: Sequence[Unit], plan: Plan, devices: Sequence[jax.Device], *,
+                 batch_size: int, seq_len: int, optimizer: optax.GradientTransformation,
+                 max_grad_norm: float | None, rng: Callable[[int, int], jax.Array],
+                 slowdowns: Sequence[float] = (), links: Any = None,
+                 unit_states: dict[int, UnitState] | None = None):
+        self.plan = plan
+        self.chain = abstract_units(chain)
+        self._args = dict(devices=devices, batch_size=batch_size, seq_len=seq_len,
+                          optimizer=optimizer, max_grad_norm=max_grad_norm, rng=rng,
+                          slowdowns=slowdowns, links=links)
+        self.places = placements(plan)
+        transport = LocalTransport([devices[p.device] for p in self.places], links,
+                                   link_ids=[p.device for p in self.places])
+        self.schedule = plan.schedule
+        self.microbatches = int(plan.microbatches)
+        self.max_grad_norm = max_grad_norm
+        self.rng = rng
+        p = len(self.places)
+        shapes = boundary_shapes(chain, microbatch_like(batch_size, seq_len, self.microbatches))
+        self.stages = [
+            build_stage(chain, place, k, p, devices[place.device], transport.for_stage(k), shapes,
+                        self.microbatches, optimizer,
+                        slowdowns[place.device] if slowdowns else 1.0, unit_states)
+            for k, place in enumerate(self.places)]
+        self.transport = transport
+        self.actions = actions(self.schedule, p, self.microbatches)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=p,
+                                                           thread_name_prefix="stage")
+
+    def _all(self, fn: Callable[[PipelineStage], Any]) -> list[Any]:
+        """Runs ``fn`` on every stage in its thread; one failure aborts the others' waits."""
+
+        def guarded(stage: PipelineStage) -> Any:
+            try:
+                return fn(stage)
+            except BaseException as e:
+                self.transport.abort(e)
+                raise
+
+        futures = [self._pool.submit(guarded, stage) for stage in self.stages]
+        return [f.result() for f in futures]
+
+    def train_step(self, step: int, batch: Batch) -> StepMetrics:
+        microbatch = split_microbatches(batch, self.microbatches)
+        rng = lambda mb: self.rng(step, mb)  # noqa: E731
+        results = self._all(lambda s: s.run_step(step, self.actions[s.index], microbatch, rng,
+                                                 self.max_grad_norm))
+        last = results[-1]
+        return StepMetrics(float(np.mean(last.losses)), float(np.mean(last.accuracies)),
+                           max(r.wall_s for r in results), results)
+
+    def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
+        batches = eval_microbatches(batches, self.microbatches)
+        results = self._all(lambda s: s.run_eval(batches))[-1]
+        return summarize_eval(results)
+
+    def unit_params(self) -> list[Any]:
+        """Every unit's current params, in chain order (for checks and checkpoints)."""
+        return [p for s in self.stages for p in s.state.params]
+
+    def unit_states(self) -> dict[int, UnitState]:
+        """Every unit's (params, optimizer state), by unit index."""
+        out = {}
+        for place, stage in zip(self.places, self.stages):
+            for u, p, o in zip(place.units, stage.state.params, stage.state.opt_state):
+                out[u] = (p, o)
+        return out
+
+    def rebuild(self, plan: Plan) -> "LocalExecutor":
+        """An executor for ``plan`` that continues from this one's params and optimizer states
+        (each unit moves to its new device); this one is closed."""
+        states = self.unit_states()
+        self.close()
+        return LocalExecutor(self.chain, plan, unit_states=states, **self._args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

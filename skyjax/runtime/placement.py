@@ -1,0 +1,81 @@
+"""From a :class:`~skyjax.plan.Plan` to pipeline stages: which units run where, the shapes that
+cross each cut, and the construction of one :class:`~skyjax.runtime.pipeline.PipelineStage`.
+
+Both executors (local threads, distributed processes) build their stages here, so a plan means
+the same thing to both; re-planning moves units between stages by unit index (``UnitState``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import optax
+
+from skyjax.models.bert import Unit, initial_carry
+from skyjax.plan import Plan
+from skyjax.runtime.pipeline import Batch, PipelineStage, StageLink
+from skyjax.runtime.stage import StageProgram
+
+UnitState = tuple[Any, Any]  # (params, optimizer state) of one unit
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlacement:
+    """A block of units ``[start, end)`` and the index of the device that runs it."""
+
+    device: int
+    start: int
+    end: int
+
+    @property
+    def units(self) -> range:
+        return range(self.start, self.end)
+
+
+def placements(plan: Plan) -> list[StagePlacement]:
+    """The stages of ``plan``, in pipeline order."""
+    return [StagePlacement(int(s.device), int(s.units[0]), int(s.units[1])) for s in plan.stages]
+
+
+def unit_owners(plan: Plan) -> list[int]:
+    """The device of every unit, by unit index."""
+    owners = {u: place.device for place in placements(plan) for u in place.units}
+    return [owners[u] for u in sorted(owners)]
+
+
+def abstract_units(chain: Sequence[Unit]) -> list[Unit]:
+    """The units with shapes in place of parameter arrays (enough to rebuild stages)."""
+    return [dataclasses.replace(u, params=jax.eval_shape(lambda p=u.params: p)) for u in chain]
+
+
+def boundary_shapes(chain: Sequence[Unit], batch_like: Batch) -> list[Any]:
+    """ShapeDtypeStructs of the carry entering each unit (and, last, leaving the chain)."""
+    carry = jax.eval_shape(lambda b: initial_carry(b["input_ids"], b["token_type_ids"],
+                                                   b["attention_mask"]), batch_like)
+    shapes = [carry]
+    for unit in chain:
+        carry = jax.eval_shape(lambda p, c, u=unit: u.apply(p, c, None, False), unit.params, carry)
+        shapes.append(carry)
+    return shapes
+
+
+def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_stages: int,
+                device: jax.Device, link: StageLink, shapes: list[Any], microbatches: int,
+                optimizer: optax.GradientTransformation, slowdown: float = 1.0,
+                unit_states: dict[int, UnitState] | None = None) -> PipelineStage:
+    """A stage owning units ``[place.start, place.end)`` on ``device``: params copied there from
+    the units, or params and optimizer states from ``unit_states`` (by unit index)."""
+    block = list(chain[place.start:place.end])
+    program = StageProgram(block, is_last=index == num_stages - 1, microbatches=microbatches,
+                           optimizer=optimizer)
+    if unit_states:
+        params = jax.device_put([unit_states[u][0] for u in place.units], device, may_alias=False)
+        opt = jax.device_put([unit_states[u][1] for u in place.units], device, may_alias=False)
+        state = program.init_state(params, opt)
+    else:
+        state = program.init_state(jax.device_put([u.params for u in block], device,
+                                                  may_alias=False))
+    return PipelineStage(index, num_stages, program, state, device, link, shapes[place.start],
+                         shapes[place.end], slowdown)

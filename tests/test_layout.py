@@ -1,0 +1,143 @@
+"""The package layout keeps its promises (docs/design.md, "Layout"): no import cycle between
+skyjax's modules (lazy imports inside functions count too), nothing imports the orchestration
+(``skyjax.train``, ``skyjax.main``, ``skyjax.launch``), the planner and the config checks import
+no JAX, no module grows past ~400 lines, and nothing edits ``sys.path``."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "skyjax")
+MAX_LINES = 420  # "~400": a little slack for a docstring, not for a second job
+
+
+def _modules() -> dict[str, str]:
+    """Dotted module name -> file path, for every module of the package."""
+    out = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, f), ROOT)[:-3].split(os.sep)
+                if rel[-1] == "__init__":
+                    rel = rel[:-1]
+                out[".".join(rel)] = os.path.join(folder, f)
+    return out
+
+
+def _imports(path: str, name: str, modules: dict[str, str]) -> set[str]:
+    """The skyjax modules that ``name`` imports (``from pkg import sub`` counts as ``pkg.sub``
+    when ``sub`` is a module, else as ``pkg``)."""
+    tree = ast.parse(open(path).read(), path)
+    is_pkg = path.endswith("__init__.py")
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".")
+                parent = parts if is_pkg else parts[:-1]
+                parent = parent[:len(parent) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                       for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in modules:
+                t = t.rpartition(".")[0]
+            if t and t.startswith("skyjax") and t != name:
+                out.add(t)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, name, modules) for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_detector_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    assert _cycles(_graph()) == []
+
+
+def test_nothing_imports_the_orchestration():
+    top = {"skyjax.train", "skyjax.main", "skyjax.launch"}
+    offenders = {(src, dst) for src, dsts in _graph().items() for dst in dsts
+                 if dst in top and src not in top | {"skyjax.main"}}
+    assert not offenders, f"modules importing the orchestration: {sorted(offenders)}"
+
+
+@pytest.mark.parametrize("module", ["skyjax.plan", "skyjax.plan.cli", "skyjax.plan.simulate",
+                                    "skyjax.plan.replan", "skyjax.config", "skyjax.cluster",
+                                    "skyjax.profile.format", "skyjax.trace", "skyjax.names"])
+def test_modules_that_import_no_jax(module):
+    code = f"import sys, {module}; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", f"importing {module} imports JAX"
+
+
+def test_module_sizes():
+    big = {name: n for name, path in _modules().items()
+           if (n := sum(1 for _ in open(path))) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines (split along a seam): {big}"
+
+
+def test_no_sys_path_edits():
+    offenders = []
+    for top in ("skyjax", "configs", "experiments", "tests"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                path = os.path.join(folder, f)
+                if f.endswith(".py") and path != os.path.abspath(__file__):
+                    if "sys.path.insert" in open(path).read() or "sys.path.append" in \
+                            open(path).read():
+                        offenders.append(os.path.relpath(path, ROOT))
+    assert not offenders, f"sys.path edited in {offenders}"
