@@ -25,10 +25,15 @@ setup(
         "numpy>=1.26",
     ],
     extras_require={
-        # GLUE from TensorFlow Datasets (tfds.load needs TensorFlow).
+        # GLUE from TensorFlow Datasets (skyjax/data/glue.py). Reading an array_record
+        # preparation needs only tensorflow-datasets; a tfrecord one, and tfds.testing's mock
+        # data, need TensorFlow.
         "tfds": ["tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16"],
         # torch: the reference implementation the tests compare against. Pinned to the CPU
-        # build's version: an unpinned torch pulls several GB of CUDA packages.
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "torch==2.13.0"],
+        # build's version: an unpinned torch pulls several GB of CUDA packages. The GLUE tests
+        # (tests/test_glue.py) need the "tfds" extra's packages, repeated here with the same
+        # specifiers so that ".[test]" and ".[tfds,test]" resolve alike.
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "torch==2.13.0",
+                 "tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16"],
     },
 )

@@ -62,7 +62,8 @@ def worker(spec_path: str) -> None:
     import numpy as np
 
     from skyjax import cluster as cluster_lib, data as data_lib, train
-    from skyjax.plan import allocator, schedules as schedule
+    from skyjax import plan as plan_lib
+    from skyjax.plan import simulate
     from skyjax.models import bert
     from skyjax.runtime import distributed
 
@@ -75,9 +76,9 @@ def worker(spec_path: str) -> None:
     transport = train.make_transport(cluster)
     chain = bert.units(train.build_model(config), config.allocation.granularity)
     profile = train.profile_phase(config, chain, spec["workdir"], cluster, transport)
-    plans = {s: allocator.plan(profile, s, args.schedule, args.microbatches)
+    plans = {s: plan_lib.plan(profile, s, args.schedule, args.microbatches)
              for s in ("even", "optimal")}
-    executors = {s: train.make_executor(config, chain, p.to_json(), cluster, transport)
+    executors = {s: train.make_executor(config, chain, p, cluster, transport)
                  for s, p in plans.items()}
     batches = data_lib.train_batches(config)
     times: dict[str, list[float]] = {s: [] for s in plans}
@@ -97,7 +98,7 @@ def worker(spec_path: str) -> None:
     if jax.process_index() == 0:
         out = {"plans": {s: p.to_json() for s, p in plans.items()}, "times": times,
                "busy": {s: np.median(np.array(b), axis=0).tolist() for s, b in busy.items()},
-               "simulated": {s: schedule.simulate_plan(p, profile).step_time_s
+               "simulated": {s: simulate.simulate_plan(p, profile).step_time_s
                              for s, p in plans.items()},
                "ideal_s": ideal_step_s(profile, args.microbatches),
                "device_names": [d["name"] for d in profile.devices],
@@ -114,21 +115,23 @@ def one_stage_overhead(args) -> dict:
     import jax
     import numpy as np
 
-    from skyjax import baseline, data as data_lib, train
+    from skyjax import baseline, data as data_lib, optim, train
     from skyjax.models import bert
-    from skyjax.runtime.executor import LocalExecutor
+    from skyjax.plan import Plan, Stage
+    from skyjax.runtime.local_executor import LocalExecutor
 
     config = build_config(args)
     config.cluster.mode, config.cluster.num_devices, config.cluster.slowdowns = "local", 1, ()
     config.pipeline.microbatches = 1
     chain = bert.units(train.build_model(config), "layer")
-    plan = {"schedule": "1f1b", "microbatches": 1,
-            "stages": [{"device": 0, "units": [0, len(chain)]}]}
+    plan = Plan("manual", "1f1b", 1, [Stage(0, (0, len(chain)), 0.0, 0.0, 0)], step_time_s=0.0,
+                bottleneck_s=0.0, exact=False)
     pipe = LocalExecutor(chain, plan, jax.local_devices(), batch_size=config.data.batch_size,
-                         seq_len=config.data.seq_len, optimizer=train.make_optimizer(config, False),
+                         seq_len=config.data.seq_len,
+                         optimizer=optim.make_optimizer(config.train, clip=False),
                          max_grad_norm=config.train.grad_clip_norm,
                          rng=lambda s, m: baseline.microbatch_rng(0, s, m))
-    optimizer = train.make_optimizer(config)
+    optimizer = optim.make_optimizer(config.train)
     params = jax.tree.map(np.array, [u.params for u in chain])
     opt_state = optimizer.init(params)
     plain = baseline.make_train_step(chain, optimizer, 0, 1)

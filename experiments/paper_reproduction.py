@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 
-from skyjax.plan import allocator  # noqa: E402
+from skyjax import plan as plan_lib  # noqa: E402
 from skyjax.profile.format import Profile  # noqa: E402
 
 GIB = 1 << 30
@@ -105,7 +105,7 @@ def uniform_links(n: int, bandwidth: float, latency: float) -> tuple[np.ndarray,
     return lat, bw
 
 
-def balanced_assignment(t: allocator.Tables) -> list[tuple[int, int, int]]:
+def balanced_assignment(t: plan_lib.Tables) -> list[tuple[int, int, int]]:
     """All devices in order, cuts that minimise the largest stage compute within memory (the
     original's aim of load balancing), by bisection on the cap with a greedy fill."""
     u, d = t.num_units, t.num_devices
@@ -144,11 +144,11 @@ def run(links: str) -> list[tuple]:
     prof = synth_profile(units, slow, np.full(n, 16 * GIB), lat, bw)
     rows = []
     for schedule, m in [("gpipe", 1), ("gpipe", 8), ("gpipe", 32), ("1f1b", 8), ("1f1b", 32)]:
-        t = allocator.tables(prof, schedule, m)
-        even = allocator.plan(prof, "even", schedule, m)
-        bal = allocator.evaluate(prof, balanced_assignment(t), schedule, m, "balanced")
+        t = plan_lib.tables(prof, schedule, m)
+        even = plan_lib.plan(prof, "even", schedule, m)
+        bal = plan_lib.evaluate(prof, balanced_assignment(t), schedule, m, "balanced")
         t0 = time.perf_counter()
-        opt = allocator.plan(prof, "optimal", schedule, m)
+        opt = plan_lib.plan(prof, "optimal", schedule, m)
         dt = time.perf_counter() - t0
         rows.append((schedule, m, even, bal, opt, dt))
     return rows, slow

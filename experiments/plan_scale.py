@@ -1,4 +1,4 @@
-"""How long ``allocator.plan`` takes at cluster scale (prints a table).
+"""How long ``skyjax.plan.plan`` takes at cluster scale (prints a table).
 
 Profiles are synthesised with the FLOP model of ``paper_reproduction.py``:
 * 483 units (160-layer BERT-large at sublayer granularity: embeddings, 3 x 160, pooler,
@@ -23,7 +23,7 @@ import numpy as np
 
 from experiments.paper_reproduction import BertShape, bert_units, synth_profile  # noqa: E402
 
-from skyjax.plan import allocator  # noqa: E402
+from skyjax import plan as plan_lib  # noqa: E402
 
 GIB = 1 << 30
 KIND_MEMORY = np.array([16, 24, 32, 40, 48, 80]) * GIB
@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> None:
           f"{'LB':>8} {'gap':>6}")
     for layers, n_dev, goal in sizes:
         prof = case(layers, n_dev)
-        n_cls = len(allocator.device_classes(allocator.tables(prof)))
+        n_cls = len(plan_lib.device_classes(plan_lib.tables(prof)))
         for schedule, m in [("1f1b", 8), ("gpipe", 32), ("gpipe", 1)]:
-            even = allocator.plan(prof, "even", schedule, m)
+            even = plan_lib.plan(prof, "even", schedule, m)
             t0, c0 = time.perf_counter(), time.process_time()
-            p = allocator.plan(prof, "optimal", schedule, m)
+            p = plan_lib.plan(prof, "optimal", schedule, m)
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             lb = "-" if p.exact else f"{p.lower_bound_s:8.3f}"
             gap = "-" if p.exact else f"{p.step_time_s / p.lower_bound_s - 1:6.1%}"

@@ -19,7 +19,10 @@ from skyjax import cluster as cluster_lib  # noqa: E402  (no jax import yet)
 cluster_lib.ensure_host_device_count(4)
 
 from skyjax.config import defaults as config_defaults  # noqa: E402
-from skyjax.profile import measure as profiler  # noqa: E402
+from skyjax.optim import make_optimizer  # noqa: E402
+from skyjax.profile.chain import Workload  # noqa: E402
+from skyjax.profile.measure import profile  # noqa: E402
+from skyjax.profile.options import Options  # noqa: E402
 
 
 def demo(devices=1, slowdowns=()):
@@ -43,10 +46,16 @@ def bert_base(granularity="layer", microbatches=4, devices=1, slowdowns=()):
     return c
 
 
+def measure(config, **options):
+    """A fresh profile of ``config`` (no cache), quietly."""
+    return profile(Workload.from_config(config), cluster_lib.cluster_from_config(config),
+                   make_optimizer(config.train), Options.from_config(config, **options),
+                   log=lambda msg: None)
+
+
 def run(name, config, **options):
-    opts = profiler.Options.from_config(config, **options)
     tic = time.perf_counter()
-    prof = profiler.profile(config, options=opts, log=lambda msg: None)
+    prof = measure(config, **options)
     wall = time.perf_counter() - tic
     meta = prof.extra["profiler"]
     total = (prof.forward_s + prof.backward_s).sum(axis=0)
@@ -64,7 +73,7 @@ def main():
     args = ap.parse_args()
     tiny = demo()
     tiny.model.hidden_size, tiny.model.intermediate_size, tiny.model.num_hidden_layers = 32, 64, 1
-    profiler.profile(tiny, log=lambda msg: None)  # JAX start-up, not part of any case
+    measure(tiny)  # JAX start-up, not part of any case
     print(f"{'case':<44} {'units':>5} {'dev':>3} {'repeats':>8} {'compile':>8} {'total s':>8}"
           "   fwd+bwd per device (ms, all units)")
     run("demo (4x128, mb 32x32), 1 device", demo())

@@ -92,7 +92,8 @@ def _worker(sizes) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from skyjax.runtime.transport import TransferServerTransport, _transfer_server
+    from skyjax.runtime.transport import TransferServerTransport
+    from skyjax.runtime.transport.transfer import transfer_server
 
     me = info.process_id
     dev = jax.local_devices()[0]
@@ -122,7 +123,7 @@ def _worker(sizes) -> None:
         report("transfer", nbytes, [r / 2 for r in rtts[2:]])
 
         # transfer_raw: pulls with ids known in advance (no key-value notice).
-        srv = _transfer_server(dev, "127.0.0.1")
+        srv = transfer_server(dev, "127.0.0.1")
         conn = t._conn(1 - me)
         avals = [jax.ShapeDtypeStruct((nbytes // 4,), jnp.float32,
                                       sharding=jax.sharding.SingleDeviceSharding(dev))]

@@ -3,7 +3,7 @@
 A run goes through the phases of skyjax, each a small function:
 
 1. ``build_model`` / ``bert.units``: the model as a chain of units at ``allocation.granularity``;
-2. ``profile_phase``: per-unit times and bytes on each device (``skyjax.profile.measure``, cached);
+2. ``profile_phase``: per-unit times and bytes on each device (``skyjax.profile``, cached);
 3. ``plan_phase``: the stages (``skyjax.plan.plan``);
 4. ``train_loop`` / eval: the pipeline executors of ``skyjax.runtime`` (local: one thread per
    stage device; distributed: this process's stage under ``jax.distributed``).
@@ -29,13 +29,16 @@ from absl import logging
 from flax import nnx
 
 from skyjax import cluster as cluster_lib, data as data_lib, optim
-from skyjax.plan import allocator, replan
-from skyjax.plan import schedules as schedule_lib
-from skyjax.profile import measure as profiler
+from skyjax import plan as plan_lib
+from skyjax.plan import replan, simulate
+from skyjax.profile import profiler
 from skyjax.baseline import microbatch_rng
 from skyjax.config import validate_config
 from skyjax.models import bert
-from skyjax.profile.format import Profile, load_profile, write_json_atomic
+from skyjax.jsonio import write_json_atomic
+from skyjax.profile.chain import Workload
+from skyjax.profile.format import Profile, load_profile
+from skyjax.profile.options import Options
 from skyjax.runtime import distributed
 from skyjax.runtime.distributed_executor import DistributedExecutor
 from skyjax.runtime.local_executor import LocalExecutor
@@ -102,13 +105,15 @@ def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], wor
                 f"{profile.num_devices} devices; this run has {len(chain)} units "
                 f"({config.allocation.granularity}) and {cluster.num_devices} devices")
         return profile
-    return profiler.profile_or_load(config, workdir, chain=chain, cluster=cluster,
-                                    transport=transport)
+    return profiler.profile_or_load(
+        workdir, Workload.from_config(config), cluster, optim.make_optimizer(config.train),
+        Options.from_config(config), chain=chain, reprofile=bool(config.profile.reprofile),
+        transport=transport, namespace="train")
 
 
-def plan_phase(config: ml_collections.ConfigDict, profile: Profile) -> allocator.Plan:
+def plan_phase(config: ml_collections.ConfigDict, profile: Profile) -> plan_lib.Plan:
     """The plan for the profile (``dynamic`` plans as ``optimal``; see the README)."""
-    return allocator.plan(profile, config.allocation.strategy, config.pipeline.schedule,
+    return plan_lib.plan(profile, config.allocation.strategy, config.pipeline.schedule,
                           config.pipeline.microbatches)
 
 
@@ -148,11 +153,11 @@ def make_optimizer(config: ml_collections.ConfigDict, clip: bool = True
 
 
 def make_executor(config: ml_collections.ConfigDict, chain: list[bert.Unit],
-                  plan: allocator.Plan | dict, cluster: cluster_lib.Cluster, transport: Any = None):
+                  plan: plan_lib.Plan | dict, cluster: cluster_lib.Cluster, transport: Any = None):
     """The executor for ``config.cluster.mode``: all stages here, or this process's stage.
     ``plan``: a Plan (a plan.json dict is read with ``Plan.from_json``)."""
     if isinstance(plan, dict):
-        plan = allocator.Plan.from_json(plan)
+        plan = plan_lib.Plan.from_json(plan)
     kwargs = dict(batch_size=config.data.batch_size, seq_len=config.data.seq_len,
                   optimizer=optim.make_optimizer(config.train, clip=False),
                   max_grad_norm=config.train.grad_clip_norm or None,
@@ -192,7 +197,7 @@ class Replanner:
 
     MIN_GAIN = 0.05
 
-    def __init__(self, config: ml_collections.ConfigDict, profile: Profile, plan: allocator.Plan):
+    def __init__(self, config: ml_collections.ConfigDict, profile: Profile, plan: plan_lib.Plan):
         self.every = config.allocation.replan_every if config.allocation.strategy == "dynamic" \
             else 0
         self.profile, self.plan = profile, plan
@@ -227,7 +232,7 @@ class Replanner:
         if not info["switch"]:
             return executor
         self._rebuilt_at = step + 1
-        return executor.rebuild(allocator.Plan.from_json(info["candidate"]))
+        return executor.rebuild(plan_lib.Plan.from_json(info["candidate"]))
 
 
 def train_loop(config: ml_collections.ConfigDict, executor, workdir: str, eval_data: list[Batch],
@@ -269,11 +274,11 @@ def train_loop(config: ml_collections.ConfigDict, executor, workdir: str, eval_d
 # --------------------------------------------------------------------------------------------
 # Outputs.
 
-def trace_json(plan: allocator.Plan, profile: Profile, last_step) -> dict:
+def trace_json(plan: plan_lib.Plan, profile: Profile, last_step) -> dict:
     """A measured step's per-stage spans (pid 0) beside the simulator's trace of the plan."""
     spans = [s for r in (last_step.results if last_step else []) for s in r.spans]
     events = stage_events(spans, pid=0, name="measured step")
-    simulated = schedule_lib.simulate_plan(plan, profile).trace["traceEvents"]
+    simulated = simulate.simulate_plan(plan, profile).trace["traceEvents"]
     for e in simulated:
         e["pid"] = 10 + e.get("pid", 0)
         if e.get("name") == "process_name":

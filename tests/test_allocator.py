@@ -1,4 +1,4 @@
-"""Allocator: cost model, even, optimal == brute force on random small instances, edge cases."""
+"""Planner (skyjax.plan): cost model, even, optimal == brute force on random small instances, edge cases."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from skyjax.plan import allocator
-from skyjax.plan.allocator import InfeasibleError
+from skyjax import plan as plan_lib
+from skyjax.plan import InfeasibleError, classes, heuristic
 from skyjax.profile.format import Profile
 
 
@@ -81,7 +81,7 @@ def brute_force(p: Profile, schedule: str, m: int) -> float:
     return best
 
 
-def check_plan_valid(prof: Profile, plan: allocator.Plan) -> None:
+def check_plan_valid(prof: Profile, plan: plan_lib.Plan) -> None:
     devs = [s.device for s in plan.stages]
     assert len(set(devs)) == len(devs)
     assert plan.stages[0].units[0] == 0 and plan.stages[-1].units[1] == prof.num_units
@@ -90,7 +90,7 @@ def check_plan_valid(prof: Profile, plan: allocator.Plan) -> None:
         assert prof.bandwidth_Bps[s.device, nxt.device] > 0
     for s in plan.stages:
         assert s.memory_bytes <= prof.devices[s.device]["memory_bytes"]
-    again = allocator.evaluate(prof, [(s.device, *s.units) for s in plan.stages], plan.schedule,
+    again = plan_lib.evaluate(prof, [(s.device, *s.units) for s in plan.stages], plan.schedule,
                                plan.microbatches)
     assert again.step_time_s == pytest.approx(plan.step_time_s, rel=1e-12)
 
@@ -106,14 +106,14 @@ def test_optimal_matches_brute_force_random():
         want = brute_force(prof, schedule, m)
         if math.isinf(want):
             with pytest.raises(InfeasibleError):
-                allocator.plan(prof, "optimal", schedule, m)
+                plan_lib.plan(prof, "optimal", schedule, m)
             continue
-        got = allocator.plan(prof, "optimal", schedule, m)
+        got = plan_lib.plan(prof, "optimal", schedule, m)
         assert got.exact
         assert got.step_time_s == pytest.approx(want, rel=1e-9), (i, d, u, schedule, m)
-        t = allocator.tables(prof, schedule, m)
-        assert allocator.lower_bound(t) <= want * (1 + 1e-9)
-        assert allocator.min_bottleneck(t) <= got.bottleneck_s * (1 + 1e-9)
+        t = plan_lib.tables(prof, schedule, m)
+        assert plan_lib.lower_bound(t) <= want * (1 + 1e-9)
+        assert plan_lib.min_bottleneck(t) <= got.bottleneck_s * (1 + 1e-9)
         check_plan_valid(prof, got)
         n_cases += 1
     assert n_cases >= 200
@@ -126,13 +126,13 @@ def test_heuristic_bounds_on_random():
         prof = random_profile(rng, int(rng.integers(2, 6)), int(rng.integers(2, 11)))
         schedule, m = ("gpipe", "1f1b")[i % 2], (1, 2, 8)[i % 3]
         try:
-            opt = allocator.plan(prof, "optimal", schedule, m)
+            opt = plan_lib.plan(prof, "optimal", schedule, m)
         except InfeasibleError:
             continue
-        lb = allocator.lower_bound(allocator.tables(prof, schedule, m))
+        lb = plan_lib.lower_bound(plan_lib.tables(prof, schedule, m))
         assert lb <= opt.step_time_s * (1 + 1e-9)
         try:
-            heur = allocator.plan(prof, "optimal", schedule, m, force_heuristic=True)
+            heur = plan_lib.plan(prof, "optimal", schedule, m, force_heuristic=True)
         except InfeasibleError:
             continue  # the heuristic's safe 1F1B bound may miss a tight fit
         assert heur.step_time_s >= opt.step_time_s * (1 - 1e-9)
@@ -144,68 +144,68 @@ def test_cost_model_by_hand():
     prof = make_profile([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]], state=[10, 10, 10], act=[1, 2, 3],
                         out=[100, 200, 300], latency=[[0, 0.5], [0.5, 0]],
                         bandwidth=[[0, 100], [100, 0]])
-    p = allocator.evaluate(prof, [(1, 0, 1), (0, 1, 3)], "1f1b", 4)
+    p = plan_lib.evaluate(prof, [(1, 0, 1), (0, 1, 3)], "1f1b", 4)
     s0, s1 = p.stages
     assert s0.compute_s == 6.0 and s0.comm_s == pytest.approx(2 * (0.5 + 1.0))
     assert s1.compute_s == 6.0 and s1.comm_s == 0.0
     assert s0.memory_bytes == 10 + 2 * 1 and s1.memory_bytes == 20 + 1 * 5
     assert p.bottleneck_s == 9.0 and p.step_time_s == pytest.approx(15 + 3 * 9)
-    g = allocator.evaluate(prof, [(1, 0, 1), (0, 1, 3)], "gpipe", 4)
+    g = plan_lib.evaluate(prof, [(1, 0, 1), (0, 1, 3)], "gpipe", 4)
     assert g.stages[0].memory_bytes == 14 and g.stages[1].memory_bytes == 40
     with pytest.raises(ValueError, match="used twice"):
-        allocator.evaluate(prof, [(0, 0, 1), (0, 1, 3)])
+        plan_lib.evaluate(prof, [(0, 0, 1), (0, 1, 3)])
     with pytest.raises(ValueError, match="covers"):
-        allocator.evaluate(prof, [(0, 0, 2)])
+        plan_lib.evaluate(prof, [(0, 0, 2)])
 
 
 def test_even_remainder_to_first_stages():
-    assert allocator.even_assignment(10, [3, 1, 2]) == [(3, 0, 4), (1, 4, 7), (2, 7, 10)]
-    assert allocator.even_assignment(2, [0, 1, 2]) == [(0, 0, 1), (1, 1, 2)]
+    assert plan_lib.even_assignment(10, [3, 1, 2]) == [(3, 0, 4), (1, 4, 7), (2, 7, 10)]
+    assert plan_lib.even_assignment(2, [0, 1, 2]) == [(0, 0, 1), (1, 1, 2)]
     prof = make_profile(np.ones((7, 3)))
-    p = allocator.plan(prof, "even", "gpipe", 2)
+    p = plan_lib.plan(prof, "even", "gpipe", 2)
     assert [s.units for s in p.stages] == [(0, 3), (3, 5), (5, 7)]
 
 
 def test_one_device():
     prof = make_profile([[1.0], [2.0]])
     for strategy in ("even", "optimal"):
-        p = allocator.plan(prof, strategy, "1f1b", 4)
+        p = plan_lib.plan(prof, strategy, "1f1b", 4)
         assert [(s.device, s.units) for s in p.stages] == [(0, (0, 2))]
         assert p.step_time_s == pytest.approx(4 * 9.0)
 
 
 def test_more_devices_than_units():
     prof = make_profile([[1.0, 1.0, 3.0, 1.0]])
-    p = allocator.plan(prof, "optimal", "gpipe", 8)
+    p = plan_lib.plan(prof, "optimal", "gpipe", 8)
     assert len(p.stages) == 1 and p.stages[0].device != 2
-    assert len(allocator.plan(prof, "even").stages) == 1
+    assert len(plan_lib.plan(prof, "even").stages) == 1
 
 
 def test_device_too_small_for_any_unit():
     prof = make_profile(np.ones((4, 3)) * [1.0, 0.1, 1.0], state=[10] * 4,
                         memory=[100, 5, 100])
-    p = allocator.plan(prof, "optimal", "gpipe", 8)
+    p = plan_lib.plan(prof, "optimal", "gpipe", 8)
     assert 1 not in [s.device for s in p.stages]
     with pytest.raises(InfeasibleError, match="device 1"):
-        allocator.plan(prof, "even")
+        plan_lib.plan(prof, "even")
 
 
 def test_unreachable_link_never_used():
     bw = [[0, 0, 1e12], [1e12, 0, 1e12], [1e12, 0, 0]]  # 0->1, 2->1 and 2->2 unreachable
     prof = make_profile(np.ones((6, 3)), bandwidth=bw)
     for m in (1, 8):
-        p = allocator.plan(prof, "optimal", "1f1b", m)
+        p = plan_lib.plan(prof, "optimal", "1f1b", m)
         devs = [s.device for s in p.stages]
         for a, b in zip(devs, devs[1:]):
             assert bw[a][b] > 0
-    assert len(allocator.plan(prof, "optimal", "1f1b", 8).stages) == 3
+    assert len(plan_lib.plan(prof, "optimal", "1f1b", 8).stages) == 3
     with pytest.raises(InfeasibleError, match="cannot reach"):
-        allocator.plan(prof, "even")
+        plan_lib.plan(prof, "even")
 
 
 def test_m1_uses_fastest_device():
     prof = make_profile(np.ones((5, 3)) * [3.0, 1.0, 2.0], latency=np.full((3, 3), 0.1))
-    p = allocator.plan(prof, "optimal", "gpipe", 1)
+    p = plan_lib.plan(prof, "optimal", "gpipe", 1)
     assert [(s.device, s.units) for s in p.stages] == [(1, (0, 5))]
     assert p.exact and p.step_time_s == pytest.approx(15.0)
 
@@ -213,20 +213,20 @@ def test_m1_uses_fastest_device():
 def test_infeasible_names_device_and_bytes():
     prof = make_profile(np.ones((3, 2)), state=[50, 50, 50], memory=[40, 60])
     with pytest.raises(InfeasibleError, match=r"device 1 .*short by \d+ bytes"):
-        allocator.plan(prof, "optimal", "gpipe", 2)
+        plan_lib.plan(prof, "optimal", "gpipe", 2)
     prof = make_profile(np.ones((3, 2)), state=[50, 50, 50], memory=[60, 60])
     with pytest.raises(InfeasibleError, match=r"30 bytes do not fit"):
-        allocator.plan(prof, "optimal", "gpipe", 2)
+        plan_lib.plan(prof, "optimal", "gpipe", 2)
 
 
 def test_1f1b_memory_position():
     """1F1B keeps fewer micro-batches on late stages, GPipe m everywhere: only 1F1B fits."""
     prof = make_profile(np.ones((2, 2)), state=[0, 0], act=[10, 10], memory=[80, 15])
-    p = allocator.plan(prof, "optimal", "1f1b", 8)
+    p = plan_lib.plan(prof, "optimal", "1f1b", 8)
     assert [(s.device, s.units, s.memory_bytes) for s in p.stages] == [
         (0, (0, 1), 20), (1, (1, 2), 10)] or [s.device for s in p.stages] == [0]
     with pytest.raises(InfeasibleError):
-        allocator.plan(prof, "optimal", "gpipe", 8)
+        plan_lib.plan(prof, "optimal", "gpipe", 8)
 
 
 def test_identical_classes_exact_and_fast():
@@ -234,37 +234,37 @@ def test_identical_classes_exact_and_fast():
     prof = make_profile(np.ones((160, 64)) * np.linspace(1, 2, 160)[:, None],
                         out=np.full(160, 1e6), latency=np.full((64, 64), 1e-3),
                         bandwidth=np.full((64, 64), 1e9))
-    p = allocator.plan(prof, "optimal", "1f1b", 32)
+    p = plan_lib.plan(prof, "optimal", "1f1b", 32)
     assert p.exact
-    assert p.step_time_s < allocator.plan(prof, "even", "1f1b", 32).step_time_s * 1.001
+    assert p.step_time_s < plan_lib.plan(prof, "even", "1f1b", 32).step_time_s * 1.001
 
 
 def test_plan_json_roundtrip():
     prof = make_profile(np.ones((4, 2)))
-    p = allocator.plan(prof, "optimal", "gpipe", 3)
+    p = plan_lib.plan(prof, "optimal", "gpipe", 3)
     d = p.to_json()
     assert set(d) >= {"strategy", "schedule", "microbatches", "stages", "step_time_s",
                       "bottleneck_s", "exact"}
-    assert allocator.Plan.from_json(d) == p
+    assert plan_lib.Plan.from_json(d) == p
 
 
 def test_lower_bound_tight_for_single_fast_device():
     prof = make_profile(np.ones((4, 2)) * [1.0, 5.0])
-    t = allocator.tables(prof, "gpipe", 1)
-    assert allocator.lower_bound(t) == pytest.approx(12.0)
+    t = plan_lib.tables(prof, "gpipe", 1)
+    assert plan_lib.lower_bound(t) == pytest.approx(12.0)
 
 
 def test_heuristic_with_coarsened_links(monkeypatch):
     """Per-pair links (every device its own link group) coarsened to 2 groups: plans stay valid
     (true costs) and never beat the optimum."""
-    monkeypatch.setattr(allocator, "MAX_LINK_GROUPS", 2)
+    monkeypatch.setattr(heuristic, "MAX_LINK_GROUPS", 2)
     rng = np.random.default_rng(2)
     for i in range(20):
         prof = random_profile(rng, 5, int(rng.integers(3, 10)))
         schedule, m = ("gpipe", "1f1b")[i % 2], (1, 8)[i % 2]
         try:
-            opt = allocator.plan(prof, "optimal", schedule, m)
-            heur = allocator.plan(prof, "optimal", schedule, m, force_heuristic=True)
+            opt = plan_lib.plan(prof, "optimal", schedule, m)
+            heur = plan_lib.plan(prof, "optimal", schedule, m, force_heuristic=True)
         except InfeasibleError:
             continue
         assert heur.step_time_s >= opt.step_time_s * (1 - 1e-9)
@@ -276,6 +276,6 @@ def test_coarse_groups_split_regions():
     lat[:3, :3] = lat[3:, 3:] = 1e-4
     lat += np.random.default_rng(0).uniform(0, 1e-6, (6, 6))  # noisy: all link groups singletons
     prof = make_profile(np.ones((4, 6)), latency=lat, bandwidth=np.full((6, 6), 1e9))
-    t = allocator.tables(prof)
-    assert len(allocator.link_groups(t)) == 6
-    assert sorted(allocator.coarse_groups(t, 2)) == [[0, 1, 2], [3, 4, 5]]
+    t = plan_lib.tables(prof)
+    assert len(plan_lib.link_groups(t)) == 6
+    assert sorted(classes.coarse_groups(t, 2)) == [[0, 1, 2], [3, 4, 5]]

@@ -170,13 +170,13 @@ def test_pretrained_directory_is_accepted(tmp_path):
         validate_config(config)
 
 
-def test_unimplemented_dataset_fails_only_when_built():
+def test_glue_without_tokenizer_fails_only_when_built():
     from skyjax import data
 
     config = load(os.path.join(REPO, "configs", "bert_base_mnli.py"))
     validate_config(config)  # loading and validating are fine
-    with pytest.raises(NotImplementedError, match="config.data.name='glue/mnli'"):
-        data.train_batches(config)
+    with pytest.raises(ValueError, match="config.data.name='glue/mnli'"):
+        data.train_batches(config)  # no config.data.tokenizer nor config.model.pretrained
 
 
 def test_hidden_acts_match_the_model():

@@ -1,5 +1,6 @@
-"""skyjax.profile.measure: measured per-unit times on emulated heterogeneous devices, exact bytes,
-link probes, the profile cache, the CLI, and plans made from measured profiles."""
+"""skyjax.profile: measured per-unit times on emulated heterogeneous devices, exact bytes, link
+probes, the profile cache, the multi-process path, the CLI, and plans made from measured
+profiles."""
 
 from __future__ import annotations
 
@@ -14,13 +15,23 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from skyjax.config import defaults as config_defaults
-from skyjax.plan import allocator
-from skyjax.profile import measure as profiler
 from skyjax import cluster as cl
+from skyjax.config import defaults as config_defaults
 from skyjax.models import bert
+from skyjax.optim import make_optimizer
+from skyjax import plan as plan_lib
+from skyjax.profile import links
+from skyjax.profile.cache import cache_key, cache_path
+from skyjax.models.build import model_config
+from skyjax.profile.chain import Workload, sample_microbatch, skeleton_chain
+from skyjax.profile.distributed import profile_distributed
 from skyjax.profile.format import Profile, load_profile
+from skyjax.profile.measure import profile
+from skyjax.profile.options import Options
+from skyjax.profile.profiler import profile_or_load
+from skyjax.profile.report import summary_table
 from skyjax.runtime.stage import StageProgram
+from skyjax.tree import tree_nbytes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,12 +59,29 @@ def quiet(msg):
     del msg
 
 
+def measure(c, *, chain=None, options=None, log=quiet):
+    """A fresh profile of config ``c``, built as the orchestrators build it."""
+    return profile(Workload.from_config(c), cl.cluster_from_config(c), make_optimizer(c.train),
+                   options or Options.from_config(c), chain=chain, log=log)
+
+
+def cached(c, workdir, *, reprofile=False, log=quiet, cluster=None, **kwargs):
+    """The cached profile of config ``c`` in ``workdir`` (as train.profile_phase asks for it)."""
+    return profile_or_load(workdir, Workload.from_config(c), cluster or cl.cluster_from_config(c),
+                           make_optimizer(c.train), Options.from_config(c), reprofile=reprofile,
+                           log=log, **kwargs)
+
+
+def key_of(c):
+    return cache_key(Workload.from_config(c), cl.cluster_from_config(c), Options.from_config(c))
+
+
 def test_profile_shapes_and_exact_bytes():
     c = tiny_config(1)
     lines = []
-    model = bert.BertForSequenceClassification(profiler.model_config(c), rngs=nnx.Rngs(0))
+    model = bert.BertForSequenceClassification(model_config(c.model), rngs=nnx.Rngs(0))
     chain = bert.units(model, "layer")
-    prof = profiler.profile(c, chain=chain, log=lines.append)  # as train.py calls it
+    prof = measure(c, chain=chain, log=lines.append)  # as train.py calls it
     assert [u["name"] for u in prof.units] == [u.name for u in chain]
     assert prof.forward_s.shape == (4, 1) and np.all(prof.forward_s > 0)
     assert np.all(prof.backward_s > 0)
@@ -64,12 +92,12 @@ def test_profile_shapes_and_exact_bytes():
     assert any("layer_0" in line and "proc0:cpu0" in line for line in lines)
     assert any("layer_1: same shapes as layer_0, reused" in line for line in lines)
 
-    optimizer = profiler._optimizer(c)
-    carry, labels = profiler.sample_microbatch(profiler.model_config(c), 8, 16)
+    optimizer = make_optimizer(c.train)
+    carry, labels = sample_microbatch(model_config(c.model), 8, 16)
     for u, unit in enumerate(chain):
         rec = prof.units[u]
-        params = profiler.tree_bytes(unit.params)
-        opt = profiler.tree_bytes(jax.eval_shape(optimizer.init, [unit.params]))
+        params = tree_nbytes(unit.params)
+        opt = tree_nbytes(jax.eval_shape(optimizer.init, [unit.params]))
         assert rec["param_bytes"] == params
         assert rec["state_bytes"] == 2 * params + opt  # params + grads + optimizer state
         assert opt >= 2 * params  # AdamW: two moments
@@ -78,9 +106,9 @@ def test_profile_shapes_and_exact_bytes():
         prog = StageProgram([unit], is_last=is_last, microbatches=1)
         out, res = prog.forward([unit.params], carry, jax.random.PRNGKey(0),
                                 labels if is_last else None)
-        assert rec["activation_bytes"] == profiler.tree_bytes(res)
+        assert rec["activation_bytes"] == tree_nbytes(res)
         nxt = unit.apply(unit.params, carry, None, False)
-        assert rec["output_bytes"] == profiler.tree_bytes(nxt)
+        assert rec["output_bytes"] == tree_nbytes(nxt)
         carry = nxt
         assert rec.get("forward_temp_size_in_bytes", 0) >= 0
     assert prof.units[1]["output_bytes"] == 8 * 16 * 32 * 4 + 8 * 16 * 4  # hidden + mask
@@ -89,19 +117,19 @@ def test_profile_shapes_and_exact_bytes():
     assert prof.latency_s.shape == (1, 1)
     assert set(prof.extra) >= {"cache_key", "profiler"}
     assert Profile.from_json(json.loads(json.dumps(prof.to_json()))).num_units == 4
-    table = profiler.summary_table(prof)
+    table = summary_table(prof)
     assert "proc0:cpu0" in table and "layer_0" in table
 
 
 def test_sublayer_skeleton_matches_model_units():
     c = tiny_config(1, layers=3)
     c.allocation.granularity = "sublayer"
-    spec = profiler.skeleton_chain(profiler.model_config(c), "sublayer")
-    model = bert.BertForSequenceClassification(profiler.model_config(c), rngs=nnx.Rngs(0))
+    spec = skeleton_chain(model_config(c.model), "sublayer")
+    model = bert.BertForSequenceClassification(model_config(c.model), rngs=nnx.Rngs(0))
     chain = bert.units(model, "sublayer")
     assert spec.names == [u.name for u in chain]
     assert spec.kinds == [u.kind for u in chain]
-    assert spec.param_bytes == [profiler.tree_bytes(u.params) for u in chain]
+    assert spec.param_bytes == [tree_nbytes(u.params) for u in chain]
     assert len(spec.chain) == 5
 
 
@@ -109,8 +137,8 @@ def test_sublayer_skeleton_matches_model_units():
 def test_measured_slowdowns_keep_order_and_ratios():
     """Emulated slow-downs (1, 2, 4) are measured, not read: per-device totals ~1:2:4."""
     c = tiny_config(3, layers=2, hidden=64, seq_len=32, slowdowns=(1, 2, 4))
-    opts = profiler.Options(repeats=15, min_repeats=15, dedup_units=True, link_repeats=3)
-    prof = profiler.profile(c, options=opts, log=quiet)
+    opts = Options(repeats=15, min_repeats=15, dedup_units=True, link_repeats=3)
+    prof = measure(c, options=opts)
     total = (prof.forward_s + prof.backward_s).sum(axis=0)
     ratios = total / total[0]
     assert total[0] < total[1] < total[2], ratios
@@ -118,32 +146,32 @@ def test_measured_slowdowns_keep_order_and_ratios():
     assert ratios[2] == pytest.approx(4, rel=0.25), ratios
     assert [d["slowdown"] for d in prof.devices] == [1, 2, 4]
     # A plan from this measured profile gives the slowest device fewer units than the fastest.
-    plan = allocator.plan(prof, "optimal", "1f1b", microbatches=4)
+    plan = plan_lib.plan(prof, "optimal", "1f1b", microbatches=4)
     count = {d: 0 for d in range(3)}
     for st in plan.stages:
         count[st.device] += st.units[1] - st.units[0]
     assert count[2] < count[0], plan
-    even = allocator.plan(prof, "even", "1f1b", microbatches=4)
+    even = plan_lib.plan(prof, "even", "1f1b", microbatches=4)
     assert plan.step_time_s <= even.step_time_s
 
 
 @needs3
 def test_memory_cap_in_profile_and_planner_avoids_device():
     c = tiny_config(3, layers=4, memory_caps_bytes=(0, 1, 0))
-    prof = profiler.profile(c, options=profiler.Options(repeats=3, link_repeats=2), log=quiet)
+    prof = measure(c, options=Options(repeats=3, link_repeats=2))
     assert prof.devices[1]["memory_bytes"] == 1
     assert prof.devices[1]["memory_source"] == "emulated"
     assert prof.devices[0]["memory_bytes"] > 1 and prof.devices[0]["memory_source"] == "host"
     # Identical devices (same kind, no slow-down) are measured once: equal columns.
     assert np.array_equal(prof.forward_s[:, 0], prof.forward_s[:, 2])
-    plan = allocator.plan(prof, "optimal", "1f1b", microbatches=2)
+    plan = plan_lib.plan(prof, "optimal", "1f1b", microbatches=2)
     assert all(st.device != 1 for st in plan.stages)
     # Device 1 made 10x faster: unconstrained, the planner gives it a big block of layers.
     prof.forward_s[:, 1] = prof.forward_s[:, 0] / 10
     prof.backward_s[:, 1] = prof.backward_s[:, 0] / 10
     for d in range(3):
         prof.devices[d]["memory_bytes"] = 1 << 40
-    free = allocator.plan(prof, "optimal", "1f1b", microbatches=2)
+    free = plan_lib.plan(prof, "optimal", "1f1b", microbatches=2)
 
     def layers_on_1(plan):
         return max([sum(prof.units[u]["kind"] == "layer" for u in range(*st.units))
@@ -154,7 +182,7 @@ def test_memory_cap_in_profile_and_planner_avoids_device():
     layer = prof.units[1]
     cap = 2 * layer["state_bytes"] - 1
     prof.devices[1]["memory_bytes"] = cap
-    capped = allocator.plan(prof, "optimal", "1f1b", microbatches=2)
+    capped = plan_lib.plan(prof, "optimal", "1f1b", microbatches=2)
     assert layers_on_1(capped) <= 1, capped
     assert all(st.memory_bytes <= cap for st in capped.stages if st.device == 1)
 
@@ -163,13 +191,14 @@ def test_profile_cache_reused_and_invalidated(tmp_path):
     workdir = str(tmp_path)
     c = tiny_config(1)
     lines = []
-    p1 = profiler.profile_or_load(c, workdir, log=lines.append)
+    p1 = cached(c, workdir, log=lines.append)
     key = p1.extra["cache_key"]
-    path = profiler.cache_path(workdir, key)
+    assert key == key_of(c)
+    path = cache_path(workdir, key)
     assert os.path.exists(path) and os.path.exists(os.path.join(workdir, "profile.json"))
     mtime = os.path.getmtime(path)
     lines.clear()
-    p2 = profiler.profile_or_load(c, workdir, log=lines.append)
+    p2 = cached(c, workdir, log=lines.append)
     assert any("reusing" in line for line in lines)
     assert p2.to_json() == p1.to_json() and os.path.getmtime(path) == mtime
     # Anything that changes the numbers changes the key: model, micro-batch shape, emulation.
@@ -179,35 +208,35 @@ def test_profile_cache_reused_and_invalidated(tmp_path):
         for k, v in change.items():
             section, name = k.split(".")
             c2[section][name] = v
-        assert profiler.cache_key(c2, cl.cluster_from_config(c2)) != key, change
+        assert key_of(c2) != key, change
     # The repeats are not part of the key (they change precision, not the quantity).
     c3 = tiny_config(1)
     c3.profile.repeats = 7
-    assert profiler.cache_key(c3, cl.cluster_from_config(c3)) == key
+    assert key_of(c3) == key
     c2 = tiny_config(1, seq_len=8)
-    p3 = profiler.profile_or_load(c2, workdir, log=quiet)
+    p3 = cached(c2, workdir)
     assert p3.microbatch["seq_len"] == 8 and p3.extra["cache_key"] != key
     assert len(os.listdir(os.path.join(workdir, "profiles"))) == 2
     # --reprofile measures again and overwrites the cache entry.
-    p4 = profiler.profile_or_load(c, workdir, reprofile=True, log=quiet)
+    p4 = cached(c, workdir, reprofile=True)
     assert p4.extra["profiler"]["created"] >= p1.extra["profiler"]["created"]
     assert os.path.getmtime(path) >= mtime
     assert load_profile(path).to_json() == p4.to_json()
 
 
 def test_fit_link():
-    lat, bw = profiler.fit_link((1000, 1_001_000), (0.001 + 1000 / 1e8, 0.001 + 1_001_000 / 1e8))
+    lat, bw = links.fit_link((1000, 1_001_000), (0.001 + 1000 / 1e8, 0.001 + 1_001_000 / 1e8))
     assert lat == pytest.approx(0.001) and bw == pytest.approx(1e8)
-    lat, bw = profiler.fit_link((1000, 2000), (0.002, 0.001))  # noise: no size dependence
-    assert bw == profiler.MAX_BANDWIDTH_Bps and lat == pytest.approx(0.002)
+    lat, bw = links.fit_link((1000, 2000), (0.002, 0.001))  # noise: no size dependence
+    assert bw == links.MAX_BANDWIDTH_Bps and lat == pytest.approx(0.002)
 
 
 @needs3
 def test_link_probes_measure_emulated_links():
     c = tiny_config(3, regions=("a", "a", "b"), link_latency_s=0.004, link_bandwidth_Bps=2e8)
     clu = cl.cluster_from_config(c)
-    opts = profiler.Options(link_sizes=(1 << 10, 1 << 21), link_repeats=3)
-    lat, bw, raw = profiler.probe_links(clu, opts, quiet)
+    opts = Options(link_sizes=(1 << 10, 1 << 21), link_repeats=3)
+    lat, bw, raw = links.probe_links(clu, opts, quiet)
     assert raw["path"] == "LocalTransport"
     assert lat[0, 2] == pytest.approx(0.004, rel=0.3) and lat[2, 1] == lat[0, 2]
     assert bw[0, 2] == pytest.approx(2e8, rel=0.3)
@@ -223,13 +252,14 @@ def test_distributed_path_through_a_transport():
     c = tiny_config(3, slowdowns=(1, 1, 3), regions=("a", "a", "b"), link_latency_s=0.003)
     clu = cl.cluster_from_config(c)
     transport = LocalTransport(clu.jax_devices, clu.links, timeout_s=120)
-    opts = profiler.Options(repeats=3, link_repeats=3)
+    opts = Options(repeats=3, link_repeats=3)
+    workload, optimizer = Workload.from_config(c), make_optimizer(c.train)
     results, errors = [None] * 3, []
 
     def rank(r):
         try:
-            results[r] = profiler.profile_distributed(c, transport.for_stage(r), r, cluster=clu,
-                                                      options=opts, log=quiet)
+            results[r] = profile_distributed(workload, clu, optimizer, opts,
+                                             transport.for_stage(r), r, log=quiet)
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
             transport.abort(e)
@@ -250,6 +280,28 @@ def test_distributed_path_through_a_transport():
     assert prof.latency_s[0, 1] < 0.002
 
 
+def test_profile_package_does_not_import_the_trainer():
+    """Nothing in skyjax/profile imports the trainer or the entry point, not even lazily: the
+    orchestrators pass the workload, cluster, optimizer and options down."""
+    import ast
+
+    folder = os.path.join(REPO, "skyjax", "profile")
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [f"{node.module}.{a.name}" for a in node.names] + [node.module or ""]
+            else:
+                continue
+            for m in modules:
+                assert not m.startswith(("skyjax.train", "skyjax.main")), (name, m)
+
+
 def test_cli_writes_profile_and_table(tmp_path):
     out = tmp_path / "profile.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -265,7 +317,7 @@ def test_cli_writes_profile_and_table(tmp_path):
     assert prof.num_devices == 2 and prof.num_units == 6
     assert "[profile] unit 2/3 layer_0" in proc.stdout and "rel" in proc.stdout
     assert "proc0:cpu1" in proc.stdout
-    plan = allocator.plan(prof, "optimal", "1f1b", 4)
+    plan = plan_lib.plan(prof, "optimal", "1f1b", 4)
     assert plan.stages
 
 
@@ -312,7 +364,7 @@ def _child(workdir: str) -> None:
     clu = cl.cluster_from_config(c)
     transport = TransferServerTransport(rank, n, clu.jax_devices[rank], clu.links,
                                         namespace="profile-test", timeout_s=120)
-    prof = profiler.profile_or_load(c, workdir, transport=transport, log=print)
+    prof = cached(c, workdir, cluster=clu, transport=transport, namespace="test", log=print)
     print(f"RESULT rank={rank} key={prof.extra['cache_key']} "
           f"fwd={np.round(prof.forward_s, 9).tolist()} lat={prof.latency_s.tolist()}", flush=True)
     distributed.shutdown()

@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from skyjax.plan import allocator, replan
+from skyjax import plan as plan_lib
+from skyjax.plan import replan
 from skyjax.profile.format import Profile, save_profile
 
 from tests.test_main import tiny_config
@@ -27,7 +28,7 @@ def uniform_profile(units: int, devices: int, unit_s: float = 1e-3) -> Profile:
 
 def test_measured_slow_device_sheds_units():
     profile = uniform_profile(8, 3)
-    plan = allocator.plan(profile, "even", "1f1b", 4)
+    plan = plan_lib.plan(profile, "even", "1f1b", 4)
     predicted = [s.compute_s * 4 for s in plan.stages]
     measured = [predicted[0], predicted[1], 4 * predicted[2]]  # device 2 is really 4x slower
     decision = replan.decide(profile, plan, measured)

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from skyjax.plan import allocator, schedules as schedule
+from skyjax import plan as plan_lib
+from skyjax.plan import schedules, simulate
 from skyjax.plan.schedules import Action
 
 CASES = [(1, 1), (1, 4), (2, 2), (3, 1), (4, 8), (4, 2), (8, 3), (5, 16)]
@@ -21,7 +22,7 @@ def model_time(f, b, c, m):
 @pytest.mark.parametrize("sched", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("p,m", CASES)
 def test_action_lists(sched, p, m):
-    lists = schedule.actions(sched, p, m)
+    lists = schedules.actions(sched, p, m)
     assert len(lists) == p
     for k, acts in enumerate(lists):
         assert sorted(acts, key=lambda a: (a.kind, a.microbatch)) == (
@@ -30,25 +31,25 @@ def test_action_lists(sched, p, m):
             assert acts.index(Action("F", i)) < acts.index(Action("B", i))
         fwd = [a.microbatch for a in acts if a.kind == "F"]
         assert fwd == sorted(fwd)
-    peaks = schedule.inflight_peaks(lists)
+    peaks = schedules.inflight_peaks(lists)
     assert peaks == ([m] * p if sched == "gpipe" else [min(m, p - k) for k in range(p)])
 
 
 def test_1f1b_shape():
-    assert [str(a) for a in schedule.actions("1f1b", 3, 4)[0]] == \
+    assert [str(a) for a in schedules.actions("1f1b", 3, 4)[0]] == \
         ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
-    assert [str(a) for a in schedule.actions("1f1b", 3, 4)[2]] == \
+    assert [str(a) for a in schedules.actions("1f1b", 3, 4)[2]] == \
         ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
-    assert [str(a) for a in schedule.actions("gpipe", 2, 2)[1]] == ["F0", "F1", "B1", "B0"]
+    assert [str(a) for a in schedules.actions("gpipe", 2, 2)[1]] == ["F0", "F1", "B1", "B0"]
     with pytest.raises(ValueError):
-        schedule.actions("zb", 2, 2)
+        schedules.actions("zb", 2, 2)
 
 
 @pytest.mark.parametrize("sched", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("p,m", CASES)
 def test_balanced_closed_form(sched, p, m):
     f, b = 0.5, 1.25
-    r = schedule.simulate([f] * p, [b] * p, [0.0] * (p - 1), sched, m)
+    r = simulate.simulate([f] * p, [b] * p, [0.0] * (p - 1), sched, m)
     assert r.step_time_s == pytest.approx((m + p - 1) * (f + b))
     assert r.busy_s == pytest.approx([m * (f + b)] * p)
     assert r.idle_s == pytest.approx([(p - 1) * (f + b)] * p)
@@ -59,9 +60,9 @@ def test_balanced_closed_form(sched, p, m):
 @pytest.mark.parametrize("p,m", CASES)
 def test_gpipe_with_links(p, m):
     f, b, c = 1.0, 2.0, 0.3
-    ov = schedule.simulate([f] * p, [b] * p, [c] * (p - 1), "gpipe", m)
+    ov = simulate.simulate([f] * p, [b] * p, [c] * (p - 1), "gpipe", m)
     assert ov.step_time_s == pytest.approx((m + p - 1) * (f + b) + 2 * c * (p - 1))
-    blk = schedule.simulate([f] * p, [b] * p, [c] * (p - 1), "gpipe", m, overlap_comm=False)
+    blk = simulate.simulate([f] * p, [b] * p, [c] * (p - 1), "gpipe", m, overlap_comm=False)
     assert blk.step_time_s == pytest.approx(model_time([f] * p, [b] * p, [c] * (p - 1), m))
 
 
@@ -75,16 +76,16 @@ def test_model_vs_simulation_random():
         b = f * rng.uniform(1.0, 3.0)
         c = rng.exponential(0.3, p - 1)
         zero = np.zeros(p - 1)
-        g = schedule.simulate(f, b, zero, "gpipe", m).step_time_s
+        g = simulate.simulate(f, b, zero, "gpipe", m).step_time_s
         assert g == pytest.approx(model_time(f, b, zero, m), rel=1e-9)
         for sched in ("gpipe", "1f1b"):
-            r = schedule.simulate(f, b, c, sched, m)
+            r = simulate.simulate(f, b, c, sched, m)
             assert r.step_time_s <= model_time(f, b, c, m) * (1 + 1e-9)
             assert r.step_time_s >= sum(f + b) + (m - 1) * max(f + b) * 0.5
 
 
 def test_trace_is_chrome_json():
-    r = schedule.simulate([1.0, 2.0], [2.0, 4.0], [0.5], "1f1b", 3, names=["a", "b"])
+    r = simulate.simulate([1.0, 2.0], [2.0, 4.0], [0.5], "1f1b", 3, names=["a", "b"])
     text = json.dumps(r.trace)
     events = json.loads(text)["traceEvents"]
     work = [e for e in events if e["ph"] == "X" and e["pid"] == 0]
@@ -104,8 +105,8 @@ def test_simulate_plan_matches_cost_model():
     fwd = rng.uniform(0.5, 2.0, (12, 1)) * rng.uniform(1, 4, (1, 4))
     prof = make_profile(fwd, 2 * fwd, latency=np.zeros((4, 4)), bandwidth=np.full((4, 4), np.inf))
     for m in (1, 4, 16):
-        p = allocator.plan(prof, "optimal", "gpipe", m)
-        r = schedule.simulate_plan(p, prof)
+        p = plan_lib.plan(prof, "optimal", "gpipe", m)
+        r = simulate.simulate_plan(p, prof)
         assert r.step_time_s == pytest.approx(p.step_time_s, rel=1e-9)
-        p1 = allocator.plan(prof, "optimal", "1f1b", m)
-        assert schedule.simulate_plan(p1, prof).step_time_s <= p1.step_time_s * (1 + 1e-9)
+        p1 = plan_lib.plan(prof, "optimal", "1f1b", m)
+        assert simulate.simulate_plan(p1, prof).step_time_s <= p1.step_time_s * (1 + 1e-9)

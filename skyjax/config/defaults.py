@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ml_collections
 
+from skyjax.data import glue  # the task table only (no TensorFlow, transformers or JAX)
+
 
 # Allowed values of the string-valued enum keys (checked by validate_config).
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 LR_SCHEDULES = ("linear", "cosine", "constant")
-DATASETS = ("synthetic", "glue/mnli")
+DATASETS = ("synthetic", *glue.TASKS)  # glue/mnli, glue/sst2, ... (skyjax/data/glue.py)
 
 
 def _model() -> ml_collections.ConfigDict:
@@ -41,11 +43,19 @@ def _model() -> ml_collections.ConfigDict:
 
 def _data() -> ml_collections.ConfigDict:
     d = ml_collections.ConfigDict()
-    d.name = "synthetic"  # "synthetic" | "glue/mnli"
+    # "synthetic" (offline) | "glue/mnli" | "glue/sst2" | "glue/mrpc" | "glue/qqp" | "glue/qnli" |
+    # "glue/rte" (TensorFlow Datasets, prepared beforehand; needs the "tfds" extra)
+    d.name = "synthetic"
     d.seq_len = 32
     d.batch_size = 32  # global batch per optimizer step (split into pipeline.microbatches)
-    d.eval_examples = 1024  # held-out examples scored at each eval (0 = no eval)
-    d.tokenizer = ""  # Hugging Face tokenizer directory for text datasets ("" = none)
+    # Held-out examples scored per eval split at each eval: 0 = no eval; N = the first N of each
+    # split (capped at its size); -1 = every split whole (GLUE only).
+    d.eval_examples = 1024
+    # GLUE: BertTokenizerFast directory (vocab.txt or tokenizer.json); "" = the one in
+    # config.model.pretrained.
+    d.tokenizer = ""
+    d.data_dir = ""  # GLUE: TFDS data_dir ("" = $TFDS_DATA_DIR or ~/tensorflow_datasets)
+    d.prefetch = 4  # GLUE: training batches tokenised ahead by a background thread (0 = inline)
     d.synthetic = ml_collections.ConfigDict()
     d.synthetic.max_markers = 4  # most marker tokens in one segment
     d.synthetic.min_segment_len = 4  # shortest segment A or B (tokens, without specials)
@@ -99,7 +109,7 @@ def _cluster() -> ml_collections.ConfigDict:
 
 def _profile() -> ml_collections.ConfigDict:
     p = ml_collections.ConfigDict()
-    p.repeats = 5  # timed repetitions per unit and device (median is kept)
+    p.repeats = 5  # timed repetitions per unit and device (the mean of the fastest half is kept)
     p.reprofile = False  # measure again even if workdir/profile.json exists
     p.path = ""  # plan from this profile.json instead of measuring ("" = measure or use the cache)
     return p

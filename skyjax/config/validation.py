@@ -17,7 +17,7 @@ import ml_collections
 
 from skyjax import names
 from skyjax.config import defaults
-from skyjax.data import synthetic
+from skyjax.data import glue, synthetic
 
 _NUMBER = (int, float)
 
@@ -131,13 +131,15 @@ def _check_data(config: Any, max_positions: int) -> None:
     d, m = config.data, config.model
     _one_of("config.data.name", d.name, defaults.DATASETS)
     _positive("config.data.batch_size", d.batch_size)
-    _at_least("config.data.eval_examples", d.eval_examples, 0)
     _at_least("config.data.seq_len", d.seq_len, 4)
+    _at_least("config.data.prefetch", d.prefetch, 0)
     if d.seq_len > max_positions:
         _fail(f"config.data.seq_len={d.seq_len} is above "
               f"config.model.max_position_embeddings={max_positions}")
-    if d.name != "synthetic":
+    if d.name in glue.TASKS:
+        _check_glue(config)
         return
+    _at_least("config.data.eval_examples", d.eval_examples, 0)
     s = d.synthetic
     _at_least("config.data.synthetic.max_markers", s.max_markers, 1)
     _at_least("config.data.synthetic.min_segment_len", s.min_segment_len, 1)
@@ -152,6 +154,20 @@ def _check_data(config: Any, max_positions: int) -> None:
     if m.num_labels != synthetic.NUM_LABELS:
         _fail(f"config.model.num_labels={m.num_labels} but the synthetic task has "
               f"{synthetic.NUM_LABELS} classes")
+
+
+def _check_glue(config: Any) -> None:
+    """GLUE: label count, tokenizer files and vocabulary size, data_dir (no TFDS import: whether
+    the dataset is prepared is checked when the data is built, as is a missing tokenizer)."""
+    d = config.data
+    if d.eval_examples < -1:
+        _fail(f"config.data.eval_examples={d.eval_examples} must be >= -1 (-1 = whole splits)")
+    if d.data_dir and "://" not in d.data_dir and not os.path.isdir(d.data_dir):
+        _fail(f"config.data.data_dir={d.data_dir!r}: directory not found")
+    try:
+        glue.check_config(config)
+    except glue.DataError as e:
+        _fail(str(e))
 
 
 def _check_train(t: Any) -> None:

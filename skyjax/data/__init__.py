@@ -1,9 +1,16 @@
-"""Datasets: batches from ``config.data`` as numpy dicts (input_ids, token_type_ids,
-attention_mask, labels; eval batches add ``weights``).
+"""Datasets: batches from ``config.data`` as numpy dicts (int32 input_ids, token_type_ids,
+attention_mask [batch, seq_len] and labels [batch]; eval batches add float32 ``weights``, 0 on
+rows that only pad the last batch).
 
-Every batch is a pure function of ``(config.train.seed, split, index)``, so each process derives
-the same batch order. Text datasets (``"glue/mnli"``) come later: asking for one now raises
-``NotImplementedError`` when the data is built, not when the config is loaded.
+``config.data.name`` is ``"synthetic"`` (the offline sentence-pair task, :mod:`.synthetic`) or a
+GLUE task (``"glue/mnli"``, ``"glue/sst2"``, ... :data:`.glue.TASKS`) read from TensorFlow
+Datasets and tokenised with a BERT tokenizer (:mod:`.glue`). Every training batch is a pure
+function of ``(config.train.seed, step)``, so each process derives the same batch order, and a run
+resumes at any step without replaying the data. Errors in the data config (tokenizer, dataset not
+prepared, label count) are raised when the data is built: by :func:`train_batches`,
+:func:`eval_batches` or :func:`eval_splits` themselves, not at the first batch.
+
+Importing this package imports neither TensorFlow nor transformers nor JAX.
 """
 
 from __future__ import annotations
@@ -13,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from skyjax.data import synthetic
+from skyjax.data import glue, synthetic
+from skyjax.data.prefetch import Prefetcher
 
 Batch = dict[str, np.ndarray]
+SYNTHETIC_EVAL_SPLIT = "eval"
 
 
 def _synthetic_kwargs(config: Any) -> dict[str, Any]:
@@ -24,25 +33,29 @@ def _synthetic_kwargs(config: Any) -> dict[str, Any]:
                 min_segment_len=s.min_segment_len)
 
 
-def _check_name(config: Any) -> None:
-    if config.data.name != "synthetic":
-        raise NotImplementedError(
-            f"config.data.name={config.data.name!r}: this dataset's loader is not implemented "
-            "yet; use 'synthetic'")
+def _is_synthetic(config: Any) -> bool:
+    name = config.data.name
+    if name == "synthetic":
+        return True
+    glue.task(name)  # raises DataError naming config.data.name if unknown
+    return False
 
 
 def train_batches(config: Any, start_step: int = 0) -> Iterator[Batch]:
-    """Training batches for steps ``start_step, start_step + 1, ...`` (endless)."""
-    _check_name(config)
+    """Training batches for steps ``start_step, start_step + 1, ...`` (endless).
+
+    GLUE: the tokenizer and dataset are opened here (errors are raised by this call), then a
+    background thread tokenises up to ``config.data.prefetch`` batches ahead; ``close()`` on the
+    returned iterator stops it (dropping the iterator does too)."""
     d = config.data
-    return synthetic.batches(config.train.seed, d.batch_size, d.seq_len, split="train",
-                             start=start_step, **_synthetic_kwargs(config))
+    if _is_synthetic(config):
+        return synthetic.batches(config.train.seed, d.batch_size, d.seq_len, split="train",
+                                 start=start_step, **_synthetic_kwargs(config))
+    return Prefetcher(glue.train_batch_fn(config), start=start_step, depth=d.prefetch,
+                      name=f"skyjax-data-{d.name}")
 
 
-def eval_batches(config: Any) -> list[Batch]:
-    """The held-out split: ``config.data.eval_examples`` examples in batches of
-    ``config.data.batch_size``; the last batch is padded, with ``weights`` 0 on the padding."""
-    _check_name(config)
+def _synthetic_eval(config: Any) -> list[Batch]:
     d = config.data
     num_batches = -(-d.eval_examples // d.batch_size)
     out = []
@@ -52,3 +65,23 @@ def eval_batches(config: Any) -> list[Batch]:
         weights = np.arange(i * d.batch_size, (i + 1) * d.batch_size) < d.eval_examples
         out.append({**batch, "weights": weights.astype(np.float32)})
     return out
+
+
+def eval_splits(config: Any) -> dict[str, list[Batch]]:
+    """Every held-out split, ``{split name: batches}``, in a fixed order: synthetic ``{"eval":
+    ...}``; GLUE its validation splits (MNLI ``validation_matched``, ``validation_mismatched``;
+    the others ``validation``). Each has ``config.data.eval_examples`` examples (capped at the
+    split's size; -1 = the whole split, GLUE only) in batches of ``config.data.batch_size``; the
+    last batch is padded, with ``weights`` 0 on the padding. ``eval_examples`` 0: ``{}``."""
+    if _is_synthetic(config):
+        return {SYNTHETIC_EVAL_SPLIT: _synthetic_eval(config)} if config.data.eval_examples else {}
+    return glue.eval_split_batches(config)
+
+
+def eval_batches(config: Any) -> list[Batch]:
+    """The first held-out split's batches (see :func:`eval_splits`); ``[]`` when
+    ``config.data.eval_examples`` is 0."""
+    if _is_synthetic(config):
+        return _synthetic_eval(config)
+    first = glue.task(config.data.name).eval_splits[:1]
+    return next(iter(glue.eval_split_batches(config, first).values()), [])

@@ -6,6 +6,7 @@ alike, so the shape that is profiled is the shape that is trained.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -17,21 +18,14 @@ from skyjax.models.modeling import BertConfig, BertForSequenceClassification
 
 
 def model_config(model: Any) -> BertConfig:
-    """The shape from ``config.model``, or from the pretrained directory's ``config.json`` when
-    ``model.pretrained`` names one (then only ``num_labels`` is taken from ``model``)."""
-    if model.pretrained:
+    """The shape from ``config.model``: the pretrained directory's ``config.json`` (with
+    ``model.num_labels``) when ``model.pretrained`` names one, else the ``BertConfig`` fields of
+    ``config.model`` itself (the schema names them as Hugging Face does)."""
+    if getattr(model, "pretrained", ""):
         with open(os.path.join(model.pretrained, "config.json")) as f:
             return BertConfig.from_hf(json.load(f), num_labels=int(model.num_labels))
-    return BertConfig(
-        vocab_size=model.vocab_size, hidden_size=model.hidden_size,
-        num_hidden_layers=model.num_hidden_layers, num_attention_heads=model.num_attention_heads,
-        intermediate_size=model.intermediate_size, hidden_act=model.hidden_act,
-        hidden_dropout_prob=model.hidden_dropout_prob,
-        attention_probs_dropout_prob=model.attention_probs_dropout_prob,
-        max_position_embeddings=model.max_position_embeddings,
-        type_vocab_size=model.type_vocab_size, layer_norm_eps=model.layer_norm_eps,
-        initializer_range=model.initializer_range, num_labels=model.num_labels,
-        pad_token_id=model.pad_token_id)
+    fields = {f.name for f in dataclasses.fields(BertConfig)}
+    return BertConfig(**{k: model[k] for k in fields if k in model})
 
 
 def build_model(model: Any, seed: int) -> BertForSequenceClassification:

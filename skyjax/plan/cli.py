@@ -15,16 +15,18 @@ import argparse
 import json
 import sys
 
-from skyjax.plan import allocator, schedules as schedule
 from skyjax.jsonio import write_json_atomic
+from skyjax.names import SCHEDULES, STRATEGIES
+from skyjax.plan import planner, simulate
+from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile, ProfileError, load_profile
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m skyjax.plan", description=__doc__.splitlines()[0])
     p.add_argument("--profile", required=True, help="profile.json (version 1)")
-    p.add_argument("--strategy", choices=allocator.STRATEGIES, default="optimal")
-    p.add_argument("--schedule", choices=allocator.SCHEDULES, default="1f1b")
+    p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     p.add_argument("--microbatches", type=_positive_int, default=8)
     p.add_argument("--json", action="store_true", help="print plan.json instead of a table")
     p.add_argument("--out", help="write plan.json here")
@@ -53,7 +55,7 @@ def _seconds(s: float) -> str:
     return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.3f} s"
 
 
-def format_table(plan: allocator.Plan, profile: Profile) -> str:
+def format_table(plan: Plan, profile: Profile) -> str:
     """A readable summary of the plan, one row per stage."""
     used = len(plan.stages)
     head = (f"{plan.strategy} plan, {plan.schedule}, {plan.microbatches} micro-batches: "
@@ -88,18 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         profile = load_profile(args.profile)
-        plan = allocator.plan(profile, args.strategy, args.schedule, args.microbatches)
+        plan = planner.plan(profile, args.strategy, args.schedule, args.microbatches)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except allocator.InfeasibleError as e:
+    except InfeasibleError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     out = plan.to_json()
     if args.out:
         write_json_atomic(out, args.out, indent=1)
     if args.trace:
-        write_json_atomic(schedule.simulate_plan(plan, profile).trace, args.trace)
+        write_json_atomic(simulate.simulate_plan(plan, profile).trace, args.trace)
     print(json.dumps(out, indent=1) if args.json else format_table(plan, profile))
     return 0
 

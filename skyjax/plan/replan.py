@@ -16,7 +16,8 @@ import dataclasses
 import statistics
 from typing import Sequence
 
-from skyjax.plan import allocator
+from skyjax.plan import cost, planner
+from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
 
 
@@ -25,8 +26,8 @@ class Decision:
     """The outcome of one re-planning check."""
 
     profile: Profile  # corrected with the measured times
-    current: allocator.Plan  # the running plan, re-evaluated on the corrected profile
-    candidate: allocator.Plan  # the best plan for the corrected profile
+    current: Plan  # the running plan, re-evaluated on the corrected profile
+    candidate: Plan  # the best plan for the corrected profile
     factors: dict[int, float]  # device -> measured / predicted compute
 
     @property
@@ -44,7 +45,7 @@ class Decision:
                 "candidate": self.candidate.to_json()}
 
 
-def _blocks(plan: allocator.Plan) -> list[tuple[int, tuple[int, int]]]:
+def _blocks(plan: Plan) -> list[tuple[int, tuple[int, int]]]:
     return [(s.device, tuple(s.units)) for s in plan.stages]
 
 
@@ -53,7 +54,7 @@ def stage_busy_s(per_step_busy: Sequence[Sequence[float]]) -> list[float]:
     return [statistics.median(col) for col in zip(*per_step_busy)]
 
 
-def corrected_profile(profile: Profile, plan: allocator.Plan, busy_s: Sequence[float]
+def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float]
                       ) -> tuple[Profile, dict[int, float]]:
     """``profile`` with each used device's times scaled by measured / predicted compute."""
     forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
@@ -68,11 +69,11 @@ def corrected_profile(profile: Profile, plan: allocator.Plan, busy_s: Sequence[f
     return dataclasses.replace(profile, forward_s=forward, backward_s=backward), factors
 
 
-def decide(profile: Profile, plan: allocator.Plan, busy_s: Sequence[float]) -> Decision:
+def decide(profile: Profile, plan: Plan, busy_s: Sequence[float]) -> Decision:
     """Corrects the profile and compares the running plan with the best plan for it."""
     fixed, factors = corrected_profile(profile, plan, busy_s)
-    current = allocator.evaluate(fixed, [(s.device, s.units[0], s.units[1]) for s in plan.stages],
-                                 plan.schedule, plan.microbatches, strategy=plan.strategy)
-    candidate = allocator.plan(fixed, "optimal", plan.schedule, plan.microbatches)
+    current = cost.evaluate(fixed, [(s.device, s.units[0], s.units[1]) for s in plan.stages],
+                            plan.schedule, plan.microbatches, strategy=plan.strategy)
+    candidate = planner.plan(fixed, "optimal", plan.schedule, plan.microbatches)
     candidate.strategy = plan.strategy
     return Decision(fixed, current, candidate, factors)

@@ -10,20 +10,19 @@ layer (:func:`skeleton_chain`), so BERT-large with 160 layers costs no more than
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Any
 
 import numpy as np
 
 from skyjax.models import bert
+from skyjax.models.build import model_config
 from skyjax.tree import tree_nbytes
 
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """What one profile measures, apart from the cluster and the :class:`Options`: everything
-    here changes the numbers and is hashed into the cache key (:func:`skyjax.profile.cache.cache_key`).
+    """What one profile measures, apart from the cluster and the options: everything here
+    changes the numbers and is hashed into the cache key (:func:`skyjax.profile.cache.cache_key`).
 
     ``optimizer`` *describes* the optimizer whose state is sized (the optimizer itself is passed
     separately): ``{"name": "adamw", "clip": bool}``.
@@ -46,16 +45,6 @@ class Workload:
                    microbatch=(max(size, 1), int(config.data.seq_len)),
                    granularity=str(config.allocation.granularity),
                    optimizer={"name": "adamw", "clip": clip > 0})
-
-
-def model_config(model: Any) -> bert.BertConfig:
-    """The model's shape from ``config.model``: the pretrained directory's ``config.json`` (with
-    ``model.num_labels``), else the ``BertConfig`` fields of ``config.model`` itself."""
-    if getattr(model, "pretrained", ""):
-        with open(os.path.join(model.pretrained, "config.json")) as f:
-            return bert.BertConfig.from_hf(json.load(f), num_labels=int(model.num_labels))
-    fields = {f.name for f in dataclasses.fields(bert.BertConfig)}
-    return bert.BertConfig(**{k: model[k] for k in fields if k in model})
 
 
 @dataclasses.dataclass

@@ -44,26 +44,34 @@ def main(argv: list[str]) -> None:
     from skyjax import cluster as cluster_lib
 
     cluster_lib.ensure_host_device_count(int(config.cluster.num_devices))
-    from skyjax.profile import measure as profiler  # imports jax: after XLA_FLAGS
+    # These import JAX: after XLA_FLAGS.
+    from skyjax.optim import make_optimizer
+    from skyjax.profile.chain import Workload
     from skyjax.profile.format import save_profile
+    from skyjax.profile.measure import profile
+    from skyjax.profile.options import Options
+    from skyjax.profile.profiler import profile_or_load
+    from skyjax.profile.report import summary_table
 
     overrides = {"dedup_units": _DEDUP.value, "dedup_devices": _DEDUP.value}
     if _REPEATS.value:
         overrides.update(repeats=_REPEATS.value, min_repeats=min(3, _REPEATS.value))
     if _BUDGET.value:
         overrides["budget_s"] = _BUDGET.value
-    options = profiler.Options.from_config(config, **overrides)
+    workload = Workload.from_config(config)
+    cluster = cluster_lib.cluster_from_config(config)
+    optimizer = make_optimizer(config.train)
+    options = Options.from_config(config, **overrides)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     if _WORKDIR.value:
-        prof = profiler.profile_or_load(config, _WORKDIR.value, reprofile=_REPROFILE.value,
-                                        options=options, log=log)
+        prof = profile_or_load(_WORKDIR.value, workload, cluster, optimizer, options,
+                               reprofile=_REPROFILE.value, log=log)
     else:
-        prof = profiler.profile(config, options=options, log=log)
+        prof = profile(workload, cluster, optimizer, options, log=log)
     if _OUT.value:
         save_profile(prof, _OUT.value)
         print(f"wrote {_OUT.value}")
     meta = prof.extra.get("profiler", {})
-    print(profiler.summary_table(prof))
+    print(summary_table(prof))
     if "profile_time_s" in meta:
         print(f"profiled in {meta['profile_time_s']:.1f} s (compilation {meta['compile_s']:.1f} s)")
-

@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import tempfile
 from typing import Any
 
 import numpy as np
+
+from skyjax.jsonio import write_json_atomic
 
 VERSION = 1
 _TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward_s", "links")
@@ -90,22 +90,6 @@ def load_profile(path: str) -> Profile:
 def save_profile(profile: Profile, path: str) -> None:
     """Writes the profile atomically (temporary file + rename)."""
     write_json_atomic(profile.to_json(), path)
-
-
-def write_json_atomic(obj: Any, path: str, indent: int | None = None) -> None:
-    """json.dump to a temporary file in the same folder, then os.replace."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=indent)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # ---------------------------------------------------------------- validation

@@ -122,7 +122,8 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
             cluster_lib.block(fwd_c(params, c, rng, lab))
             (_, res), tf = cluster_lib.timed_call(fwd_c, params, c, rng, lab, slowdown=slowdown)
             grads, _ = cluster_lib.block(bwd_c(params, res, ct, grads))
-            (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads, slowdown=slowdown)
+            (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads,
+                                                    slowdown=slowdown)
             states[k][5], states[k][6] = grads, res
             fwd[k].append(tf)
             bwd[k].append(tb)

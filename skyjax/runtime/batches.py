@@ -8,7 +8,7 @@ from typing import Callable, Iterable
 import jax
 import numpy as np
 
-from skyjax.runtime.pipeline import Batch
+Batch = dict[str, np.ndarray]  # input_ids, token_type_ids, attention_mask, labels (, weights)
 
 
 def microbatch_like(batch_size: int, seq_len: int, microbatches: int) -> Batch:

@@ -17,8 +17,9 @@ from skyjax.models.bert import Unit
 from skyjax.plan import Plan
 from skyjax.plan.schedules import actions
 from skyjax.runtime import tags
-from skyjax.runtime.batches import eval_microbatches, microbatch_like, split_microbatches
-from skyjax.runtime.pipeline import Batch, PipelineStage, StepMetrics, StepResult
+from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
+                                   split_microbatches)
+from skyjax.runtime.pipeline import PipelineStage, StepMetrics, StepResult
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       placements, unit_owners)
 from skyjax.trace import Span

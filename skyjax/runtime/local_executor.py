@@ -15,8 +15,9 @@ from skyjax.metrics import summarize_eval
 from skyjax.models.bert import Unit
 from skyjax.plan import Plan
 from skyjax.plan.schedules import actions
-from skyjax.runtime.batches import eval_microbatches, microbatch_like, split_microbatches
-from skyjax.runtime.pipeline import Batch, PipelineStage, StepMetrics
+from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
+                                   split_microbatches)
+from skyjax.runtime.pipeline import PipelineStage, StepMetrics
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       placements)
 from skyjax.runtime.transport import LocalTransport

@@ -25,10 +25,9 @@ from skyjax.models.bert import initial_carry
 from skyjax.optim import clip_scale, global_sq_norm
 from skyjax.plan.schedules import Action
 from skyjax.runtime import tags
+from skyjax.runtime.batches import Batch
 from skyjax.runtime.stage import StageProgram, StageState, float_entries
 from skyjax.trace import Span
-
-Batch = dict[str, np.ndarray]
 
 
 class StageLink(Protocol):

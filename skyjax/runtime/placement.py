@@ -15,7 +15,8 @@ import optax
 
 from skyjax.models.bert import Unit, initial_carry
 from skyjax.plan import Plan
-from skyjax.runtime.pipeline import Batch, PipelineStage, StageLink
+from skyjax.runtime.batches import Batch
+from skyjax.runtime.pipeline import PipelineStage, StageLink
 from skyjax.runtime.stage import StageProgram
 
 UnitState = tuple[Any, Any]  # (params, optimizer state) of one unit

@@ -2,26 +2,25 @@
 
 A transport pairs the n-th send of a tag on a link with the n-th receive of that tag on the same
 link (``skyjax.runtime.transport``), so a tag only has to tell apart the messages that may be in
-flight on one link at once. The ranges below are nevertheless disjoint, so that the users of one
-transport (profiler, training, evaluation, re-planning) never pair each other's messages and a
-timeout's "tag 123" says who was waiting. Tag values are part of the wire format (the transfer
+flight on one link at once. The ranges below are nevertheless kept apart, so that the users of
+one transport (profiler, training, evaluation, re-planning) never pair each other's messages and
+a timeout's "tag 123" says who was waiting. Tag values are part of the wire format (the transfer
 transport derives pull ids from them): changing a formula changes what travels.
 
 Point to point (``send`` / ``recv``):
 
-=================================  ==============================  =============================
-range                              messages                        function
-=================================  ==============================  =============================
-``0 ..``                           training activations (F) and    :func:`train_message`
-                                   cotangents (B): 3 per
-                                   (step, micro-batch)
-``PROFILE_BASE ..`` (900 000)      profiler link probes, barriers  ``PROFILE_BASE`` (the profiler
-                                   and gathers (before training)   counts up from it)
-``-1 .. -(MIGRATE_BASE + 1)``      evaluation activations, one     :func:`eval_message`
-                                   per eval micro-batch
-``MIGRATE_BASE - unit`` (<= -1e9)  a unit's params and optimizer   :func:`migrate`
-                                   state moving after a re-plan
-=================================  ==============================  =============================
+==========================  ===========================================  =======================
+tags                        messages                                     from
+==========================  ===========================================  =======================
+``0, 1, 2, ...``            training activations (F) and cotangents (B)  :func:`train_message`
+                            of (step, micro-batch): 3 tags each
+``PROFILE_BASE`` (900 000)  profiler link probes (and its collectives),  ``PROFILE_BASE``; the
+and up                      before training                              profiler counts up
+``-1`` down to              evaluation activations, one tag per eval     :func:`eval_message`
+``MIGRATE_BASE + 1``        micro-batch
+``MIGRATE_BASE - unit``     a unit's params and optimizer state moving   :func:`migrate`
+(``MIGRATE_BASE = -1e9``)   to its new process after a re-plan
+==========================  ===========================================  =======================
 
 Training tags grow with the step and reach ``PROFILE_BASE`` after ~300 000 / m steps; that is
 harmless because the profiler finishes (a final barrier) before the first training message, and
@@ -39,7 +38,7 @@ from __future__ import annotations
 FORWARD, BACKWARD = 0, 1  # message directions within a (step, micro-batch)
 _PER_MICROBATCH = 3  # tags reserved per (step, micro-batch); part of the wire format
 
-PROFILE_BASE = 900_000  # first tag of the profiler (skyjax.profile.measure.profile_distributed)
+PROFILE_BASE = 900_000  # first tag of the profiler (profile_distributed's ``tag_base``)
 MIGRATE_BASE = -(10 ** 9)  # units moving after a re-plan: MIGRATE_BASE - unit
 
 

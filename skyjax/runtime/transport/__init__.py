@@ -16,11 +16,6 @@ from skyjax.runtime.transport.base import (DEFAULT_TIMEOUT_S, LinkClock, Transpo
                                            TransportError, TransportTimeout)
 from skyjax.runtime.transport.local import LocalTransport
 from skyjax.runtime.transport.transfer import TransferServerTransport
-from skyjax import tree as _tree
-
-# Transitional: skyjax.profile.measure still imports tree_nbytes from here. Its home is
-# skyjax.tree; drop this line once the profiler imports it from there.
-tree_nbytes = _tree.tree_nbytes
 
 __all__ = ["DEFAULT_TIMEOUT_S", "LinkClock", "LocalTransport", "TransferServerTransport",
            "Transport", "TransportError", "TransportTimeout"]

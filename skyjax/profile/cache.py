@@ -1,0 +1,89 @@
+"""The profile cache: ``workdir/profiles/<key>.json``, where the key hashes everything that
+changes the numbers (:func:`cache_key`), and load-or-measure in one process.
+
+The repeats are deliberately not in the key: they change the precision, not the quantity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from typing import Callable
+
+import jax
+
+from skyjax import cluster as cluster_lib
+from skyjax.profile.chain import Workload
+from skyjax.profile.format import Profile, ProfileError, load_profile, save_profile
+from skyjax.profile.options import Log, Options
+
+PROFILER_VERSION = 1
+
+
+def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Options) -> dict:
+    """Everything that changes a profile's numbers (hashed into the cache key): the workload,
+    the cluster's devices (not their names), emulated links and mode, and what is deduplicated."""
+    size, seq_len = workload.microbatch
+    return {
+        "profiler_version": PROFILER_VERSION,
+        "jax": jax.__version__,
+        "model": dataclasses.asdict(workload.model),
+        "microbatch": {"size": size, "seq_len": seq_len},
+        "dtype": workload.dtype,
+        "granularity": workload.granularity,
+        "mode": cluster.mode,
+        "devices": [{k: v for k, v in d.items() if k != "name"} for d in cluster.describe()],
+        "links": {"emulated": cluster.emulate_links,
+                  "latency_s": cluster.link_latency_s.tolist(),
+                  "bandwidth_Bps": [[b if math.isfinite(b) else None for b in row]
+                                    for row in cluster.link_bandwidth_Bps.tolist()]},
+        "optimizer": dict(workload.optimizer),
+        "dedup": [options.dedup_units, options.dedup_devices],
+    }
+
+
+def cache_key(workload: Workload, cluster: cluster_lib.Cluster, options: Options) -> str:
+    """sha256 of the canonical JSON of :func:`cache_payload`."""
+    payload = json.dumps(cache_payload(workload, cluster, options), sort_keys=True,
+                         separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def cache_path(workdir: str, key: str) -> str:
+    return os.path.join(workdir, "profiles", f"{key}.json")
+
+
+def in_use_path(workdir: str) -> str:
+    """Where the profile a run uses is written, cached or not."""
+    return os.path.join(workdir, "profile.json")
+
+
+def try_load(path: str, log: Log) -> Profile | None:
+    """The cached profile at ``path``; None (logged) when there is none or it is unreadable."""
+    if not os.path.exists(path):
+        return None
+    try:
+        prof = load_profile(path)
+    except ProfileError as e:
+        log(f"[profile] ignoring unreadable cache {path}: {e}")
+        return None
+    log(f"[profile] reusing cached profile {path}")
+    return prof
+
+
+def load_or_measure(workdir: str, key: str, measure: Callable[[], Profile], reprofile: bool,
+                    log: Log) -> Profile:
+    """In one process: the profile cached under ``key``, else (or with ``reprofile``)
+    ``measure()`` cached there; the result is also written to ``workdir/profile.json``."""
+    path = cache_path(workdir, key)
+    prof = None if reprofile else try_load(path, log)
+    if prof is None:
+        prof = measure()
+        save_profile(prof, path)
+        log(f"[profile] measured in {prof.extra['profiler']['profile_time_s']:.1f} s; "
+            f"cached as {path}")
+    save_profile(prof, in_use_path(workdir))
+    return prof

@@ -1,0 +1,107 @@
+"""Profiling with one process per device (``jax.distributed``, or threads sharing a transport).
+
+Each process measures its own device for every unit kind (:mod:`skyjax.profile.units`), the
+results are gathered to process 0 through the runtime's transport, links are probed pairwise
+through the same transport (:func:`skyjax.profile.links.probe_links_across`), and process 0
+assembles the profile. :func:`load_or_measure_shared` is the cache under ``jax.distributed``:
+process 0 decides (cache hit or measure), every process takes part in measuring, and all of them
+get process 0's profile through the key-value store.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import optax
+from absl import logging
+
+from skyjax import cluster as cluster_lib
+from skyjax.models import bert
+from skyjax.profile import links, units
+from skyjax.profile.cache import cache_key, cache_path, in_use_path, try_load
+from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
+from skyjax.profile.format import Profile, save_profile
+from skyjax.profile.measure import assemble, device_records
+from skyjax.profile.options import Log, Options
+from skyjax.runtime.distributed import broadcast_json
+
+SHARE_TIMEOUT_S = 3600.0  # how long processes wait for process 0's decision and profile
+
+
+def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
+                        optimizer: optax.GradientTransformation, options: Options,
+                        transport: Any, rank: int, *, chain: list[bert.Unit] | None = None,
+                        log: Log | None = None, tag_base: int = 900_000) -> Profile | None:
+    """One process per device: each measures its own device (``rank``), results are gathered to
+    rank 0 (``transport.gather_to_first``), links are probed pairwise by ping-pong through
+    ``transport.send`` / ``recv`` (which apply the link emulation). Returns the profile on rank 0
+    and None elsewhere. Every rank must call it, with the same arguments but ``rank``."""
+    log = log or logging.info
+    start = time.perf_counter()
+    spec = chain_spec(workload.model, workload.granularity, chain, options.dedup_units)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
+        mine = units.measure_units(spec, sample_microbatch(workload.model, *workload.microbatch),
+                                   cluster, options, optimizer, log, only_devices=[rank])
+    unit_s = time.perf_counter() - start
+    gathered = transport.gather_to_first(
+        {"rank": rank, "forward_s": mine["forward_s"][:, rank].tolist(),
+         "backward_s": mine["backward_s"][:, rank].tolist(), "units": mine["units"],
+         "compile_s": mine["compile_s"], "memory": list(cluster.memory_bytes(rank))}, tag_base)
+    mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
+    gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links}, tag)
+    transport.barrier(tag + 1)
+    if rank != 0:
+        return None
+    n = cluster.num_devices
+    fwd = np.zeros((len(spec.names), n))
+    bwd = np.zeros((len(spec.names), n))
+    compile_s = 0.0
+    devices = device_records(cluster)
+    for g in gathered:
+        fwd[:, g["rank"]] = g["forward_s"]
+        bwd[:, g["rank"]] = g["backward_s"]
+        compile_s = max(compile_s, g["compile_s"])
+        # Each process knows its own device's memory.
+        devices[g["rank"]]["memory_bytes"], devices[g["rank"]]["memory_source"] = g["memory"]
+    one_way: dict[str, list[float]] = {}
+    for g in gathered_links:
+        one_way.update(g["one_way"])
+    lat, bw = links.link_matrices(n, options.link_sizes, one_way)
+    measured = {"units": gathered[0]["units"], "forward_s": fwd, "backward_s": bwd,
+                "compile_s": compile_s, "devices": devices}
+    return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,
+                    lat, bw, {"link_probe": "transport", "link_one_way_s": one_way,
+                              "units_s": unit_s, "compile_s": compile_s,
+                              "profile_time_s": time.perf_counter() - start})
+
+
+def load_or_measure_shared(workdir: str, key: str, measure: Callable[[], Profile | None],
+                           reprofile: bool, namespace: str, log: Log) -> Profile:
+    """Under ``jax.distributed``: process 0 decides (its cache under ``key``, unless
+    ``reprofile``), every process runs ``measure()`` if it must (it returns the profile on
+    process 0 only), process 0 caches the result, writes ``workdir/profile.json`` and shares it.
+
+    ``namespace``: the key-value store namespace of this call; every process passes the same,
+    and no other call in the same ``jax.distributed`` session may use it.
+    """
+    rank = jax.process_index()
+    prefix = f"skyjax/profile/{namespace}/{key}"
+    path = cache_path(workdir, key)
+    prof = None if rank or reprofile else try_load(path, log)
+    decision = broadcast_json("load" if prof is not None else "measure", f"{prefix}/decision",
+                              SHARE_TIMEOUT_S)
+    if decision == "measure":
+        prof = measure()
+        if rank == 0:
+            save_profile(prof, path)
+    shared = broadcast_json(prof.to_json() if rank == 0 else None, f"{prefix}/json",
+                            SHARE_TIMEOUT_S)
+    if rank == 0:
+        save_profile(prof, in_use_path(workdir))
+        return prof
+    return Profile.from_json(shared)
