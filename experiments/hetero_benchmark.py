@@ -65,7 +65,9 @@ def worker(spec_path: str) -> None:
     from skyjax import plan as plan_lib
     from skyjax.plan import simulate
     from skyjax.models import bert
+    from skyjax.models.build import build_model
     from skyjax.runtime import distributed
+    from skyjax.runtime.replanner import stage_busy
 
     with open(spec_path) as f:
         spec = json.load(f)
@@ -74,7 +76,7 @@ def worker(spec_path: str) -> None:
     distributed.initialize()
     cluster = cluster_lib.cluster_from_config(config)
     transport = train.make_transport(cluster)
-    chain = bert.units(train.build_model(config), config.allocation.granularity)
+    chain = bert.units(build_model(config.model, config.train.seed), config.allocation.granularity)
     profile = train.profile_phase(config, chain, spec["workdir"], cluster, transport)
     plans = {s: plan_lib.plan(profile, s, args.schedule, args.microbatches)
              for s in ("even", "optimal")}
@@ -93,7 +95,7 @@ def worker(spec_path: str) -> None:
                 metrics = executors[s].train_step(step, batch)
                 if r:
                     times[s].append(time.perf_counter() - tic)
-                    busy[s].append(train.stage_busy(metrics))
+                    busy[s].append(stage_busy(metrics))
                 step += 1
     if jax.process_index() == 0:
         out = {"plans": {s: p.to_json() for s, p in plans.items()}, "times": times,
@@ -115,15 +117,16 @@ def one_stage_overhead(args) -> dict:
     import jax
     import numpy as np
 
-    from skyjax import baseline, data as data_lib, optim, train
+    from skyjax import baseline, data as data_lib, optim
     from skyjax.models import bert
+    from skyjax.models.build import build_model
     from skyjax.plan import Plan, Stage
     from skyjax.runtime.local_executor import LocalExecutor
 
     config = build_config(args)
     config.cluster.mode, config.cluster.num_devices, config.cluster.slowdowns = "local", 1, ()
     config.pipeline.microbatches = 1
-    chain = bert.units(train.build_model(config), "layer")
+    chain = bert.units(build_model(config.model, config.train.seed), "layer")
     plan = Plan("manual", "1f1b", 1, [Stage(0, (0, len(chain)), 0.0, 0.0, 0)], step_time_s=0.0,
                 bottleneck_s=0.0, exact=False)
     pipe = LocalExecutor(chain, plan, jax.local_devices(), batch_size=config.data.batch_size,

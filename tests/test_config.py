@@ -186,10 +186,10 @@ def test_hidden_acts_match_the_model():
 
 
 def test_config_to_model_config():
-    from skyjax import train
+    from skyjax.models.build import model_config
 
     config = demo("--config.model.hidden_act=relu", "--config.model.num_hidden_layers=2")
-    bert_config = train.bert_config(config)
+    bert_config = model_config(config.model)
     assert bert_config.hidden_act == "relu" and bert_config.num_hidden_layers == 2
     for key, value in config.model.items():
         if key != "pretrained":

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from skyjax import baseline, train
+from skyjax import baseline, optim, train
+from skyjax.models.build import build_model
 from skyjax.config import defaults as config_defaults
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,9 +98,9 @@ def test_microbatches_average_to_the_full_batch_gradient():
     from skyjax.models import bert
 
     config = tiny_config()
-    model = train.build_model(config)
+    model = build_model(config.model, config.train.seed)
     chain = bert.units(model, "layer")
-    optimizer = train.make_optimizer(config)
+    optimizer = optim.make_optimizer(config.train)
     batch = next(data.train_batches(config))
     outs = []
     for m in (1, 4):
@@ -114,11 +115,11 @@ def test_microbatches_average_to_the_full_batch_gradient():
 
 def test_learning_rate_schedule():
     config = tiny_config(steps=100, warmup_steps=10, learning_rate=1.0)
-    lr = train.learning_rate_schedule(config)
+    lr = optim.learning_rate_schedule(config.train)
     assert float(lr(0)) == 0.0 and float(lr(10)) == pytest.approx(1.0)
     assert float(lr(55)) == pytest.approx(0.5) and float(lr(100)) == pytest.approx(0.0)
     config.train.lr_schedule = "constant"
-    assert float(train.learning_rate_schedule(config)(90)) == pytest.approx(1.0)
+    assert float(optim.learning_rate_schedule(config.train)(90)) == pytest.approx(1.0)
 
 
 def test_pipelined_run_matches_single_device_run(tmp_path):

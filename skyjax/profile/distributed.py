@@ -27,6 +27,7 @@ from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile, save_profile
 from skyjax.profile.measure import assemble, device_records
 from skyjax.profile.options import Log, Options
+from skyjax.runtime import tags
 from skyjax.runtime.distributed import broadcast_json
 
 SHARE_TIMEOUT_S = 3600.0  # how long processes wait for process 0's decision and profile
@@ -35,7 +36,7 @@ SHARE_TIMEOUT_S = 3600.0  # how long processes wait for process 0's decision and
 def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
                         optimizer: optax.GradientTransformation, options: Options,
                         transport: Any, rank: int, *, chain: list[bert.Unit] | None = None,
-                        log: Log | None = None, tag_base: int = 900_000) -> Profile | None:
+                        log: Log | None = None, tag_base: int = tags.PROFILE_BASE) -> Profile | None:
     """One process per device: each measures its own device (``rank``), results are gathered to
     rank 0 (``transport.gather_to_first``), links are probed pairwise by ping-pong through
     ``transport.send`` / ``recv`` (which apply the link emulation). Returns the profile on rank 0

@@ -1,0 +1,107 @@
+"""What a run leaves in its workdir (formats in docs/design.md): ``summary.json``,
+``metrics.jsonl``, ``trace.json``, ``plan.json``, ``config.json``. Only process 0 writes."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any
+
+import jax
+import ml_collections
+from absl import logging
+
+from skyjax import plan as plan_lib
+from skyjax.jsonio import append_jsonl, write_json_atomic
+from skyjax.plan import simulate
+from skyjax.profile.format import Profile
+from skyjax.trace import stage_events, trace_json as trace_file
+
+SIMULATED_PID_OFFSET = 10  # simulated rows sit below the measured ones in the trace viewer
+
+
+class Outputs:
+    """The workdir of one run, written by process 0 only (``is_chief``); JSON atomically."""
+
+    def __init__(self, workdir: str, is_chief: bool):
+        self.workdir, self.is_chief = workdir, is_chief
+        self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+        if is_chief:
+            os.makedirs(workdir, exist_ok=True)
+            if os.path.exists(self.metrics_path):
+                os.remove(self.metrics_path)
+
+    def write_json(self, name: str, obj: Any) -> None:
+        if self.is_chief:
+            write_json_atomic(obj, os.path.join(self.workdir, name), indent=2)
+
+    def log_metrics(self, record: dict) -> None:
+        """One line of metrics.jsonl (a log step or one evaluated split)."""
+        if self.is_chief:
+            append_jsonl(self.metrics_path, record)
+
+
+def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any) -> dict:
+    """A measured step's per-stage spans (pid 0) beside the simulator's trace of the plan."""
+    spans = [s for r in (last_step.results if last_step else []) for s in r.spans]
+    events = stage_events(spans, pid=0, name="measured step")
+    simulated = simulate.simulate_plan(plan, profile).trace["traceEvents"]
+    for e in simulated:
+        e["pid"] = SIMULATED_PID_OFFSET + e.get("pid", 0)
+        if e.get("name") == "process_name":
+            e["args"] = {"name": f"simulated: {e['args']['name']}"}
+    return trace_file(events + simulated)
+
+
+def make_summary(config: ml_collections.ConfigDict, plan: dict, result: dict,
+                 final_evals: dict[str, dict], num_units: int, num_params: int,
+                 wall_s: float) -> dict:
+    """The summary.json record of a finished run. ``final_evals``: split -> eval metrics; the
+    first split's are the top-level ``eval_*`` keys."""
+    times = result["step_times"]
+    steady = times[1:] or times  # the first step includes compilation
+    median = statistics.median(steady)
+    predicted = plan["step_time_s"]
+    first = next(iter(final_evals.values()), {})
+    return {
+        "steps": config.train.steps,
+        "final_loss": result["metrics"].get("loss"),
+        "final_train_accuracy": result["metrics"].get("accuracy"),
+        "eval_accuracy": first.get("eval_accuracy"),
+        "eval_loss": first.get("eval_loss"),
+        "eval_examples": first.get("eval_examples", 0),
+        "eval_by_split": {split: {"accuracy": r.get("eval_accuracy"), "loss": r.get("eval_loss"),
+                                  "examples": r.get("eval_examples", 0)}
+                          for split, r in final_evals.items()},
+        "evals": result["evals"],
+        "step_time_s": median,
+        "predicted_step_time_s": predicted,
+        "prediction_error": (median - predicted) / median if predicted else None,
+        "first_step_s": times[0],
+        "train_time_s": result["train_time_s"],
+        "wall_time_s": wall_s,
+        "examples_per_s": config.data.batch_size / median,
+        "num_params": num_params,
+        "num_units": num_units,
+        "num_stages": len(plan["stages"]),
+        "mode": config.cluster.mode,
+        "processes": jax.process_count(),
+        "plan": plan,
+        "replans": result.get("replans", []),
+        "devices": [str(d) for d in jax.devices()],
+        "jax_version": jax.__version__,
+    }
+
+
+def log_plan(plan: plan_lib.Plan) -> None:
+    logging.info("plan (%s, %s, m=%d): %s; predicted step %.4f s", plan.strategy, plan.schedule,
+                 plan.microbatches,
+                 ", ".join(f"device {s.device}: units [{s.units[0]}, {s.units[1]})"
+                           for s in plan.stages), plan.step_time_s)
+
+
+def log_summary(summary: dict) -> None:
+    logging.info("summary: eval_accuracy %s, final_loss %.4f, median step %.4f s (predicted "
+                 "%.4f s), wall %.1f s", summary["eval_accuracy"], summary["final_loss"],
+                 summary["step_time_s"], summary["predicted_step_time_s"],
+                 summary["wall_time_s"])
