@@ -1,9 +1,9 @@
 """BERT-base (12 layers, hidden 768) fine-tuned on GLUE MNLI: batch 32, sequence length 128.
 
-Pass a Hugging Face checkpoint and tokenizer directory, e.g.
-``--config.model.pretrained=/path/bert-base-uncased --config.data.tokenizer=/path/bert-base-uncased``
-(no download happens). The GLUE loader is not implemented yet: building the data raises
-NotImplementedError; the config itself loads and validates.
+Pass a Hugging Face checkpoint directory (its tokenizer is used too) and the prepared TFDS data,
+e.g. ``--config.model.pretrained=/path/bert-base-uncased --config.data.data_dir=/path/tfds``
+(no download happens; README "Configs" says how to get both). Both validation splits
+(matched, mismatched) are evaluated whole.
 """
 
 from skyjax.config import base_config
@@ -24,7 +24,7 @@ def get_config():
     config.data.name = "glue/mnli"
     config.data.seq_len = 128
     config.data.batch_size = 32
-    config.data.eval_examples = 9815  # validation_matched
+    config.data.eval_examples = -1  # every example of validation_matched and _mismatched
     t = config.train
     t.steps = 36816  # 3 epochs of the 392,702 training pairs
     t.warmup_steps = 3682

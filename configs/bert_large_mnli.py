@@ -1,8 +1,7 @@
 """BERT-large (24 layers, hidden 1024, 16 heads) fine-tuned on GLUE MNLI: batch 32, length 128.
 
-As configs/bert_base_mnli.py with BERT-large shapes; pass --config.model.pretrained and
---config.data.tokenizer for a real run. The GLUE loader is not implemented yet: building the data
-raises NotImplementedError; the config itself loads and validates.
+As configs/bert_base_mnli.py with BERT-large shapes; pass --config.model.pretrained (e.g. a
+``bert-large-uncased`` directory) and --config.data.data_dir for a real run.
 """
 
 from configs import bert_base_mnli

@@ -2,8 +2,8 @@
 init, cut at sub-layer granularity (3 units per layer: 482 units), on 64 devices whose slow-downs
 come from ``numpy.random.default_rng(35).integers(1, 7, 64)`` as in the original. Batch 32,
 sequence length 128, GLUE MNLI, 30 steps, one batch in flight (the original did not pipeline; try
---config.pipeline.microbatches=8 to pipeline). The GLUE loader is not implemented yet; with
---config.data.name=synthetic the same shapes run on synthetic data.
+--config.pipeline.microbatches=8 to pipeline). Needs --config.data.tokenizer (a BERT vocabulary)
+and prepared MNLI data; with --config.data.name=synthetic the same shapes run on synthetic data.
 """
 
 import numpy as np

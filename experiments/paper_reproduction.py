@@ -4,7 +4,7 @@ Sky Computing (arXiv 2202.11836) reports that its load-balanced allocation cuts 
 by 55% against an even allocation on 64 heterogeneous nodes. The original emulated the nodes'
 heterogeneity with seeded slow-downs ``numpy.random.default_rng(35).integers(1, 7, 64)`` and ran
 one batch through all stages in sequence. This script builds a profile for that setting from a
-FLOP model and prints predicted step times (DESIGN.md cost model) of even and optimal plans,
+FLOP model and prints predicted step times (docs/design.md cost model) of even and optimal plans,
 sequentially (m = 1: what the original ran) and pipelined (GPipe / 1F1B, m in {1, 8, 32}).
 
 Assumptions (the original gives no profile):

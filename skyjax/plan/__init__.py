@@ -4,7 +4,7 @@ One job per module, dependencies pointing one way (types <- cost <- classes, bou
 heuristic <- planner):
 
 * ``types``: Plan, Stage, InfeasibleError; plan.json to and from.
-* ``cost``: the cost model (DESIGN.md): tables of a profile, stage costs, step time, evaluate.
+* ``cost``: the cost model (docs/design.md): tables of a profile, stage costs, step time, evaluate.
 * ``even``: the ``even`` strategy's split.
 * ``classes``: interchangeable devices and link groups.
 * ``bounds``: lower bounds on the step time and the bottleneck.

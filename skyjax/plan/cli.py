@@ -4,7 +4,7 @@
       --microbatches 8 [--json] [--out plan.json] [--trace trace.json]
 
 Without ``--json`` it prints a table (stage, device, units, compute, comm, memory, share of the
-bottleneck); with it, the plan.json object (DESIGN.md). ``--trace`` writes the simulated schedule
+bottleneck); with it, the plan.json object (docs/design.md). ``--trace`` writes the simulated schedule
 as a Chrome / Perfetto trace. A bad profile or an infeasible problem prints one line on stderr
 and exits with status 2 (bad profile) or 1 (nothing fits); no traceback.
 """

@@ -1,4 +1,4 @@
-"""The cost model (DESIGN.md, stable): what a plan costs, per stage and per training step.
+"""The cost model (docs/design.md): what a plan costs, per stage and per training step.
 
 For a plan of stages k = 0..p-1 (device d_k, units [a_k, b_k); :mod:`skyjax.plan.types`) and m
 micro-batches:

@@ -1,7 +1,7 @@
 """What a plan is: stages of (device, block of units) with their predicted costs, as plan.json.
 
 A plan is stages k = 0..p-1, each a distinct device d_k and a non-empty block of units
-[a_k, b_k), covering all units in order (DESIGN.md). ``Plan.to_json`` / ``Plan.from_json`` are
+[a_k, b_k), covering all units in order (docs/design.md). ``Plan.to_json`` / ``Plan.from_json`` are
 the plan.json object that ``python -m skyjax.plan --out`` writes and training reads back.
 Plain data: the numbers come from :mod:`skyjax.plan.cost`.
 """

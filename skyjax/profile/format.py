@@ -1,6 +1,6 @@
 """profile.json (version 1) reading, validation and writing.
 
-The format is stable and documented in DESIGN.md. ``Profile.from_json`` checks
+The format is stable and documented in docs/design.md. ``Profile.from_json`` checks
 every field and raises :class:`ProfileError` whose message names the offending
 field, e.g. ``profile.forward_s[3][1]: negative time -0.2``; unknown keys are
 kept in ``Profile.extra`` (unknown keys of ``links`` under ``extra["links"]``)
