@@ -9,21 +9,24 @@ import jax
 import jax.numpy as jnp
 
 
+def _per_example(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Softmax cross-entropy and correctness (float32) of each example."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    return nll, (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+
+
 def classification_loss(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Mean softmax cross-entropy and accuracy of ``logits`` against integer ``labels``."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    loss = -jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), axis=-1).mean()
-    accuracy = (jnp.argmax(logits, axis=-1) == labels).mean()
-    return loss, accuracy
+    nll, correct = _per_example(logits, labels)
+    return nll.mean(), correct.mean()
 
 
 def weighted_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array
                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(sum of loss, sum of correct, sum of weight)`` over a batch whose padding rows have
     weight 0: eval sets need not divide into batches."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), axis=-1)[:, 0]
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    nll, correct = _per_example(logits, labels)
     weights = weights.astype(jnp.float32)
     return jnp.sum(nll * weights), jnp.sum(correct * weights), jnp.sum(weights)
 

@@ -43,10 +43,9 @@ def block(tree: Any) -> Any:
 
 def _shapes(args: tuple) -> tuple:
     """The shapes/dtypes a program is called with (with the function, it names the program)."""
-    import jax
+    from skyjax.tree import tree_avals  # imports JAX: only once a program runs
 
-    return tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x))))
-                 for x in jax.tree.leaves(args))
+    return tree_avals(args)
 
 
 # Fastest run seen of each program in this process (see timed_call): function -> shapes -> s.
