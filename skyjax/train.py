@@ -23,17 +23,17 @@ import jax
 import ml_collections
 from absl import logging
 
-from skyjax import cluster as cluster_lib, data as data_lib, optim, outputs
+from skyjax import cluster as cluster_lib, data as data_lib, optim, outputs, watch
 from skyjax import plan as plan_lib
 from skyjax.baseline import microbatch_rng
 from skyjax.config import validate_config
-from skyjax.models import bert
-from skyjax.models.build import build_model
+from skyjax.models import bert, build
 from skyjax.profile import profiler
 from skyjax.profile.chain import Workload
 from skyjax.profile.format import Profile, load_profile
 from skyjax.profile.options import Options
 from skyjax.runtime.distributed_executor import DistributedExecutor
+from skyjax.runtime import memory, placement
 from skyjax.runtime.local_executor import LocalExecutor
 from skyjax.runtime.replanner import Replanner
 from skyjax.tree import tree_size
@@ -92,6 +92,29 @@ def make_executor(config: ml_collections.ConfigDict, chain: list[bert.Unit], pla
                          links=cluster.links if cluster.emulate_links else None, **kwargs)
 
 
+def own_units(plan: plan_lib.Plan, num_units: int) -> list[int]:
+    """The units whose parameters this process makes: all of them in one process (its threads
+    run every stage), else those of the stage on this process's device."""
+    if jax.process_count() == 1:
+        return list(range(num_units))
+    return placement.device_units(plan, jax.process_index())
+
+
+def memory_report(config: ml_collections.ConfigDict, chain: list[bert.Unit], mine: list[int],
+                  rss_start: int) -> dict | None:
+    """Peak host RSS and training-state bytes of every process, against the whole model's
+    training state (``summary.json`` ``memory``); None on processes other than 0."""
+    optimizer = optim.make_optimizer(config.train, clip=False)
+    record = {"process": jax.process_index(), "units": [min(mine), max(mine) + 1] if mine else [],
+              "state_bytes": memory.state_bytes(chain, mine, optimizer),
+              "rss_start_bytes": rss_start, "peak_rss_bytes": memory.peak_rss_bytes()}
+    processes = memory.gather_to_chief(record, "skyjax/memory")
+    if processes is None:
+        return None
+    total = memory.state_bytes(chain, range(len(chain)), optimizer)
+    return {"model_state_bytes": total, "processes": processes}
+
+
 def evaluate_splits(executor, eval_sets: dict[str, list[Batch]], step: int,
                     out: outputs.Outputs) -> dict[str, dict]:
     """Every validation split through the pipeline; one metrics.jsonl line per split."""
@@ -115,17 +138,19 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
     last = None
     start = time.perf_counter()
     batches = data_lib.train_batches(config)
+    progress = watch.train_progress(config, out.is_chief)  # lines with ETA; a bar on a terminal
     try:
         for step, batch in zip(range(t.steps), batches):
             tic = time.perf_counter()
             last = executor.train_step(step, batch)
             step_times.append(time.perf_counter() - tic)
+            progress.update(step + 1, last.loss)
             metrics = {"loss": last.loss, "accuracy": last.accuracy}
             if (step + 1) % t.log_every == 0 or step == 0 or step + 1 == t.steps:
                 record = {"step": step + 1, **metrics, "learning_rate": float(schedule(step)),
-                          "step_time_s": step_times[-1]}
-                logging.info("step %d: loss %.4f accuracy %.3f lr %.2e (%.3f s/step)", step + 1,
-                             last.loss, last.accuracy, record["learning_rate"], step_times[-1])
+                          "step_time_s": step_times[-1],
+                          **watch.step_extras(last, step_times[-1], progress)}
+                logging.info("%s", progress.line(record))
                 out.log_metrics(record)
             if eval_sets and t.eval_every and (step + 1) % t.eval_every == 0 \
                     and step + 1 < t.steps:
@@ -135,6 +160,7 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
                 replanner.observe(step, last)
                 executor = replanner.maybe_switch(step, executor)
     finally:
+        progress.close()
         getattr(batches, "close", lambda: None)()
     return {"metrics": metrics, "step_times": step_times, "evals": evals, "last_step": last,
             "train_time_s": time.perf_counter() - start, "executor": executor}
@@ -144,12 +170,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Profile -> plan -> train -> eval; process 0 writes ``workdir/summary.json`` and returns it
     (other processes return the same summary without writing)."""
     wall_start = time.perf_counter()
+    rss_start = memory.current_rss_bytes()
     validate_config(config)
     out = outputs.Outputs(workdir, is_chief=jax.process_index() == 0)
     out.write_json("config.json", config.to_dict())
 
-    model = build_model(config.model, config.train.seed)
-    chain = bert.units(model, config.allocation.granularity)
+    # The model without parameter memory; the checkpoint's headers are checked here, before
+    # anything compiles. Parameters are made later, only for this process's units.
+    init = build.UnitInitializer(config.model, config.train.seed)
+    chain = build.abstract_chain(config.model, config.train.seed, config.allocation.granularity)
     num_params = tree_size([u.params for u in chain])
     logging.info("model: %d units at %s granularity, %d parameters", len(chain),
                  config.allocation.granularity, num_params)
@@ -160,8 +189,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     out.write_json("plan.json", plan.to_json())
     outputs.log_plan(plan)
 
-    executor = make_executor(config, chain, plan, cluster, transport)
-    del model, chain  # the stages hold their own copies
+    mine = own_units(plan, len(chain))
+    executor = make_executor(config, build.materialize(init, chain, mine), plan, cluster,
+                             transport)
+    init.release()
     eval_sets = data_lib.eval_splits(config) if config.data.eval_examples else {}
     every = config.allocation.replan_every if config.allocation.strategy == "dynamic" else 0
     replanner = Replanner(every, profile, plan)
@@ -178,7 +209,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     summary = outputs.make_summary(config, plan.to_json(), result, final_evals,
                                    len(profile.units), num_params,
                                    time.perf_counter() - wall_start)
+    summary["memory"] = memory_report(config, chain, mine, rss_start)
     out.write_json("trace.json", outputs.trace_json(plan, profile, result["last_step"]))
+    if out.is_chief:  # plan.png, timeline.png
+        watch.write_pictures(workdir, plan, profile, result["last_step"], cluster.jax_devices)
     out.write_json("summary.json", summary)
     if out.is_chief:
         outputs.log_summary(summary)

@@ -26,3 +26,8 @@ def tree_avals(tree: Any) -> tuple[tuple[tuple[int, ...], str], ...]:
     a message must match. Leaves without a shape give ``(None, type name)``."""
     return tuple((tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") and hasattr(x, "dtype")
                  else (None, type(x).__name__) for x in jax.tree.leaves(tree))
+
+
+def tree_shapes(tree: Any) -> Any:
+    """The same tree with ``jax.ShapeDtypeStruct`` leaves: a stand-in that holds no memory."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)

@@ -1,7 +1,12 @@
-"""The model a config asks for: its shape, and the model itself (random or pretrained).
+"""The model a config asks for: its shape, its unit chain without parameters, and the parameters
+of just the units a process owns (random or pretrained).
 
 One mapping from ``config.model`` to :class:`BertConfig`, used by the trainer and the profiler
-alike, so the shape that is profiled is the shape that is trained.
+alike, so the shape that is profiled is the shape that is trained. A pipeline process never holds
+the whole model: :func:`abstract_chain` builds it with ``nnx.eval_shape`` (shapes, no arrays), and
+:func:`materialize` fills in only the units asked for, each initialised from its block's position
+(:func:`~skyjax.models.modeling.block_rngs`) or read from the safetensors tensor by tensor, so every
+unit's parameters are the same whichever process makes them.
 """
 
 from __future__ import annotations
@@ -9,12 +14,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Iterable
 
+import jax
+import jax.numpy as jnp
+from absl import logging
 from flax import nnx
 
-from skyjax.models.hf_loading import from_pretrained
-from skyjax.models.modeling import BertConfig, BertForSequenceClassification
+from skyjax.models.hf_loading import TensorMap, from_pretrained, map_checkpoint, read_subtree
+from skyjax.models.modeling import BertConfig, BertForSequenceClassification, base_key, init_block
+from skyjax.models.units import Unit, model_params, units
 
 
 def model_config(model: Any) -> BertConfig:
@@ -29,8 +38,88 @@ def model_config(model: Any) -> BertConfig:
 
 
 def build_model(model: Any, seed: int) -> BertForSequenceClassification:
-    """Random init of ``config.model`` seeded by ``seed`` (``config.train.seed``), or the Hugging
-    Face checkpoint ``model.pretrained``."""
+    """The whole model, materialised: random init of ``config.model`` seeded by ``seed``
+    (``config.train.seed``), or the Hugging Face checkpoint ``model.pretrained`` (a missing
+    classifier initialised from ``seed``). For references and single-device baselines."""
     if model.pretrained:
-        return from_pretrained(model.pretrained, num_labels=model.num_labels)
+        return from_pretrained(model.pretrained, num_labels=model.num_labels, seed=seed)
     return BertForSequenceClassification(model_config(model), rngs=nnx.Rngs(seed))
+
+
+def abstract_chain(model: Any, seed: int, granularity: str) -> list[Unit]:
+    """The unit chain with ``ShapeDtypeStruct`` parameters: no parameter memory is allocated."""
+    cfg = model_config(model)
+    abstract = nnx.eval_shape(lambda: BertForSequenceClassification(cfg, nnx.Rngs(seed)))
+    return units(abstract, granularity)
+
+
+def _block_and_rest(path: tuple[str, ...], num_layers: int) -> tuple[int, tuple[str, ...]]:
+    """(block index, path inside the block) of a unit path: embeddings 0, layer i is i + 1, head
+    num_layers + 1."""
+    if path[0] == "embeddings":
+        return 0, path[1:]
+    if path[0] == "layers":
+        return int(path[1]) + 1, path[2:]
+    if path[0] == "head":
+        return num_layers + 1, path[1:]
+    raise ValueError(f"unit path {path} is not in the model")
+
+
+def _tree_path(path: tuple[str, ...]) -> tuple:
+    """A unit path in ``model_params`` keys (layer indices are ints there)."""
+    return tuple(int(p) if p.isdigit() else p for p in path)
+
+
+class UnitInitializer:
+    """Makes the parameters of single units of ``config.model``: random (by block position) or
+    from ``model.pretrained``; the checkpoint's headers are checked against the whole model
+    once, when this is built (before anything compiles)."""
+
+    def __init__(self, model: Any, seed: int):
+        self.config = model_config(model)
+        self.seed = seed
+        self._blocks: dict[int, nnx.Module] = {}
+        self.tensors: TensorMap | None = None
+        if model.pretrained:
+            cfg = self.config
+            abstract = nnx.eval_shape(lambda: BertForSequenceClassification(cfg, nnx.Rngs(seed)))
+            self.tensors = map_checkpoint(model.pretrained, model_params(abstract))
+            if self.tensors.missing:
+                logging.info("%s has no classifier: a new one with %d labels is initialised",
+                             model.pretrained, cfg.num_labels)
+
+    def _random(self, block: int, rest: tuple[str, ...]) -> dict:
+        if block not in self._blocks:
+            self._blocks[block] = init_block(self.config, base_key(self.seed), block)
+        module = self._blocks[block]
+        for name in rest:
+            module = getattr(module, name)
+        return nnx.to_pure_dict(nnx.state(module))
+
+    def params(self, unit: Unit) -> dict:
+        """``unit``'s parameters (host-side arrays)."""
+        block, rest = _block_and_rest(unit.path, self.config.num_hidden_layers)
+        if self.tensors is None:
+            return self._random(block, rest)
+        path = _tree_path(unit.path)
+        tree = read_subtree(self.tensors, path, unit.params)
+        if any(p[:len(path)] == path for p in self.tensors.missing):
+            random = self._random(block, rest)  # the new classifier, as random init makes it
+            tree = jax.tree.map(lambda got, new: new if isinstance(got, jax.ShapeDtypeStruct)
+                                else got, tree, random)
+        return jax.tree.map(jnp.asarray, tree)
+
+    def release(self) -> None:
+        """Drops the cached random blocks (sub-layer units of one layer share one)."""
+        self._blocks.clear()
+
+
+def materialize(init: UnitInitializer, chain: list[Unit], indices: Iterable[int]) -> list[Unit]:
+    """``chain`` with real parameters in the units ``indices`` (the rest stay abstract)."""
+    wanted = set(indices)
+    return [dataclasses.replace(u, params=init.params(u)) if i in wanted else u
+            for i, u in enumerate(chain)]
+
+
+def is_materialized(unit: Unit) -> bool:
+    return not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(unit.params))

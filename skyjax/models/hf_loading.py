@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from flax import nnx
 
-from skyjax.models.modeling import BertConfig, BertForSequenceClassification
+from skyjax.models.modeling import (BertConfig, BertForSequenceClassification, base_key,
+                                    init_block)
 
 # Tensors in pre-training checkpoints that a classifier does not use.
 _IGNORED = (re.compile(r"^cls\."), re.compile(r"(^|\.)embeddings\.position_ids$"))
@@ -57,22 +60,47 @@ def hf_to_path(name: str) -> tuple[tuple[Any, ...], bool] | None:
     return None
 
 
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
-    """All tensors of ``model.safetensors`` (or a sharded index) under directory ``path``."""
-    from safetensors.numpy import load_file
+class SafetensorsCheckpoint:
+    """The tensors of ``model.safetensors`` (or a sharded index) under a directory, read one at a
+    time: names and shapes come from the file headers, data only for the tensors asked for (a
+    process that owns a few layers never reads the rest)."""
 
-    single = os.path.join(path, "model.safetensors")
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(single):
-        return load_file(single)
-    if os.path.exists(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        tensors: dict[str, np.ndarray] = {}
-        for shard in shards:
-            tensors.update(load_file(os.path.join(path, shard)))
-        return tensors
-    raise CheckpointError(f"{single}: file not found (nor a sharded {os.path.basename(index)})")
+    def __init__(self, path: str):
+        single = os.path.join(path, "model.safetensors")
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.exists(single):
+            files = [single]
+        elif os.path.exists(index):
+            with open(index) as f:
+                files = [os.path.join(path, s) for s in sorted(set(json.load(f)["weight_map"].values()))]
+        else:
+            raise CheckpointError(f"{single}: file not found (nor a sharded "
+                                  f"{os.path.basename(index)})")
+        from safetensors import safe_open
+
+        self.file_of: dict[str, str] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for file in files:
+            if not os.path.exists(file):
+                raise CheckpointError(f"{file}: file not found (named by {index})")
+            with safe_open(file, framework="numpy") as f:
+                for name in f.keys():
+                    self.file_of[name] = file
+                    self.shapes[name] = tuple(f.get_slice(name).get_shape())
+
+    def read(self, name: str) -> np.ndarray:
+        from safetensors import safe_open
+
+        with safe_open(self.file_of[name], framework="numpy") as f:
+            return f.get_tensor(name)
+
+    def read_all(self) -> dict[str, np.ndarray]:
+        return {name: self.read(name) for name in self.file_of}
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """All tensors of the checkpoint under directory ``path``."""
+    return SafetensorsCheckpoint(path).read_all()
 
 
 def read_config(path: str, num_labels: int | None) -> BertConfig:
@@ -91,15 +119,10 @@ def read_config(path: str, num_labels: int | None) -> BertConfig:
         raise CheckpointError(f"{file}: {e}") from e
 
 
-def _set(tree: dict, path: tuple, value: np.ndarray, name: str) -> None:
-    node = tree
-    for key in path[:-1]:
-        node = node[key]
-    expected = node[path[-1]].shape
-    if tuple(value.shape) != tuple(expected):
-        raise CheckpointError(f"tensor {name}: shape {tuple(value.shape)} does not fit the model's "
-                              f"{tuple(expected)}")
-    node[path[-1]] = jnp.asarray(value, dtype=node[path[-1]].dtype)
+def _leaf(tree: dict, path: tuple) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
 
 
 def _paths(tree: dict, prefix: tuple = ()) -> list[tuple]:
@@ -109,38 +132,92 @@ def _paths(tree: dict, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-def from_pretrained(path: str, num_labels: int | None = None, seed: int = 0
-                    ) -> BertForSequenceClassification:
-    """Loads an HF ``BertForSequenceClassification`` or bare ``BertModel`` directory.
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """Where each model parameter comes from: ``sources[path] = (tensor name, transpose)``;
+    ``missing`` are the parameters the checkpoint lacks (only the classifier may be)."""
 
-    A checkpoint without a classifier gets a freshly initialised one (logged). Unknown or missing
-    tensors and shape mismatches raise ``CheckpointError`` naming the tensor.
-    """
-    config = read_config(path, num_labels)
-    tensors = read_safetensors(path)
-    model = BertForSequenceClassification(config, nnx.Rngs(seed))
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    loaded: set[tuple] = set()
-    for name, value in tensors.items():
+    checkpoint: SafetensorsCheckpoint
+    sources: dict[tuple, tuple[str, bool]]
+    missing: list[tuple]
+
+
+def map_checkpoint(path: str, template: dict) -> TensorMap:
+    """Matches every tensor of the checkpoint under ``path`` to the model's parameter tree
+    ``template`` (arrays or ``ShapeDtypeStruct``s) by name and shape, reading headers only, so a
+    bad checkpoint fails before anything is read or compiled. Unknown, duplicate or missing
+    tensors and shape mismatches raise ``CheckpointError`` naming the tensor."""
+    ckpt = SafetensorsCheckpoint(path)
+    sources: dict[tuple, tuple[str, bool]] = {}
+    for name, shape in ckpt.shapes.items():
         if any(p.search(name) for p in _IGNORED):
             continue
         mapped = hf_to_path(name)
         if mapped is None:
             raise CheckpointError(f"tensor {name}: unknown to BertForSequenceClassification "
-                                  f"({os.path.join(path, 'model.safetensors')})")
+                                  f"({ckpt.file_of[name]})")
         target, transpose = mapped
-        if target in loaded:
+        if target in sources:
             raise CheckpointError(f"tensor {name}: given twice")
-        _set(params, target, value.T if transpose else value, name)
-        loaded.add(target)
-    missing = [p for p in _paths(params) if p not in loaded]
+        try:
+            expected = tuple(_leaf(template, target).shape)
+        except (KeyError, IndexError):
+            raise CheckpointError(f"tensor {name}: the model has no {'.'.join(map(str, target))} "
+                                  f"({ckpt.file_of[name]})") from None
+        got = shape[::-1] if transpose else shape
+        if tuple(got) != expected:
+            raise CheckpointError(f"tensor {name}: shape {tuple(got)} does not fit the model's "
+                                  f"{expected}")
+        sources[target] = (name, transpose)
+    missing = [p for p in _paths(template) if p not in sources]
     classifier = [p for p in missing if p[:2] == ("head", "classifier")]
-    if classifier:
+    others = [p for p in missing if p not in classifier]
+    if others:
+        raise CheckpointError(f"{path}: missing tensor for {'.'.join(map(str, others[0]))} "
+                              f"({len(others)} missing in all)")
+    return TensorMap(ckpt, sources, classifier)
+
+
+def read_subtree(tensors: TensorMap, prefix: tuple, template: dict) -> dict:
+    """The parameters under ``prefix`` (e.g. ``("layers", 3, "attention")``) read tensor by
+    tensor; ``template`` is the subtree's shapes. Missing leaves (a new classifier) stay as in
+    ``template``."""
+    out = jax.tree.map(lambda x: x, template)
+    for rel in _paths(template):
+        source = tensors.sources.get(prefix + rel)
+        if source is None:
+            continue
+        name, transpose = source
+        value = tensors.checkpoint.read(name)
+        node = _leaf(out, rel[:-1])
+        dtype = template_dtype(_leaf(template, rel))
+        node[rel[-1]] = np.ascontiguousarray(value.T if transpose else value).astype(dtype)
+    return out
+
+
+def template_dtype(leaf: Any) -> Any:
+    return getattr(leaf, "dtype", np.float32)
+
+
+def from_pretrained(path: str, num_labels: int | None = None, seed: int = 0
+                    ) -> BertForSequenceClassification:
+    """Loads an HF ``BertForSequenceClassification`` or bare ``BertModel`` directory.
+
+    A checkpoint without a classifier gets a freshly initialised one (logged), the one random
+    init with ``seed`` would give. Unknown or missing tensors and shape mismatches raise
+    ``CheckpointError`` naming the tensor.
+    """
+    config = read_config(path, num_labels)
+    model = nnx.eval_shape(lambda: BertForSequenceClassification(config, nnx.Rngs(seed)))
+    graphdef, state = nnx.split(model)
+    template = nnx.to_pure_dict(state)
+    tensors = map_checkpoint(path, template)
+    params = read_subtree(tensors, (), template)
+    if tensors.missing:
         logging.info("%s has no classifier: initialised a new one with %d labels", path,
                      config.num_labels)
-    missing = [p for p in missing if p not in classifier]
-    if missing:
-        raise CheckpointError(f"{path}: missing tensor for {'.'.join(map(str, missing[0]))} "
-                              f"({len(missing)} missing in all)")
-    nnx.update(model, params)
-    return model
+        head = init_block(config, base_key(seed), config.num_hidden_layers + 1)
+        params["head"]["classifier"] = nnx.to_pure_dict(nnx.state(head.classifier))
+    params = jax.tree.map(jnp.asarray, params)
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state)

@@ -260,15 +260,44 @@ def initial_carry(input_ids: jax.Array, token_type_ids: jax.Array | None = None,
             "attention_mask": jnp.asarray(attention_mask, jnp.int32)}
 
 
+def block_rngs(base_key: jax.Array, block: int) -> nnx.Rngs:
+    """The init keys of ``block`` (embeddings 0, encoder layer i is i + 1, head L + 1): a pure
+    function of the model's base key and the block's position, so a process that builds only
+    some blocks gets exactly the parameters the whole model would have there."""
+    return nnx.Rngs(jax.random.fold_in(base_key, block))
+
+
+def init_block(config: BertConfig, base_key: jax.Array, block: int) -> nnx.Module:
+    """Block ``block`` of the model alone, initialised as inside the whole model."""
+    rngs = block_rngs(base_key, block)
+    if block == 0:
+        return BertEmbeddings(config, rngs)
+    if block <= config.num_hidden_layers:
+        return BertLayer(config, rngs)
+    if block == config.num_hidden_layers + 1:
+        return BertClassificationHead(config, rngs)
+    raise ValueError(f"block {block} is outside a model of {config.num_hidden_layers} layers")
+
+
+def base_key(seed: int) -> jax.Array:
+    """The base init key of ``BertForSequenceClassification(config, nnx.Rngs(seed))``."""
+    return nnx.Rngs(seed).params()
+
+
 class BertForSequenceClassification(nnx.Module):
-    """BERT encoder with a pooler and classifier; ``__call__`` returns logits ``[batch, labels]``."""
+    """BERT encoder with a pooler and classifier; ``__call__`` returns logits ``[batch, labels]``.
+
+    Every block is initialised from its own key (:func:`block_rngs`), never from a stream shared
+    in construction order, so per-unit initialisation (:mod:`skyjax.models.build`) is exact.
+    """
 
     def __init__(self, config: BertConfig, rngs: nnx.Rngs | None = None):
         self.config = config.validate()
-        rngs = rngs if rngs is not None else nnx.Rngs(0)
-        self.embeddings = BertEmbeddings(config, rngs)
-        self.layers = nnx.List([BertLayer(config, rngs) for _ in range(config.num_hidden_layers)])
-        self.head = BertClassificationHead(config, rngs)
+        base = (rngs if rngs is not None else nnx.Rngs(0)).params()
+        layers = config.num_hidden_layers
+        self.embeddings = init_block(config, base, 0)
+        self.layers = nnx.List([init_block(config, base, i + 1) for i in range(layers)])
+        self.head = init_block(config, base, layers + 1)
 
     def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array | None = None,
                  attention_mask: jax.Array | None = None, *, train: bool = False,

@@ -65,6 +65,19 @@ def _memory_analysis(compiled) -> dict:
                                              "output_size_in_bytes") if hasattr(ma, k)}
 
 
+def device_params(params: Any, device: Any) -> list:
+    """``[params]`` on ``device``; abstract parameters (``ShapeDtypeStruct`` leaves, as a process
+    that does not own the unit has them) become small random arrays of their shape: the time of a
+    unit does not depend on its parameter values."""
+    def leaf(x: Any) -> Any:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            with jax.default_device(device):
+                return 0.02 * jax.random.normal(jax.random.PRNGKey(0), x.shape, x.dtype)
+        return jax.device_put(x, device)
+
+    return [jax.tree.map(leaf, params)]
+
+
 def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
                   targets: list[tuple[Any, float]], options: Options) -> _UnitResult:
     """Times one unit on each ``(jax device, slowdown)`` target (interleaved repeats)."""
@@ -76,7 +89,7 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
     out_carry = None
     memory: dict = {}
     for k, (dev, slowdown) in enumerate(targets):
-        params = jax.device_put([unit.params], dev)
+        params = device_params(unit.params, dev)
         c = jax.device_put(carry, dev)
         rng = jax.device_put(jax.random.PRNGKey(0), dev)
         lab = jax.device_put(labels, dev) if is_last else None

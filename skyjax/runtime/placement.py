@@ -18,6 +18,7 @@ from skyjax.plan import Plan
 from skyjax.runtime.batches import Batch
 from skyjax.runtime.pipeline import PipelineStage, StageLink
 from skyjax.runtime.stage import StageProgram
+from skyjax.tree import tree_shapes
 
 UnitState = tuple[Any, Any]  # (params, optimizer state) of one unit
 
@@ -46,9 +47,14 @@ def unit_owners(plan: Plan) -> list[int]:
     return [owners[u] for u in sorted(owners)]
 
 
+def device_units(plan: Plan, device: int) -> list[int]:
+    """The units of every stage that ``device`` runs (what its process must materialise)."""
+    return [u for place in placements(plan) if place.device == device for u in place.units]
+
+
 def abstract_units(chain: Sequence[Unit]) -> list[Unit]:
     """The units with shapes in place of parameter arrays (enough to rebuild stages)."""
-    return [dataclasses.replace(u, params=jax.eval_shape(lambda p=u.params: p)) for u in chain]
+    return [dataclasses.replace(u, params=tree_shapes(u.params)) for u in chain]
 
 
 def boundary_shapes(chain: Sequence[Unit], batch_like: Batch) -> list[Any]:

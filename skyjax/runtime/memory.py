@@ -1,0 +1,61 @@
+"""Host memory per process: what a pipeline process holds, so a run shows each process keeping
+about its share of the model (``summary.json`` ``memory``).
+
+Peak resident set size comes from ``getrusage`` (the kernel's high-water mark over the process's
+life, including JAX's own runtime), the training state (parameters + optimizer state) of a set of
+units from their shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from typing import Any, Iterable, Sequence
+
+import jax
+import optax
+
+from skyjax.tree import tree_nbytes
+
+
+def current_rss_bytes() -> int:
+    """Resident set size now (``/proc/self/statm``; the peak where that file does not exist)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size so far (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def state_bytes(chain: Sequence[Any], indices: Iterable[int],
+                optimizer: optax.GradientTransformation) -> int:
+    """Bytes of parameters plus optimizer state of the units ``indices`` (from shapes only)."""
+    total = 0
+    for i in indices:
+        params = chain[i].params
+        total += tree_nbytes(params) + tree_nbytes(jax.eval_shape(optimizer.init, [params]))
+    return total
+
+
+def gather_to_chief(record: dict, key: str, timeout_s: float = 600.0) -> list[dict] | None:
+    """Every process's JSON-able ``record`` on process 0 (in process order), through the
+    coordination service's key-value store under ``key``; None on the other processes."""
+    if jax.process_count() == 1:
+        return [record]
+    from skyjax.runtime.distributed import key_value_client
+
+    client = key_value_client()
+    me = jax.process_index()
+    client.key_value_set(f"{key}/{me}", json.dumps(record))
+    if me != 0:
+        return None
+    return [json.loads(client.blocking_key_value_get(f"{key}/{p}", int(timeout_s * 1000)))
+            for p in range(jax.process_count())]
