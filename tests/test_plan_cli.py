@@ -90,3 +90,30 @@ def test_missing_file_and_infeasible(tmp_path, capsys):
     assert plan_cli.main(["--profile", str(path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bytes" in err[0] and "device" in err[0]
+
+
+def test_table_has_units_totals_and_the_bottleneck_marked(profile_path, capsys):
+    assert plan_cli.main(["--profile", profile_path, "--strategy", "even"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("stage"))
+    rows = [line for line in lines if line[:5].strip().isdigit()]
+    assert len(rows) == 3 and "stage time" in header and "used" in header
+    assert all(" ms" in r for r in rows)  # every time with its unit
+    marked = [r for r in rows if r.endswith("<- bottleneck")]
+    assert len(marked) == 1 and "100%" in marked[0]
+    total = next(line for line in lines if line.startswith("total"))
+    assert " 4 " in total  # all units
+    # Columns line up: each row's compute ends where the header's "compute" ends.
+    end = header.index("compute") + len("compute")
+    assert all(r[end - 3:end] == " ms" for r in rows)
+
+
+def test_plot_and_timeline_pictures(profile_path, tmp_path):
+    pytest.importorskip("matplotlib")
+    plot, timeline = tmp_path / "plan.png", tmp_path / "timeline.png"
+    r = run_cli("--profile", profile_path, "--plot", str(plot), "--timeline", str(timeline))
+    assert r.returncode == 0, r.stderr
+    for path in (plot, timeline):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = run_cli("--profile", profile_path, "--plot", str(tmp_path / "no" / "such" / "p.png"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot write" in r.stderr

@@ -1,11 +1,14 @@
 """``python -m skyjax.plan``: plan a pipeline from a profile file (no devices needed).
 
   python -m skyjax.plan --profile profile.json --strategy optimal --schedule 1f1b \\
-      --microbatches 8 [--json] [--out plan.json] [--trace trace.json]
+      --microbatches 8 [--json] [--out plan.json] [--trace trace.json] [--plot plan.png]
+      [--timeline timeline.png]
 
 Without ``--json`` it prints a table (stage, device, units, compute, comm, memory, share of the
-bottleneck); with it, the plan.json object (docs/design.md). ``--trace`` writes the simulated schedule
-as a Chrome / Perfetto trace. A bad profile or an infeasible problem prints one line on stderr
+bottleneck, totals; the bottleneck marked); with it, the plan.json object (docs/design.md).
+``--trace`` writes the simulated schedule as a Chrome / Perfetto trace; ``--plot`` and
+``--timeline`` draw the plan and the simulated step (:mod:`skyjax.plots`; matplotlib is imported
+only then, so planning itself needs neither it nor JAX). A bad profile or an infeasible problem prints one line on stderr
 and exits with status 2 (bad profile) or 1 (nothing fits); no traceback.
 """
 
@@ -20,6 +23,7 @@ from skyjax.names import SCHEDULES, STRATEGIES
 from skyjax.plan import planner, simulate
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile, ProfileError, load_profile
+from skyjax.text_table import fmt_bytes, fmt_time, render, time_unit
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -31,6 +35,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print plan.json instead of a table")
     p.add_argument("--out", help="write plan.json here")
     p.add_argument("--trace", help="write the simulated schedule as a Chrome trace here")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw the plan here: units per device, stage times, memory (matplotlib)")
+    p.add_argument("--timeline", metavar="FILE.png",
+                   help="draw the simulated schedule here, bubbles visible (matplotlib)")
     return p.parse_args(argv)
 
 
@@ -44,46 +52,63 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def _bytes(n: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def _seconds(s: float) -> str:
-    return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.3f} s"
-
-
 def format_table(plan: Plan, profile: Profile) -> str:
-    """A readable summary of the plan, one row per stage."""
+    """A readable summary of the plan: one row per stage (device, units, compute, comm, stage
+    time, memory against the device's, share of the bottleneck), a totals row, the bottleneck
+    stage marked, and how the predicted step time is made up."""
     used = len(plan.stages)
     head = (f"{plan.strategy} plan, {plan.schedule}, {plan.microbatches} micro-batches: "
             f"{used} stage{'s' if used != 1 else ''} on {used} of {profile.num_devices} devices, "
             f"{profile.num_units} units")
-    rows = [("stage", "device", "units", "compute", "comm", "memory (of device)", "share")]
+    unit = time_unit(max([s.time_s for s in plan.stages] + [1e-12]))
+    worst = max(range(used), key=lambda k: plan.stages[k].time_s) if used else -1
+    rows, notes = [], []
     for k, s in enumerate(plan.stages):
         a, b = s.units
         names = profile.units[a]["name"] + (f" .. {profile.units[b - 1]['name']}" if b - a > 1
                                              else "")
         dev = profile.devices[s.device]
-        rows.append((str(k), f"{s.device} {dev['name']}", f"[{a}, {b}) {names}",
-                     _seconds(s.compute_s), _seconds(s.comm_s),
-                     f"{_bytes(s.memory_bytes)} ({_bytes(float(dev['memory_bytes']))})",
+        cap = float(dev["memory_bytes"])
+        rows.append((str(k), f"{s.device} {dev['name']}", str(b - a), f"[{a}, {b}) {names}",
+                     fmt_time(s.compute_s, unit), fmt_time(s.comm_s, unit),
+                     fmt_time(s.time_s, unit), fmt_bytes(s.memory_bytes), fmt_bytes(cap),
+                     f"{s.memory_bytes / cap:.1%}" if cap > 0 else "-",
                      f"{s.time_s / plan.bottleneck_s:.0%}" if plan.bottleneck_s > 0 else "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [head, ""]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    tail = (f"\npredicted step time {_seconds(plan.step_time_s)} = sum of stage times + "
-            f"({plan.microbatches} - 1) x bottleneck {_seconds(plan.bottleneck_s)}; ")
+        notes.append("bottleneck" if k == worst else "")
+    total = ("total", "", str(profile.num_units), "",
+             fmt_time(sum(s.compute_s for s in plan.stages), unit),
+             fmt_time(sum(s.comm_s for s in plan.stages), unit),
+             fmt_time(sum(s.time_s for s in plan.stages), unit),
+             fmt_bytes(sum(s.memory_bytes for s in plan.stages)), "", "", "")
+    table = render(("stage", "device", "units", "unit range", "compute", "comm", "stage time",
+                    "memory", "device memory", "used", "share"), rows,
+                   right=(True, False, True, False, True, True, True, True, True, True, True),
+                   total=total, notes=notes)
+    stages_s = sum(s.time_s for s in plan.stages)
+    extra = plan.step_time_s - stages_s - (plan.microbatches - 1) * plan.bottleneck_s
+    tail = (f"predicted step time {fmt_time(plan.step_time_s)} = sum of stage times "
+            f"{fmt_time(stages_s)} + ({plan.microbatches} - 1) x bottleneck "
+            f"{fmt_time(plan.bottleneck_s)} (stage {worst})"
+            + (f" + once-per-step costs {fmt_time(extra)}" if abs(extra) > 1e-9 * max(
+                plan.step_time_s, 1e-12) else "") + "; times per micro-batch; ")
     if plan.exact:
         tail += "optimal under the cost model (exact)" if plan.strategy != "even" else \
             "even split (no search)"
     else:
-        tail += (f"heuristic, lower bound {_seconds(plan.lower_bound_s)}" if plan.lower_bound_s
+        tail += (f"heuristic, lower bound {fmt_time(plan.lower_bound_s)}" if plan.lower_bound_s
                  else "even split (no search)")
-    lines.append(tail)
-    return "\n".join(lines)
+    return "\n".join([head, "", table, "", tail])
+
+
+def write_pictures(plan: Plan, profile: Profile, plot: str | None, timeline: str | None) -> None:
+    """``--plot`` / ``--timeline``: the plan and the simulated step as PNG (matplotlib, imported
+    here only)."""
+    from skyjax import plots
+
+    if plot:
+        plots.save(plots.plan_figure(plan, profile), plot)
+    if timeline:
+        plots.save(plots.timeline_figure(plan, profile), timeline)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +127,16 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(out, args.out, indent=1)
     if args.trace:
         write_json_atomic(simulate.simulate_plan(plan, profile).trace, args.trace)
+    if args.plot or args.timeline:
+        try:
+            write_pictures(plan, profile, args.plot, args.timeline)
+        except ImportError as e:
+            print(f"error: --plot / --timeline need matplotlib (pip install matplotlib): {e}",
+                  file=sys.stderr)
+            return 2
+        except OSError as e:
+            print(f"error: cannot write picture: {e}", file=sys.stderr)
+            return 2
     print(json.dumps(out, indent=1) if args.json else format_table(plan, profile))
     return 0
 

@@ -1,0 +1,94 @@
+"""Pictures (skyjax.plots): the plan and the timeline for 4 and for 64 devices (a synthetic
+64-node profile, as experiments/paper_reproduction.py builds it), the measured per-stage numbers,
+and that drawing stays out of the import path (no matplotlib, no JAX until a picture is asked)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments.paper_reproduction import GIB, BertShape, bert_units, synth_profile, \
+    uniform_links
+from skyjax import plan as plan_lib
+from skyjax.plan.simulate import simulate_plan
+from skyjax.trace import Span
+from tests.test_allocator import make_profile
+
+plots = pytest.importorskip("skyjax.plots")
+pytest.importorskip("matplotlib")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def png_size(path) -> tuple[int, int]:
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def four_devices():
+    fwd = np.array([[1.0, 2.0, 3.0, 6.0]] * 6) * 1e-3
+    prof = make_profile(fwd, state=[1e6] * 6, act=[1e5] * 6, out=[1e5] * 6, memory=[8e9] * 4,
+                        latency=np.full((4, 4), 1e-4), bandwidth=np.full((4, 4), 1e9))
+    return prof, plan_lib.plan(prof, "even", "1f1b", 4)
+
+
+def sixty_four_devices():
+    slow = np.random.default_rng(35).integers(1, 7, 64)
+    lat, bw = uniform_links(64, 10e9 / 8, 50e-6)
+    prof = synth_profile(bert_units(BertShape(layers=40)), slow, np.full(64, 16 * GIB), lat, bw)
+    return prof, plan_lib.plan(prof, "even", "1f1b", 32)
+
+
+def measured_like(plan, profile, stretch=1.2):
+    """A 'measured' step: the simulated one, stretched (as if every action ran slower)."""
+    return [dataclasses.replace(s, start=100 + s.start * stretch, end=100 + s.end * stretch)
+            for s in simulate_plan(plan, profile).spans]
+
+
+def test_measure_stages():
+    spans = [Span(0, "F", 0, 0.0, 1.0), Span(1, "F", 0, 1.5, 2.5), Span(1, "B", 0, 2.5, 4.5),
+             Span(0, "B", 0, 4.75, 6.75)]
+    m = plots.measure_stages(spans, 2, 1)
+    assert m.compute_s == [3.0, 3.0]
+    assert m.comm_s == [0.5 + 0.25, 0.0]  # forward hand-off 0.5 s, backward 0.25 s
+    assert m.step_s == 6.75
+
+
+@pytest.mark.parametrize("devices", [four_devices, sixty_four_devices])
+def test_plan_and_timeline_pictures(tmp_path, devices):
+    prof, plan = devices()
+    p = len(plan.stages)
+    spans = measured_like(plan, prof)
+    measured = plots.measure_stages(spans, p, plan.microbatches)
+    assert measured.compute_s[0] == pytest.approx(1.2 * plan.stages[0].compute_s, rel=1e-6)
+    plan_png = plots.save(plots.plan_figure(plan, prof, measured), str(tmp_path / "plan.png"))
+    timeline_png = plots.save(plots.timeline_figure(plan, prof, spans),
+                              str(tmp_path / "timeline.png"))
+    (pw, ph), (tw, th) = png_size(plan_png), png_size(timeline_png)
+    # One row per stage: the pictures grow with the stages so that 64 rows stay legible.
+    assert pw >= 1200 and ph >= 300 and tw >= 1000
+    if p == 64:
+        assert ph >= 64 * 15 and th >= 2 * 64 * 15
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
+
+
+def test_timeline_without_measured_step(tmp_path):
+    prof, plan = four_devices()
+    path = plots.save(plots.timeline_figure(plan, prof), str(tmp_path / "t.png"))
+    assert png_size(path)[1] < png_size(plots.save(plots.timeline_figure(
+        plan, prof, measured_like(plan, prof)), str(tmp_path / "t2.png")))[1]
+
+
+def test_drawing_is_not_on_the_import_path():
+    code = ("import sys, skyjax.plots, skyjax.plan.cli; "
+            "print('matplotlib' in sys.modules, 'jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
