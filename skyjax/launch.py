@@ -1,6 +1,6 @@
 """Localhost launcher: start N processes of a module under ``jax.distributed``.
 
-    python -m skyjax.launch --num_processes 4 [--timeout 600] -- --config configs/local_hetero.py --workdir /tmp/w
+    python -m skyjax.launch --num_processes 4 [--timeout 600] [--max_restarts K] -- --config configs/local_hetero.py --workdir /tmp/w
 
 runs ``python -m skyjax.main <args after -->`` four times, with a coordinator on 127.0.0.1 at a free
 port, announced to each child through ``SKYJAX_COORDINATOR``, ``SKYJAX_NUM_PROCESSES`` and
@@ -10,6 +10,13 @@ stopped (SIGTERM to its process group, SIGKILL after a grace period) and the lau
 non-zero. No child outlives the launcher: on Ctrl-C / SIGTERM it stops them first, and each child
 also asks the kernel to kill it when the launcher dies (Linux ``PR_SET_PDEATHSIG``), so even a
 SIGKILLed launcher leaves nothing behind.
+
+``--max_restarts K``: when a process dies, the others notice (they exit with status 75,
+``EXIT_PEER_LOST``, naming it) or are stopped, and the job starts again on the survivors only,
+at most K times: ``--config.cluster.num_devices`` and the per-device emulation (slow-downs, memory
+caps, regions) follow the surviving processes, their rows of the profile are re-used
+(``skyjax.survivors``), the job re-plans, and training resumes from the last committed
+checkpoint (``config.checkpoint.every``).
 
 :func:`launch` is the same as a library function (tests and benchmarks use it).
 """
@@ -27,6 +34,7 @@ import time
 from typing import IO, Mapping, Sequence
 
 from skyjax import env_vars
+from skyjax.names import EXIT_PEER_LOST
 
 
 EXIT_TIMEOUT = 124
@@ -120,16 +128,27 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _lost(codes: list[int | None]) -> list[int]:
+    """The processes to give up after the first failure seen: those that failed on their own
+    (not with ``EXIT_PEER_LOST`` or JAX's abort when the coordinator goes); if only peers'
+    reports are in, the processes still running (hung, not beating)."""
+    failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
+    own = [k for k in failed if codes[k] not in (EXIT_PEER_LOST, -signal.SIGABRT)]
+    return own or [k for k, c in enumerate(codes) if c is None]
+
+
 def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | None = None,
            env: Mapping[str, str] | None = None, module: str = "skyjax.main", *,
            grace_s: float = GRACE_S, stdout=None, coordinator_host: str = "127.0.0.1",
-           log=None) -> int:
+           log=None, max_restarts: int = 0) -> int:
     """Run ``python -m module *module_args`` in ``num_processes`` local processes.
 
     Returns 0 when every child exits with 0; otherwise the exit code of the first child to fail
     (128 + signal number for a child killed by a signal), or 124 when ``timeout_s`` passes first.
     ``env`` entries are added to (or override) this process's environment. ``stdout``: a binary
-    stream for the prefixed output (default: this process's stdout).
+    stream for the prefixed output (default: this process's stdout). ``max_restarts``: start the
+    job again on the surviving processes up to this many times (module docstring); ``timeout_s``
+    covers all attempts.
     """
     if num_processes < 1:
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
@@ -137,6 +156,31 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
     if out is None:  # a text-only stdout (e.g. some notebook front ends)
         out = _TextOut(sys.stdout)
     log = log or (lambda msg: (out.write(f"[launch] {msg}\n".encode()), out.flush()))
+    deadline = None if not timeout_s else time.monotonic() + timeout_s
+    args, n = list(module_args), num_processes
+    for attempt in range(max_restarts + 1):
+        left = None if deadline is None else max(0.01, deadline - time.monotonic())
+        rc, lost = _launch_once(args, n, left, env, module, grace_s=grace_s, out=out,
+                                coordinator_host=coordinator_host, log=log)
+        if rc == 0 or rc == EXIT_TIMEOUT or lost is None:
+            return rc
+        survivors = [k for k in range(n) if k not in lost]
+        if attempt == max_restarts or not survivors:
+            return rc
+        from skyjax import survivors as survivors_lib  # absl + ml_collections; no JAX
+
+        log(f"restart {attempt + 1}/{max_restarts}: lost process(es) {lost}; restarting on "
+            f"{len(survivors)} survivor(s) {survivors} (renumbered 0..{len(survivors) - 1})")
+        args = survivors_lib.survivor_args(args, survivors, attempt + 1, log=log)
+        n = len(survivors)
+    return rc
+
+
+def _launch_once(module_args: Sequence[str], num_processes: int, timeout_s: float | None,
+                 env: Mapping[str, str] | None, module: str, *, grace_s: float, out,
+                 coordinator_host: str, log) -> tuple[int, list[int] | None]:
+    """One attempt of :func:`launch`: its exit code and the processes lost (None when the
+    launcher itself was interrupted)."""
     port = free_port(coordinator_host)
     repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     base_env = dict(os.environ)
@@ -157,7 +201,7 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
             raise _Interrupted(signum)
         for sig in (signal.SIGTERM, signal.SIGHUP):
             old_handlers[sig] = signal.signal(sig, _raise)
-    rc = 0
+    rc, lost = 0, []
     try:
         for k in range(num_processes):
             child_env = dict(base_env, **{env_vars.PROCESS_ID: str(k)})
@@ -170,12 +214,15 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
                                  daemon=True)
             t.start()
             pumps.append(t)
+        log(f"started {num_processes} process(es), pids " +
+            " ".join(f"p{k}:{p.pid}" for k, p in enumerate(procs)))
         deadline = None if not timeout_s else time.monotonic() + timeout_s
         while True:
             codes = [p.poll() for p in procs]
             failed = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                k, c = failed[0]
+                lost = _lost(codes)
+                k, c = next(((k, c) for k, c in failed if k in lost), failed[0])
                 rc = _exit_code(c)
                 log(f"process {k} exited with {c}; stopping the others")
                 break
@@ -188,7 +235,7 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
             time.sleep(0.05)
     except (KeyboardInterrupt, _Interrupted) as e:
         signum = getattr(e, "signum", signal.SIGINT)
-        rc = 128 + signum
+        rc, lost = 128 + signum, None
         log(f"interrupted (signal {signum}); stopping all processes")
     finally:
         _stop_all(procs, grace_s)
@@ -196,7 +243,7 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
             t.join(timeout=5)
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
-    return rc
+    return rc, lost
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,8 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--module", default="skyjax.main")
     parser.add_argument("--grace", type=float, default=GRACE_S,
                         help="seconds between SIGTERM and SIGKILL when stopping")
+    parser.add_argument("--max_restarts", type=int, default=0,
+                        help="when a process dies, restart the job on the survivors (from the "
+                             "last checkpoint) up to this many times")
     args = parser.parse_args(own)
-    return launch(rest, args.num_processes, args.timeout, module=args.module, grace_s=args.grace)
+    return launch(rest, args.num_processes, args.timeout, module=args.module, grace_s=args.grace,
+                  max_restarts=args.max_restarts)
 
 
 if __name__ == "__main__":

@@ -8,3 +8,6 @@ SCHEDULES = ("gpipe", "1f1b")  # pipeline schedules (skyjax.plan.schedules)
 STRATEGIES = ("even", "optimal", "dynamic")  # allocation strategies (skyjax.plan)
 GRANULARITIES = ("layer", "sublayer")  # how the model is cut into units (skyjax.models.units)
 MODES = ("local", "distributed")  # one process for all stages, or one process per stage
+# Exit status of a process that stopped because a peer process was lost (the launcher restarts
+# the job on the survivors; skyjax.runtime.transport.watchdog).
+EXIT_PEER_LOST = 75

@@ -1,5 +1,6 @@
 """What a run leaves in its workdir (formats in docs/design.md): ``summary.json``,
-``metrics.jsonl``, ``trace.json``, ``plan.json``, ``config.json``. Only process 0 writes."""
+``metrics.jsonl`` (and the same records as TensorBoard scalars under ``tensorboard/``),
+``trace.json``, ``plan.json``, ``config.json``. Only process 0 writes."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from skyjax import plan as plan_lib
 from skyjax.jsonio import append_jsonl, write_json_atomic
 from skyjax.plan import simulate
 from skyjax.profile.format import Profile
+from skyjax.tensorboard import EventWriter
 from skyjax.trace import stage_events, trace_json as trace_file
 
+TENSORBOARD_DIR = "tensorboard"  # event files: tensorboard --logdir WORKDIR/tensorboard
 SIMULATED_PID_OFFSET = 10  # simulated rows sit below the measured ones in the trace viewer
 
 
@@ -26,10 +29,12 @@ class Outputs:
     def __init__(self, workdir: str, is_chief: bool):
         self.workdir, self.is_chief = workdir, is_chief
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+        self.board: EventWriter | None = None  # TensorBoard: what metrics.jsonl gets, as scalars
         if is_chief:
             os.makedirs(workdir, exist_ok=True)
             if os.path.exists(self.metrics_path):
                 os.remove(self.metrics_path)
+            self.board = EventWriter(os.path.join(workdir, TENSORBOARD_DIR))
 
     def write_json(self, name: str, obj: Any) -> None:
         if self.is_chief:
@@ -39,6 +44,7 @@ class Outputs:
         """One line of metrics.jsonl (a log step or one evaluated split)."""
         if self.is_chief:
             append_jsonl(self.metrics_path, record)
+            self.board.write_record(record)
 
 
 def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any) -> dict:
@@ -50,7 +56,18 @@ def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any) -> dict:
         e["pid"] = SIMULATED_PID_OFFSET + e.get("pid", 0)
         if e.get("name") == "process_name":
             e["args"] = {"name": f"simulated: {e['args']['name']}"}
-    return trace_file(events + simulated)
+    out = trace_file(events + simulated)
+    out["stage_comparison"] = stage_report(plan, profile, last_step)  # viewers ignore it
+    return out
+
+
+def stage_report(plan: plan_lib.Plan, profile: Profile, last_step: Any) -> dict:
+    """Per stage, predicted vs measured compute, comm and idle of the last step
+    (:func:`skyjax.plan.compare.stage_comparison`): summary.json's and trace.json's ``stages``."""
+    from skyjax.plan.compare import stage_comparison
+
+    spans = [s for r in (last_step.results if last_step else []) for s in r.spans]
+    return stage_comparison(plan, profile, spans)
 
 
 def make_summary(config: ml_collections.ConfigDict, plan: dict, result: dict,
@@ -65,6 +82,7 @@ def make_summary(config: ml_collections.ConfigDict, plan: dict, result: dict,
     first = next(iter(final_evals.values()), {})
     return {
         "steps": config.train.steps,
+        "resumed_from_step": result.get("resumed_from_step", 0),  # 0 = a fresh run
         "final_loss": result["metrics"].get("loss"),
         "final_train_accuracy": result["metrics"].get("accuracy"),
         "eval_accuracy": first.get("eval_accuracy"),

@@ -23,7 +23,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from skyjax import cluster as cluster_lib, data as data_lib, optim, outputs, watch
+from skyjax import checkpoint, cluster as cluster_lib, data as data_lib, optim, outputs, watch
 from skyjax import plan as plan_lib
 from skyjax.baseline import microbatch_rng
 from skyjax.config import validate_config
@@ -65,11 +65,15 @@ def plan_phase(config: ml_collections.ConfigDict, profile: Profile) -> plan_lib.
                          config.pipeline.microbatches)
 
 
-def make_transport(cluster: cluster_lib.Cluster) -> Any:
-    """The per-process transport under ``jax.distributed`` (None in a single process)."""
+def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0) -> Any:
+    """The per-process transport under ``jax.distributed`` (None in a single process), with the
+    heartbeat watchdog that turns a lost peer into an error naming it."""
     if jax.process_count() == 1:
         return None
+    from skyjax.runtime import distributed
     from skyjax.runtime.transport import TransferServerTransport
+
+    distributed.start_watchdog(peer_timeout_s)
 
     me = jax.process_index()
     return TransferServerTransport(me, jax.process_count(), cluster.jax_devices[me],
@@ -77,9 +81,11 @@ def make_transport(cluster: cluster_lib.Cluster) -> Any:
 
 
 def make_executor(config: ml_collections.ConfigDict, chain: list[bert.Unit], plan: plan_lib.Plan,
-                  cluster: cluster_lib.Cluster, transport: Any = None):
-    """The executor for this process: all stages here, or this process's stage."""
+                  cluster: cluster_lib.Cluster, transport: Any = None, unit_states: Any = None):
+    """The executor for this process: all stages here, or this process's stage (from restored
+    ``unit_states`` when resuming)."""
     kwargs = dict(batch_size=config.data.batch_size, seq_len=config.data.seq_len,
+                  unit_states=unit_states,
                   optimizer=optim.make_optimizer(config.train, clip=False),
                   max_grad_norm=config.train.grad_clip_norm or None,
                   rng=lambda step, mb: microbatch_rng(config.train.seed, step, mb))
@@ -127,7 +133,8 @@ def evaluate_splits(executor, eval_sets: dict[str, list[Batch]], step: int,
 
 
 def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs,
-               eval_sets: dict[str, list[Batch]], replanner: Replanner | None = None) -> dict:
+               eval_sets: dict[str, list[Batch]], replanner: Replanner | None = None,
+               start_step: int = 0, saver: checkpoint.CheckpointManager | None = None) -> dict:
     """Runs ``config.train.steps`` pipelined steps; returns times, metrics, the last spans and
     the executor in use at the end (re-planning may have replaced it)."""
     t = config.train
@@ -137,10 +144,10 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
     evals: list[dict] = []
     last = None
     start = time.perf_counter()
-    batches = data_lib.train_batches(config)
+    batches = data_lib.train_batches(config, start_step)
     progress = watch.train_progress(config, out.is_chief)  # lines with ETA; a bar on a terminal
     try:
-        for step, batch in zip(range(t.steps), batches):
+        for step, batch in zip(range(start_step, t.steps), batches):
             tic = time.perf_counter()
             last = executor.train_step(step, batch)
             step_times.append(time.perf_counter() - tic)
@@ -159,6 +166,7 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             if replanner is not None and step + 1 < t.steps:
                 replanner.observe(step, last)
                 executor = replanner.maybe_switch(step, executor)
+            checkpoint.after_step(saver, step, executor)
     finally:
         progress.close()
         getattr(batches, "close", lambda: None)()
@@ -172,6 +180,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     wall_start = time.perf_counter()
     rss_start = memory.current_rss_bytes()
     validate_config(config)
+    resume = checkpoint.prepare(config, workdir)  # refuses another run's checkpoint, by name
     out = outputs.Outputs(workdir, is_chief=jax.process_index() == 0)
     out.write_json("config.json", config.to_dict())
 
@@ -183,21 +192,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     logging.info("model: %d units at %s granularity, %d parameters", len(chain),
                  config.allocation.granularity, num_params)
     cluster = cluster_lib.cluster_from_config(config)
-    transport = make_transport(cluster)
+    transport = make_transport(cluster, config.cluster.peer_timeout_s)
     profile = profile_phase(config, chain, workdir, cluster, transport)
     plan = plan_phase(config, profile)
     out.write_json("plan.json", plan.to_json())
     outputs.log_plan(plan)
 
     mine = own_units(plan, len(chain))
-    executor = make_executor(config, build.materialize(init, chain, mine), plan, cluster,
-                             transport)
+    optimizer = optim.make_optimizer(config.train, clip=False)
+    states = checkpoint.restored_states(resume, chain, mine, optimizer)
+    executor = make_executor(config, chain if states else build.materialize(init, chain, mine),
+                             plan, cluster, transport, states)
+    saver = checkpoint.make_manager(config, workdir, chain, optimizer)
     init.release()
     eval_sets = data_lib.eval_splits(config) if config.data.eval_examples else {}
     every = config.allocation.replan_every if config.allocation.strategy == "dynamic" else 0
     replanner = Replanner(every, profile, plan)
     try:
-        result = train_loop(config, executor, out, eval_sets, replanner)
+        result = train_loop(config, executor, out, eval_sets, replanner,
+                            resume.step if resume else 0, saver)
+        result["resumed_from_step"] = resume.step if resume else 0
         executor = result.pop("executor")
         final_evals = evaluate_splits(executor, eval_sets, config.train.steps, out)
     finally:
@@ -210,6 +224,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    len(profile.units), num_params,
                                    time.perf_counter() - wall_start)
     summary["memory"] = memory_report(config, chain, mine, rss_start)
+    summary["stages"] = outputs.stage_report(plan, profile, result["last_step"])  # vs predicted
     out.write_json("trace.json", outputs.trace_json(plan, profile, result["last_step"]))
     if out.is_chief:  # plan.png, timeline.png
         watch.write_pictures(workdir, plan, profile, result["last_step"], cluster.jax_devices)

@@ -125,6 +125,77 @@ def test_cli_exit_code():
     assert b"[p1] exiting with 7" in r.stdout
 
 
+def _profile_json(devices: int, units: int = 3) -> dict:
+    return {"version": 1, "microbatch": {"size": 4, "seq_len": 8},
+            "units": [{"name": f"u{u}", "kind": "layer", "state_bytes": 10, "activation_bytes": 1,
+                       "output_bytes": 1} for u in range(units)],
+            "devices": [{"name": f"proc{d}:cpu0", "memory_bytes": 100 + d, "kind": "cpu",
+                         "slowdown": 1.0 + d, "region": ""} for d in range(devices)],
+            "forward_s": [[0.1 * (d + 1) + u for d in range(devices)] for u in range(units)],
+            "backward_s": [[0.2 * (d + 1) + u for d in range(devices)] for u in range(units)],
+            "links": {"latency_s": [[0.0 if a == b else 0.01 * (a + 1) + b for b in range(devices)]
+                                    for a in range(devices)],
+                      "bandwidth_Bps": [[1e9] * devices for _ in range(devices)]}}
+
+
+def test_survivor_args_keep_the_survivors_emulation_and_profile_rows(tmp_path):
+    import json
+
+    from skyjax.profile.format import load_profile
+    from skyjax.survivors import parse_main_args, survivor_args
+
+    (tmp_path / "profile.json").write_text(json.dumps(_profile_json(3)))
+    args = ["--config", os.path.join(REPO, "configs", "local_demo.py"),
+            "--config.cluster.mode=distributed", "--config.cluster.num_devices=3",
+            "--config.cluster.slowdowns=(1, 2, 4)", "--config.cluster.regions", "('a', 'b', 'c')",
+            "--workdir", str(tmp_path)]
+    new = survivor_args(args, [0, 2], 1, log=lambda m: None)
+    config, workdir = parse_main_args(new)
+    assert workdir == str(tmp_path)
+    assert config.cluster.num_devices == 2 and config.cluster.mode == "distributed"
+    assert tuple(config.cluster.slowdowns) == (1, 4)
+    assert tuple(config.cluster.regions) == ("a", "c")
+    sub = load_profile(config.profile.path)
+    assert [d["name"] for d in sub.devices] == ["proc0:cpu0", "proc1:cpu0"]
+    assert [d["slowdown"] for d in sub.devices] == [1.0, 3.0]
+    assert sub.forward_s[:, 1].tolist() == [0.1 * 3 + u for u in range(3)]  # old device 2's
+    assert sub.latency_s.tolist() == [[0.0, 0.01 + 2], [0.03 + 0, 0.0]]
+
+
+def test_restart_on_the_survivors(tmp_path):
+    """Process 1 of 3 is SIGKILLed; the others report the lost peer (status 75); the job runs
+    again on 2 processes with the survivors' config, and succeeds."""
+    args = ["die_once", "--config", os.path.join(REPO, "configs", "local_demo.py"),
+            "--config.cluster.num_devices=3", "--config.cluster.slowdowns=(1, 2, 4)",
+            "--workdir", str(tmp_path)]
+    from skyjax.launch import launch
+
+    out = io.BytesIO()
+    rc = launch(args, 3, 60, env=_env(), module="test_launch", stdout=out, grace_s=2,
+                max_restarts=2)
+    text = out.getvalue().decode()
+    assert rc == 0, text
+    assert "process 1 exited with -9" in text
+    assert "restart 1/2: lost process(es) [1]; restarting on 2 survivor(s) [0, 2]" in text
+    for k in range(2):
+        assert f"[p{k}] attempt 2 of 2 args " in text
+    restarted = [ln for ln in text.splitlines() if "attempt 2 of 2 args" in ln][0]
+    assert "--config.cluster.num_devices=2" in restarted
+    assert "--config.cluster.slowdowns=(1, 4)" in restarted
+    _assert_all_gone(_pids(text))
+
+
+def test_restarts_are_bounded():
+    from skyjax.launch import launch
+
+    out = io.BytesIO()
+    rc = launch(["die_always"], 3, 60, env=_env(), module="test_launch", stdout=out, grace_s=2,
+                max_restarts=1)
+    text = out.getvalue().decode()
+    assert rc != 0, text
+    assert text.count("restart 1/1") == 1 and "restart 2/" not in text, text
+
+
 # ------------------------------------------------------------------------- the children's code
 
 def _child(mode: str) -> None:
@@ -148,6 +219,14 @@ def _child(mode: str) -> None:
         time.sleep(60)
     elif mode == "sleep":
         time.sleep(60)
+    elif mode in ("die_once", "die_always"):
+        if n == 3 or mode == "die_always":
+            if k == 1:
+                time.sleep(0.3)
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(1.5)
+            sys.exit(75)  # skyjax.names.EXIT_PEER_LOST: "a peer was lost"
+        print(f"attempt 2 of {n} args {' '.join(sys.argv[2:])}", flush=True)
     elif mode == "exit7":
         if k == 1:
             print("exiting with 7", flush=True)

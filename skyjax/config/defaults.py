@@ -104,6 +104,9 @@ def _cluster() -> ml_collections.ConfigDict:
     c.link_latency_s = 0.0  # emulated one-way latency between devices in different regions
     c.link_bandwidth_Bps = 0.0  # emulated bandwidth between regions (0 = not emulated)
     c.coordinator_address = ""  # jax.distributed coordinator "host:port"; "" = auto / launcher
+    # Distributed: a process whose heartbeat stops this long is lost; the others exit (status 75)
+    # naming it, instead of waiting (skyjax/runtime/transport/watchdog.py).
+    c.peer_timeout_s = 60.0
     return c
 
 
@@ -113,6 +116,15 @@ def _profile() -> ml_collections.ConfigDict:
     p.reprofile = False  # measure again even if workdir/profile.json exists
     p.path = ""  # plan from this profile.json instead of measuring ("" = measure or use the cache)
     return p
+
+
+def _checkpoint() -> ml_collections.ConfigDict:
+    """Checkpoints in WORKDIR/checkpoints/<step>/ (skyjax/checkpoint/, docs/design.md)."""
+    c = ml_collections.ConfigDict()
+    c.every = 0  # save every N optimizer steps; 0 = never
+    c.keep = 3  # committed checkpoints kept (the latest N); 0 = all
+    c.resume = True  # continue from the latest committed checkpoint in the workdir, if any
+    return c
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -125,4 +137,5 @@ def base_config() -> ml_collections.ConfigDict:
     config.allocation = _allocation()
     config.cluster = _cluster()
     config.profile = _profile()
+    config.checkpoint = _checkpoint()
     return config

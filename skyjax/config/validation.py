@@ -217,6 +217,7 @@ def _check_cluster(c: Any) -> None:
     _per_device("config.cluster.regions", c.regions, n, str)
     _at_least("config.cluster.link_latency_s", c.link_latency_s, 0.0)
     _at_least("config.cluster.link_bandwidth_Bps", c.link_bandwidth_Bps, 0.0)
+    _positive("config.cluster.peer_timeout_s", c.peer_timeout_s)
     addr = c.coordinator_address
     if addr and (":" not in addr or not addr.rsplit(":", 1)[1].isdigit()):
         _fail(f"config.cluster.coordinator_address={addr!r} must be 'host:port' or ''")
@@ -232,5 +233,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _check_allocation(config.allocation)
     _check_cluster(config.cluster)
     _at_least("config.profile.repeats", config.profile.repeats, 1)
+    _at_least("config.checkpoint.every", config.checkpoint.every, 0)
+    _at_least("config.checkpoint.keep", config.checkpoint.keep, 0)
     if config.profile.path and not os.path.isfile(config.profile.path):
         _fail(f"config.profile.path={config.profile.path!r}: file not found")

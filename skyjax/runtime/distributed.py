@@ -9,7 +9,10 @@ Where the coordinator comes from, first match wins:
    ``jax.distributed.initialize()``.
 
 Timeouts are shorter than JAX's defaults (300 s shutdown barrier, 100 s heartbeat) so that a dead
-peer does not hold the survivors for five minutes.
+peer does not hold the survivors for five minutes. A lost peer is noticed by skyjax's own
+heartbeats (:func:`start_watchdog`, ``config.cluster.peer_timeout_s``): JAX's coordination service
+runs with recoverability on, so it does not abort every process on its own, and every wait here
+(:func:`kv_get`, :func:`broadcast_json`, the transports) is cut short by the watchdog.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import jax
 
 from skyjax import env_vars
+from skyjax.runtime.transport.watchdog import PeerWatchdog
 
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,8 @@ class DistributedInfo:
 
 _info: DistributedInfo | None = None
 _shutdown_barrier_s: float = 120.0
+_watchdog: PeerWatchdog | None = None
+_POLL_MS = 500  # key-value waits look at the watchdog this often
 
 
 def _env_int(name: str) -> int | None:
@@ -87,6 +94,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         except (AttributeError, KeyError, ValueError) as e:  # option renamed in some version
             log.warning("could not set jax_cpu_collectives_implementation=%s: %s",
                         cpu_collectives, e)
+    try:  # a dead peer is skyjax's watchdog's to report, not a fatal error in every process
+        jax.config.update("jax_enable_recoverability", True)
+    except (AttributeError, KeyError, ValueError) as e:
+        log.warning("could not enable jax_enable_recoverability: %s", e)
     if all(v is not None for v in explicit):
         log.info("jax.distributed: process %d/%d, coordinator %s", process_id, num_processes,
                  coordinator_address)
@@ -127,6 +138,48 @@ def key_value_client():
     return client
 
 
+def start_watchdog(peer_timeout_s: float) -> PeerWatchdog | None:
+    """Start (once) this process's heartbeat watchdog; None in a single process."""
+    global _watchdog
+    if _info is None or _info.num_processes <= 1:
+        return None
+    if _watchdog is None:
+        _watchdog = PeerWatchdog(key_value_client(), _info.process_id, _info.num_processes,
+                                 peer_timeout_s).start()
+    return _watchdog
+
+
+def watchdog() -> PeerWatchdog | None:
+    """The running watchdog, if any."""
+    return _watchdog
+
+
+def check_peers(what: str = "") -> None:
+    """Raise ``PeerLost`` if the watchdog has declared a peer lost."""
+    if _watchdog is not None:
+        _watchdog.check(what)
+
+
+def kv_get(key: str, timeout_s: float, what: str, client: Any = None,
+           as_bytes: bool = False) -> Any:
+    """``blocking_key_value_get`` in slices of 0.5 s, so a lost peer (the watchdog) ends the
+    wait at once; ``TimeoutError`` naming ``what`` after ``timeout_s``."""
+    client = client if client is not None else key_value_client()
+    get = client.blocking_key_value_get_bytes if as_bytes else client.blocking_key_value_get
+    deadline = time.monotonic() + timeout_s
+    while True:
+        check_peers(what)
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            raise TimeoutError(f"{what}: nothing after {timeout_s:g} s (key {key})")
+        try:
+            return get(key, max(1, min(_POLL_MS, left_ms)))
+        except Exception as e:  # jax raises JaxRuntimeError(DEADLINE_EXCEEDED: ...)
+            if "DEADLINE_EXCEEDED" not in str(e) and "timed out" not in str(e):
+                check_peers(what)
+                raise
+
+
 def broadcast_json(obj: Any, key: str, timeout_s: float = 600.0) -> Any:
     """Process 0's JSON-able ``obj`` on every process, through the key-value store under ``key``
     (use a key unique to this call). Other processes' ``obj`` is ignored."""
@@ -136,7 +189,8 @@ def broadcast_json(obj: Any, key: str, timeout_s: float = 600.0) -> Any:
     if jax.process_index() == 0:
         client.key_value_set(key, json.dumps(obj))
         return obj
-    return json.loads(client.blocking_key_value_get(key, int(timeout_s * 1000)))
+    return json.loads(kv_get(key, timeout_s, f"process {jax.process_index()}: waiting for "
+                                              f"process 0's {key}", client))
 
 
 def shutdown(barrier_timeout_s: float | None = None) -> None:
@@ -151,11 +205,24 @@ def shutdown(barrier_timeout_s: float | None = None) -> None:
     if _info is None:
         return
     timeout = _shutdown_barrier_s if barrier_timeout_s is None else barrier_timeout_s
+    global _watchdog
     if _info.num_processes > 1:
         try:
             key_value_client().wait_at_barrier("skyjax/shutdown", int(timeout * 1000))
         except Exception as e:  # noqa: BLE001 - a dead peer must not stop us shutting down
             log.warning("shutdown barrier failed (%s); shutting down anyway", e)
+    if _watchdog is not None:  # everyone is here: leaving is not a loss
+        _watchdog.stop()
+        _watchdog = None
+    if _info.num_processes > 1 and _info.process_id == 0:
+        # With recoverability on, JAX's own shutdown barrier no longer holds process 0 (the
+        # coordination service) until the others have disconnected: a process still
+        # disconnecting when it goes would die with a fatal error. get_live_nodes returns once
+        # every other process has disconnected (or, dead, missed its heartbeats).
+        try:
+            key_value_client().get_live_nodes(list(range(_info.num_processes)))
+        except Exception as e:  # noqa: BLE001
+            log.warning("waiting for the other processes to disconnect failed (%s)", e)
     try:
         jax.distributed.shutdown()
     finally:

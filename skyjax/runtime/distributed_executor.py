@@ -16,7 +16,7 @@ from skyjax.metrics import summarize_eval
 from skyjax.models.bert import Unit
 from skyjax.plan import Plan
 from skyjax.plan.schedules import actions
-from skyjax.runtime import tags
+from skyjax.runtime import distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
 from skyjax.runtime.pipeline import PipelineStage, StepMetrics, StepResult
@@ -69,6 +69,10 @@ class DistributedExecutor:
         self.transport = transport
         self.process_index = process_index
         p = len(self.places)
+        watchdog = distributed.watchdog()
+        if watchdog is not None:  # a lost process is reported with its stage
+            watchdog.set_roles({place.device: f"stage {k}, units [{place.start}, {place.end})"
+                                for k, place in enumerate(self.places)})
         link = ProcessLink(transport, [place.device for place in self.places])
         mine = [k for k, place in enumerate(self.places) if place.device == process_index]
         self.stage: PipelineStage | None = None

@@ -10,12 +10,15 @@ clock), two implementations:
   scalars through the key-value store.
 
 Messages are matched by (src, dst, tag, n); which tags mean what: ``skyjax.runtime.tags``.
+A lost peer process is noticed by :class:`PeerWatchdog` (:mod:`.watchdog`): waits then raise
+:class:`PeerLost` naming the process and its stage.
 """
 
 from skyjax.runtime.transport.base import (DEFAULT_TIMEOUT_S, LinkClock, Transport,
                                            TransportError, TransportTimeout)
 from skyjax.runtime.transport.local import LocalTransport
 from skyjax.runtime.transport.transfer import TransferServerTransport
+from skyjax.runtime.transport.watchdog import PeerLost, PeerWatchdog
 
-__all__ = ["DEFAULT_TIMEOUT_S", "LinkClock", "LocalTransport", "TransferServerTransport",
-           "Transport", "TransportError", "TransportTimeout"]
+__all__ = ["DEFAULT_TIMEOUT_S", "LinkClock", "LocalTransport", "PeerLost", "PeerWatchdog",
+           "TransferServerTransport", "Transport", "TransportError", "TransportTimeout"]

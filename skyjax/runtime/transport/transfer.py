@@ -7,7 +7,8 @@ traffic is needed; a 16-byte header travels with the arrays (due time for link e
 checksum of shapes and dtypes: a pull with a wrong dtype would otherwise silently reinterpret the
 bytes). The jax.distributed key-value store is used only to exchange server addresses and for the
 host-scalar collectives (``allreduce_sum``, ``gather_to_first``, ``barrier``; once per step).
-A pull has no working deadline (jax 0.10), so ``recv`` polls for readiness to time out.
+A pull has no working deadline (jax 0.10), so ``recv`` polls for readiness to time out, and asks
+the peer watchdog (``watchdog.py``) every 0.5 s whether the sender's process is lost.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from skyjax.tree import tree_nbytes
 
 _LOW31 = (1 << 31) - 1  # header words are int32: values are split / masked to 31 bits
 _POLL_MAX_S, _SPIN_S = 200e-6, 2e-3
+_CHECK_S = 0.5  # how often a waiting receive asks the peer watchdog
 
 
 def _avals(leaves: Sequence[Any]) -> list[tuple[tuple[int, ...], str]]:
@@ -43,19 +45,25 @@ def _avals_crc(leaves: Sequence[Any]) -> int:
     return zlib.crc32(repr(_avals(leaves)).encode()) & _LOW31
 
 
-def _wait_ready(leaves: list, timeout_s: float) -> bool:
-    """Wait until every array in ``leaves`` is ready; False after ``timeout_s``.
+def _wait_ready(leaves: list, timeout_s: float, check: Any = None) -> bool:
+    """Wait until every array in ``leaves`` is ready; False after ``timeout_s``. ``check()`` is
+    called every ~0.5 s (the peer watchdog: it raises when the sender's process is lost).
 
     Polls ``is_ready()`` (sleep(0) for 2 ms, then at most 200 us between looks): a pull has no
     working deadline in jax 0.10, and a thread blocked in ``block_until_ready`` would keep the
     process from exiting (or abort it, as a daemon thread) when the sender never comes.
     """
     start = time.monotonic()
+    checked = start
     pause = 0.0  # first 2 ms: sleep(0) (~50-70 us with timer slack); then back off
     while not all(x.is_ready() for x in leaves):
-        waited = time.monotonic() - start
+        now = time.monotonic()
+        waited = now - start
         if waited > timeout_s:
             return False
+        if check is not None and now - checked > _CHECK_S:
+            checked = now
+            check()
         time.sleep(pause)
         if waited > _SPIN_S:
             pause = min(max(pause * 2, 10e-6), _POLL_MAX_S)
@@ -125,18 +133,16 @@ class TransferServerTransport:
             self._counts[key] += 1
             return n
 
-    def _ms(self) -> int:
-        return max(1, int(self.timeout_s * 1000))
-
     def _get(self, key: str, what: str, as_bytes: bool = False):
+        from skyjax.runtime import distributed
+
         try:
-            if as_bytes:
-                return self._client.blocking_key_value_get_bytes(key, self._ms())
-            return self._client.blocking_key_value_get(key, self._ms())
-        except Exception as e:  # jax raises JaxRuntimeError(DEADLINE_EXCEEDED: ...)
-            if "DEADLINE_EXCEEDED" in str(e) or "timed out" in str(e):
-                raise TransportTimeout(f"{what}: nothing after {self.timeout_s:g} s "
-                                       f"(key {key})") from None
+            return distributed.kv_get(key, self.timeout_s, what, self._client, as_bytes)
+        except TransportError:  # PeerLost: the watchdog named the lost process
+            raise
+        except TimeoutError as e:
+            raise TransportTimeout(str(e)) from None
+        except Exception as e:  # noqa: BLE001
             raise TransportError(f"{what}: key-value store failed: {e}") from e
 
     def _delete_keys(self) -> None:
@@ -196,7 +202,9 @@ class TransferServerTransport:
         avals = [jax.ShapeDtypeStruct((4,), np.int32, sharding=self._sharding)] + [
             jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=self._sharding) for x in flat]
         pulled = self._conn(src).pull(self._uuid(src, self.stage_index, tag, n), avals)
-        if not _wait_ready(pulled, self.timeout_s):
+        from skyjax.runtime import distributed
+
+        if not _wait_ready(pulled, self.timeout_s, lambda: distributed.check_peers(what)):
             self._broken = f"{what}: nothing after {self.timeout_s:g} s"
             raise TransportTimeout(self._broken)
         try:

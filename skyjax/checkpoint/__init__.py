@@ -1,0 +1,23 @@
+"""Checkpoints indexed by unit (docs/design.md, "Checkpoints"): every unit's params and optimizer
+state by parameter path, written by the processes that own them, committed once complete under
+``WORKDIR/checkpoints/<step>/``, restored under any plan, granularity or process count.
+
+* ``layout``: directories, commit (atomic rename), pruning (file operations only);
+* ``names``: tensor names of a unit's state, by parameter path;
+* ``store``: one process's safetensors file; reading tensors by name;
+* ``manager``: ``CheckpointManager`` (save, commit after every process wrote);
+* ``restore``: the latest checkpoint, compatibility checks, a unit's state back;
+* ``run``: the trainer's calls (``prepare``, ``restored_states``, ``make_manager``,
+  ``after_step``).
+"""
+
+from skyjax.checkpoint.layout import checkpoints_dir, committed_steps, latest_step
+from skyjax.checkpoint.manager import CheckpointError, CheckpointManager, expected_tensors
+from skyjax.checkpoint.restore import (CheckpointMismatch, Resume, check_compatible, find_resume,
+                                       restore_units)
+from skyjax.checkpoint.run import after_step, make_manager, prepare, restored_states
+
+__all__ = ["CheckpointError", "CheckpointManager", "CheckpointMismatch", "Resume", "after_step",
+           "check_compatible", "checkpoints_dir", "committed_steps", "expected_tensors",
+           "find_resume", "latest_step", "make_manager", "prepare", "restore_units",
+           "restored_states"]

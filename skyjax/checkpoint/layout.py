@@ -1,0 +1,121 @@
+"""Where checkpoints live and what makes one count (file operations only).
+
+``WORKDIR/checkpoints/<step>/`` is a committed checkpoint: ``meta.json`` plus one
+``process_<k>.safetensors`` (and ``process_<k>.json``, its manifest) per process that owned units.
+Processes write into ``<step>.partial-<attempt>/``; process 0 renames that directory to ``<step>``
+only after every process has written and fsynced its files and the union of their tensors covers
+every unit (orbax's commit protocol: a temporary directory, a barrier, an atomic rename by the
+primary host). A directory whose name is not a plain step number, or that has no ``meta.json``,
+is never restored: a save killed half-way leaves the previous checkpoint the latest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+from skyjax.jsonio import write_json_atomic
+
+CHECKPOINTS = "checkpoints"
+META = "meta.json"
+FORMAT_VERSION = 1
+_PARTIAL = re.compile(r"^(\d+)\.partial-[0-9a-z]+$")
+
+
+def checkpoints_dir(workdir: str) -> str:
+    return os.path.join(workdir, CHECKPOINTS)
+
+
+def step_dir(directory: str, step: int) -> str:
+    return os.path.join(directory, str(int(step)))
+
+
+def partial_dir(directory: str, step: int, attempt: str) -> str:
+    return os.path.join(directory, f"{int(step)}.partial-{attempt}")
+
+
+def tensors_file(step_path: str, process: int) -> str:
+    return os.path.join(step_path, f"process_{int(process)}.safetensors")
+
+
+def manifest_file(step_path: str, process: int) -> str:
+    return os.path.join(step_path, f"process_{int(process)}.json")
+
+
+def committed_steps(directory: str) -> list[int]:
+    """Steps with a committed checkpoint (a ``<step>/meta.json``), ascending."""
+    if not os.path.isdir(directory):
+        return []
+    steps = [int(name) for name in os.listdir(directory)
+             if name.isdigit() and os.path.isfile(os.path.join(directory, name, META))]
+    return sorted(steps)
+
+
+def latest_step(directory: str) -> int | None:
+    steps = committed_steps(directory)
+    return steps[-1] if steps else None
+
+
+def read_meta(step_path: str) -> dict:
+    with open(os.path.join(step_path, META)) as f:
+        meta = json.load(f)
+    if meta.get("format") != FORMAT_VERSION:
+        raise ValueError(f"checkpoint {step_path}: format {meta.get('format')!r}, this skyjax "
+                         f"reads format {FORMAT_VERSION}")
+    return meta
+
+
+def fsync_path(path: str) -> None:
+    """Flush a file's (or a directory's entries') data to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit(directory: str, step: int, partial: str, meta: dict) -> str:
+    """Writes ``meta.json`` into ``partial`` and renames it to ``<step>`` (atomic on POSIX);
+    an existing ``<step>`` (from an earlier attempt of the same run) is replaced."""
+    write_json_atomic(meta, os.path.join(partial, META), indent=1)
+    for name in os.listdir(partial):
+        fsync_path(os.path.join(partial, name))
+    final = step_dir(directory, step)
+    if os.path.exists(final):
+        stale = f"{final}.replaced-{os.getpid()}"
+        os.rename(final, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    os.rename(partial, final)
+    fsync_path(directory)
+    return final
+
+
+def prune(directory: str, keep: int) -> list[int]:
+    """Deletes all but the last ``keep`` committed checkpoints (0 = keep all); returns the
+    deleted steps. The newest is deleted last of all, never first."""
+    if keep <= 0:
+        return []
+    old = committed_steps(directory)[:-keep]
+    for step in old:
+        path = step_dir(directory, step)
+        tmp = f"{path}.deleting"
+        os.rename(path, tmp)  # no longer a checkpoint, even if the rmtree is interrupted
+        shutil.rmtree(tmp, ignore_errors=True)
+    return old
+
+
+def remove_stale(directory: str, attempt: str) -> list[str]:
+    """Removes half-written directories of earlier attempts (killed saves); call from process 0
+    before this attempt writes anything."""
+    removed = []
+    if not os.path.isdir(directory):
+        return removed
+    for name in os.listdir(directory):
+        m = _PARTIAL.match(name)
+        if (m and not name.endswith(f"-{attempt}")) or name.endswith((".deleting",)) \
+                or ".replaced-" in name:
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+            removed.append(name)
+    return removed

@@ -1,0 +1,180 @@
+"""Saving the units of a run every ``config.checkpoint.every`` steps, from every process at once,
+and committing a step only when every unit is on disk (docs/design.md, "Checkpoints").
+
+Each process writes the units it owns (``executor.unit_states()``) into
+``checkpoints/<step>.partial-<attempt>/process_<k>.safetensors`` and reports through the
+key-value store; process 0 waits for every process (a bounded wait: a lost peer raises
+``PeerLost``), opens every file, checks that the tensors present are exactly the tensors of
+every unit of the model with the right shapes and dtypes, and only then writes ``meta.json`` and
+renames the directory to ``<step>`` (``layout.commit``). Nothing is ever silently missing: a unit
+that no process wrote fails the save, by name, and the step is not committed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+
+from skyjax.checkpoint import layout, store
+from skyjax.checkpoint.names import state_entries
+
+UnitState = tuple[Any, Any]
+
+
+class CheckpointError(RuntimeError):
+    """A save that cannot be committed (a unit missing, a process failed)."""
+
+
+def unit_like(unit: Any, optimizer: Any) -> tuple[Any, Any]:
+    """ShapeDtypeStructs of a unit's (params, optimizer state); nothing is allocated."""
+    params = jax.eval_shape(lambda p=unit.params: p)
+    return params, (jax.eval_shape(optimizer.init, params) if optimizer is not None else None)
+
+
+def expected_tensors(chain: Sequence[Any], optimizer: Any) -> dict[str, tuple]:
+    """``{tensor name: ((shape, dtype name), unit name)}`` of every unit's state: what a
+    checkpoint of this model and optimizer holds."""
+    out = {}
+    for unit in chain:
+        for name, leaf in state_entries(unit.path, *unit_like(unit, optimizer)):
+            out[name] = ((tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name),
+                         unit.name)
+    return out
+
+
+class CheckpointManager:
+    """Saves every ``every`` steps (0 = never) into ``directory``, keeping the last ``keep``.
+
+    ``chain``: the model's units (arrays or shapes); ``run``: what identifies the run in
+    ``meta.json`` (seed, dataset, granularity, ...). Distributed: ``client`` is the key-value
+    client and ``kv_get(key, timeout_s, what)`` a bounded wait; every process constructs the
+    manager at the same point (process 0 removes earlier attempts' half-written directories and
+    publishes this attempt's name).
+    """
+
+    def __init__(self, directory: str, every: int, keep: int, chain: Sequence[Any],
+                 optimizer: Any, run: dict, *, process_index: int = 0, num_processes: int = 1,
+                 client: Any = None, kv_get: Callable[..., Any] | None = None,
+                 timeout_s: float = 600.0, namespace: str = "skyjax/ckpt",
+                 total_steps: int | None = None):
+        self.directory, self.every, self.keep = directory, int(every), int(keep)
+        self.chain = list(chain)
+        self.optimizer = optimizer
+        self.run = dict(run)
+        self.me, self.n = process_index, num_processes
+        self.client, self.kv_get, self.timeout_s = client, kv_get, timeout_s
+        self.ns = namespace
+        self.total_steps = total_steps
+        self.saves: list[dict] = []
+        self._expected: dict[str, tuple] | None = None
+        if self.every <= 0:
+            self.attempt = ""
+            return
+        if self.me == 0:
+            os.makedirs(directory, exist_ok=True)
+            self.attempt = np.base_repr(int(time.time() * 1e6) ^ os.getpid(), 36).lower()
+            removed = layout.remove_stale(directory, self.attempt)
+            if removed:
+                logging.info("checkpoint: removed half-written %s", removed)
+            if self.n > 1:
+                self.client.key_value_set(f"{self.ns}/attempt", self.attempt)
+        else:
+            self.attempt = self.kv_get(f"{self.ns}/attempt", self.timeout_s,
+                                       f"process {self.me}: checkpoint attempt from process 0")
+
+    def due(self, steps_done: int) -> bool:
+        """Whether to save after ``steps_done`` steps (never after the last of ``total_steps``:
+        a finished run has its outputs, and a rerun resumes with steps left to do)."""
+        if self.total_steps is not None and steps_done >= self.total_steps:
+            return False
+        return self.every > 0 and steps_done > 0 and steps_done % self.every == 0
+
+    def save(self, step: int, unit_states: dict[int, UnitState],
+             extra_meta: dict | None = None) -> dict | None:
+        """Writes this process's ``unit_states`` (by unit index) as checkpoint ``step``; returns
+        the commit record (process 0) after every process has written. Raises
+        :class:`CheckpointError` if the step cannot be committed."""
+        tic = time.perf_counter()
+        partial = layout.partial_dir(self.directory, step, self.attempt)
+        os.makedirs(partial, exist_ok=True)
+        error = ""
+        try:
+            host = jax.device_get({u: unit_states[u] for u in sorted(unit_states)})
+            entries = [e for u, (p, o) in host.items()
+                       for e in state_entries(self.chain[u].path, p, o)]
+            if entries:
+                store.write_tensors(partial, self.me, entries,
+                                    [self.chain[u].name for u in host])
+        except Exception as e:  # noqa: BLE001 - reported to process 0, then raised
+            error = f"process {self.me}: {type(e).__name__}: {e}"
+            if self.n == 1:
+                raise CheckpointError(f"checkpoint {step}: {error}") from e
+        wrote_s = time.perf_counter() - tic
+        key = f"{self.ns}/{self.attempt}/{step}"
+        if self.n > 1:
+            self.client.key_value_set(f"{key}/done/{self.me}", error or "ok")
+        if self.me != 0:
+            result = self.kv_get(f"{key}/result", self.timeout_s,
+                                 f"process {self.me}: commit of checkpoint {step} by process 0")
+            if error or result != "ok":
+                raise CheckpointError(f"checkpoint {step} not committed: {error or result}")
+            return None
+        try:
+            record = self._commit(step, partial, key, extra_meta or {})
+        except Exception as e:
+            if self.n > 1:
+                self.client.key_value_set(f"{key}/result", f"{type(e).__name__}: {e}")
+            raise
+        if self.n > 1:
+            self.client.key_value_set(f"{key}/result", "ok")
+        record.update(write_s=wrote_s, save_s=time.perf_counter() - tic)
+        self.saves.append(record)
+        logging.info("checkpoint %d committed: %d tensors, %.1f MB in %.2f s (%s)", step,
+                     record["tensors"], record["bytes"] / 1e6, record["save_s"], record["path"])
+        return record
+
+    def _commit(self, step: int, partial: str, key: str, extra_meta: dict) -> dict:
+        errors = []
+        for k in range(1, self.n):
+            status = self.kv_get(f"{key}/done/{k}", self.timeout_s,
+                                 f"process 0: waiting for process {k} to write checkpoint {step}")
+            if status != "ok":
+                errors.append(status)
+        if errors:
+            raise CheckpointError(f"checkpoint {step} not committed: {'; '.join(errors)}")
+        index = store.TensorIndex(partial)
+        self._check_complete(step, index)
+        meta = {"format": layout.FORMAT_VERSION, "step": int(step), "data_position": int(step),
+                **self.run, "processes": self.n,
+                "units": [{"name": u.name, "path": list(u.path)} for u in self.chain],
+                "tensors": {k: [list(s), d] for k, s, d in
+                            ((k, *index.shapes[k]) for k in sorted(index.shapes))},
+                "time": time.time(), **extra_meta}
+        path = layout.commit(self.directory, step, partial, meta)
+        deleted = layout.prune(self.directory, self.keep)
+        nbytes = sum(int(np.prod(s)) * store._dtype(d).itemsize for s, d in index.shapes.values())
+        return {"step": int(step), "path": path, "tensors": len(index.shapes), "bytes": nbytes,
+                "pruned": deleted}
+
+    def _check_complete(self, step: int, index: store.TensorIndex) -> None:
+        """Every tensor of every unit, with its shape and dtype, and nothing else."""
+        if self._expected is None:
+            self._expected = expected_tensors(self.chain, self.optimizer)
+        for name, (want, unit) in self._expected.items():
+            if name not in index:
+                raise CheckpointError(f"checkpoint {step} not committed: unit {unit}: tensor "
+                                      f"{name} was written by no process")
+            if index.shapes[name] != want:
+                raise CheckpointError(f"checkpoint {step} not committed: unit {unit}: tensor "
+                                      f"{name} has (shape, dtype) {index.shapes[name]}, "
+                                      f"expected {want}")
+        extra = sorted(set(index.names()) - set(self._expected))
+        if extra:
+            raise CheckpointError(f"checkpoint {step} not committed: unexpected tensor "
+                                  f"{extra[0]} ({len(extra)} in all)")
+

@@ -1,0 +1,115 @@
+"""Resuming: the latest committed checkpoint of a workdir, whether it fits this run, and the
+states of the units this process owns under the current plan and granularity.
+
+Any plan, schedule, granularity and number of devices or processes may restore any checkpoint of
+the same model: tensors are found by their parameter path (``names.py``), each process reads only
+its own units' tensors, from whichever process file holds them. A checkpoint of another run
+(seed, dataset, model shape, optimizer) is refused before anything is written, naming the first
+difference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from skyjax.checkpoint import layout, store
+from skyjax.checkpoint.manager import UnitState, unit_like
+from skyjax.checkpoint.names import key_path, rebuild, state_entries
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint that does not belong to this run (the message names the first difference)."""
+
+
+@dataclasses.dataclass
+class Resume:
+    """The checkpoint a run continues from: after ``step`` optimizer steps."""
+
+    step: int
+    path: str
+    meta: dict
+
+    @property
+    def saved_units(self) -> list[tuple[str, ...]]:
+        return [tuple(u["path"]) for u in self.meta["units"]]
+
+
+def find_resume(directory: str) -> Resume | None:
+    """The latest committed checkpoint under ``directory`` (None: start fresh)."""
+    step = layout.latest_step(directory)
+    if step is None:
+        return None
+    path = layout.step_dir(directory, step)
+    return Resume(step, path, layout.read_meta(path))
+
+
+def _unit_source(resume: Resume, unit_path: tuple[str, ...]):
+    """Maps a unit-level tensor name of ``unit_path`` to the saved unit holding it: the same
+    unit, or the saved unit that contains it / that it contains (another granularity)."""
+    prefix = key_path(unit_path)
+    related = [p for p in resume.saved_units
+               if p[:len(unit_path)] == unit_path or unit_path[:len(p)] == p]
+
+    def source(name: str) -> str:
+        rest = name[len(f"unit/{prefix}/"):]
+        for p in [unit_path] + related:
+            candidate = f"unit/{key_path(p)}/{rest}"
+            if candidate in resume.meta["tensors"]:
+                return candidate
+        return name  # reported as missing by the caller
+
+    return source
+
+
+def check_compatible(resume: Resume, run: dict, chain: Sequence[Any], optimizer: Any) -> None:
+    """Raise :class:`CheckpointMismatch` naming the first difference between the checkpoint and
+    this run: ``run`` keys (seed, dataset), then every unit's tensors (presence, shape, dtype),
+    then tensors of the checkpoint that no unit of this model has."""
+    where = f"checkpoint {resume.path}"
+    for key, value in run.items():
+        saved = resume.meta.get(key)
+        if key in resume.meta and saved != value:
+            raise CheckpointMismatch(f"{where} was written with {key}={saved!r}, this run has "
+                                     f"{key}={value!r}; use another --workdir (or remove "
+                                     f"{layout.CHECKPOINTS}/) to start afresh")
+    saved = resume.meta["tensors"]
+    used = set()
+    for unit in chain:
+        source = _unit_source(resume, tuple(unit.path))
+        for name, leaf in state_entries(unit.path, *unit_like(unit, optimizer)):
+            name = source(name) if name.startswith("unit/") else name
+            used.add(name)
+            want = [list(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name]
+            if name not in saved:
+                raise CheckpointMismatch(f"{where}: unit {unit.name}: tensor {name} is not in "
+                                         f"the checkpoint (another model or optimizer?)")
+            if list(saved[name][0]) != want[0] or saved[name][1] != want[1]:
+                raise CheckpointMismatch(
+                    f"{where}: unit {unit.name}: tensor {name} has shape {tuple(saved[name][0])} "
+                    f"{saved[name][1]} in the checkpoint, {tuple(want[0])} {want[1]} in this model")
+    unused = sorted((n for n in saved if n not in used and not n.startswith("unit/")),
+                    key=lambda n: (not n.startswith("params/"), n))
+    if unused:
+        raise CheckpointMismatch(f"{where}: tensor {unused[0]} belongs to no unit of this model "
+                                 f"({len(unused)} such tensors; another model shape?)")
+
+
+def restore_units(resume: Resume, chain: Sequence[Any], units: Iterable[int],
+                  optimizer: Any) -> dict[int, UnitState]:
+    """The (params, optimizer state) of ``units`` (indices into ``chain``), as numpy arrays."""
+    index = store.TensorIndex(resume.path)
+
+    def read(name: str, like: Any) -> np.ndarray:
+        if name not in index:
+            raise CheckpointMismatch(f"checkpoint {resume.path}: tensor {name} is missing")
+        x = index.read(name)
+        if tuple(x.shape) != tuple(like.shape) or x.dtype != np.dtype(like.dtype):
+            raise CheckpointMismatch(f"checkpoint {resume.path}: tensor {name} has "
+                                     f"{x.shape} {x.dtype}, expected {like.shape} {like.dtype}")
+        return x
+
+    return {u: rebuild(tuple(chain[u].path), unit_like(chain[u], optimizer), read,
+                       _unit_source(resume, tuple(chain[u].path))) for u in units}

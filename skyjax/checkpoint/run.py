@@ -1,0 +1,73 @@
+"""The trainer's side of checkpoints, a few calls: whether and where to resume, which unit states
+this process starts from under the current plan, and saving every ``config.checkpoint.every``
+steps from inside the train loop (``skyjax.train``)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+from absl import logging
+
+from skyjax.checkpoint import layout
+from skyjax.checkpoint.manager import CheckpointManager, UnitState
+from skyjax.checkpoint.restore import (CheckpointMismatch, Resume, check_compatible, find_resume,
+                                       restore_units)
+
+
+def run_identity(config: Any) -> dict:
+    """What a checkpoint must share with the run that resumes it (besides the tensors)."""
+    return {"seed": int(config.train.seed), "dataset": str(config.data.name)}
+
+
+def prepare(config: Any, workdir: str) -> Resume | None:
+    """The checkpoint this run resumes from (None: fresh, or ``config.checkpoint.resume`` off);
+    raises ``CheckpointMismatch`` naming the first difference (seed, dataset, a unit's tensor)
+    before anything is written to the workdir."""
+    if not config.checkpoint.resume:
+        return None
+    resume = find_resume(layout.checkpoints_dir(workdir))
+    if resume is None:
+        return None
+    from skyjax import optim
+    from skyjax.models import build
+
+    chain = build.abstract_chain(config.model, config.train.seed, config.allocation.granularity)
+    check_compatible(resume, run_identity(config), chain,
+                     optim.make_optimizer(config.train, clip=False))
+    if resume.step >= config.train.steps:
+        raise CheckpointMismatch(f"checkpoint {resume.path} is at step {resume.step}, but "
+                                 f"config.train.steps={config.train.steps}: nothing to train")
+    logging.info("resuming from %s (after step %d)", resume.path, resume.step)
+    return resume
+
+
+def restored_states(resume: Resume | None, chain: Sequence[Any], units: Sequence[int],
+                    optimizer: Any) -> dict[int, UnitState] | None:
+    """The states of ``units`` (this process's, under the current plan) from ``resume``, on the
+    host (None when the run starts fresh)."""
+    if resume is None:
+        return None
+    return restore_units(resume, chain, units, optimizer)
+
+
+def make_manager(config: Any, workdir: str, chain: Sequence[Any],
+                 optimizer: Any) -> CheckpointManager:
+    """The run's checkpoint manager (saving off when ``config.checkpoint.every`` is 0)."""
+    run = {**run_identity(config), "granularity": config.allocation.granularity}
+    kwargs: dict = {}
+    if jax.process_count() > 1:
+        from skyjax.runtime import distributed
+
+        kwargs = dict(process_index=jax.process_index(), num_processes=jax.process_count(),
+                      client=distributed.key_value_client(), kv_get=distributed.kv_get,
+                      timeout_s=max(600.0, float(config.cluster.peer_timeout_s)))
+    return CheckpointManager(layout.checkpoints_dir(workdir), config.checkpoint.every,
+                             config.checkpoint.keep, chain, optimizer, run,
+                             total_steps=int(config.train.steps), **kwargs)
+
+
+def after_step(manager: CheckpointManager | None, step: int, executor: Any) -> None:
+    """Saves after ``step`` (0-based) when due: the state after ``step + 1`` steps."""
+    if manager is not None and manager.due(step + 1):
+        manager.save(step + 1, executor.unit_states())

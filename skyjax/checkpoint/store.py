@@ -1,0 +1,107 @@
+"""One process's tensors in one safetensors file, fsynced; reading single tensors back by name
+from whichever process's file holds them (lazily: a process reads only its units' bytes).
+
+safetensors (not orbax's tensorstore) because each process writes a plain local file with no
+coordination at all, and a reader can open any file of any earlier process count and read one
+tensor without loading the rest. dtypes safetensors' numpy API lacks (bfloat16, ...) are stored as
+same-width unsigned integers, their real dtype in the file's metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from skyjax.checkpoint import layout
+
+_NATIVE = {np.dtype(t) for t in (np.float64, np.float32, np.float16, np.int64, np.uint64,
+                                 np.int32, np.uint32, np.int16, np.uint16, np.int8, np.uint8,
+                                 np.bool_)}
+
+
+def write_tensors(step_path: str, process: int, entries: Iterable[tuple[str, np.ndarray]],
+                  units: list[str]) -> dict:
+    """Writes ``process_<k>.safetensors`` (then its manifest ``process_<k>.json``), both fsynced;
+    returns the manifest. The manifest is written last: its presence means the tensors are
+    complete on disk."""
+    tensors, dtypes = {}, {}
+    for name, x in entries:
+        x = np.asarray(x)
+        if not x.flags.c_contiguous:  # (np.ascontiguousarray would make 0-d arrays 1-d)
+            x = x.copy(order="C")
+        if x.dtype not in _NATIVE:
+            dtypes[name] = x.dtype.name
+            x = x.view(np.dtype(f"u{x.dtype.itemsize}"))
+        if name in tensors:
+            raise ValueError(f"checkpoint: tensor {name} written twice by process {process}")
+        tensors[name] = x
+    path = layout.tensors_file(step_path, process)
+    save_file(tensors, path, metadata={"dtypes": json.dumps(dtypes)})
+    layout.fsync_path(path)
+    manifest = {"process": process, "units": units, "tensors": len(tensors),
+                "bytes": int(sum(x.nbytes for x in tensors.values()))}
+    mpath = layout.manifest_file(step_path, process)
+    with open(mpath, "w") as f:
+        json.dump(manifest, f)
+    layout.fsync_path(mpath)
+    return manifest
+
+
+class TensorIndex:
+    """Every tensor of a checkpoint directory, by name, over all its process files."""
+
+    def __init__(self, step_path: str):
+        self.step_path = step_path
+        self._files: dict[str, Any] = {}
+        self._where: dict[str, str] = {}
+        self._dtypes: dict[str, str] = {}
+        self.shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+        for fname in sorted(os.listdir(step_path)):
+            if not fname.endswith(".safetensors"):
+                continue
+            path = os.path.join(step_path, fname)
+            f = safe_open(path, framework="numpy")
+            self._files[path] = f
+            dtypes = json.loads((f.metadata() or {}).get("dtypes", "{}"))
+            for name in f.keys():
+                if name in self._where:
+                    raise ValueError(f"checkpoint {step_path}: tensor {name} is in both "
+                                     f"{self._where[name]} and {path}")
+                self._where[name] = path
+                sl = f.get_slice(name)
+                stored = np.dtype(_safetensors_dtype(sl.get_dtype()))
+                self._dtypes[name] = dtypes.get(name, stored.name)
+                self.shapes[name] = (tuple(int(d) for d in sl.get_shape()), self._dtypes[name])
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def read(self, name: str) -> np.ndarray:
+        x = self._files[self._where[name]].get_tensor(name)
+        want = self._dtypes[name]
+        if x.dtype.name != want:
+            x = x.view(_dtype(want))
+        return x
+
+
+def _dtype(name: str) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes  # bfloat16 and friends (a JAX dependency)
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def _safetensors_dtype(code: str) -> str:
+    return {"F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64",
+            "U64": "uint64", "I32": "int32", "U32": "uint32", "I16": "int16", "U16": "uint16",
+            "I8": "int8", "U8": "uint8", "BOOL": "bool", "BF16": "uint16"}.get(code, code.lower())

@@ -1,0 +1,43 @@
+"""Killed runs end with the losses of runs never interrupted (float32, <= 1e-5):
+``skyjax.main`` SIGKILLed after a checkpoint and run again on another plan and device count;
+one of 3 processes under ``skyjax.launch --max_restarts 1`` SIGKILLed, the job finishing on the 2
+survivors. Drivers: ``experiments/checkpoint_bench.py``. Every process ends by itself."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from experiments import checkpoint_bench as bench
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+BASE = ["--config", bench.DEMO, "--config.train.steps=14", "--config.checkpoint.every=4",
+        *bench.FAST]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return bench.run_main(str(tmp_path_factory.mktemp("ref")), BASE)["final_loss"]
+
+
+def test_sigkilled_run_resumes_on_another_plan_with_equal_loss(tmp_path, reference):
+    r = bench.kill_and_resume_local(
+        str(tmp_path), BASE + ["--config.cluster.num_devices=2",
+                               "--config.pipeline.microbatches=2"],
+        BASE + ["--config.allocation.granularity=sublayer"], kill_after_checkpoint=4)
+    assert r["resumed_from_step"] >= 4 and r["steps_lost"] >= 0
+    assert abs(r["final_loss"] - reference) <= 1e-5, (r, reference)
+
+
+def test_one_of_three_processes_killed_job_finishes_on_two(tmp_path, reference):
+    r = bench.kill_one_of_launched(
+        str(tmp_path), BASE + ["--config.cluster.mode=distributed",
+                               "--config.cluster.num_devices=3",
+                               "--config.cluster.slowdowns=(1, 1, 2)",
+                               "--config.cluster.peer_timeout_s=10"],
+        3, victim=1, kill_after_checkpoint=4)
+    assert r["processes_after"] == 2 and r["resumed_from_step"] >= 4, r
+    assert abs(r["final_loss"] - reference) <= 1e-5, (r, reference)
+    assert os.path.isfile(tmp_path / "profile_survivors_1.json")  # survivors' rows, no re-profile
