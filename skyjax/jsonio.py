@@ -8,21 +8,30 @@ import tempfile
 from typing import Any
 
 
-def write_json_atomic(obj: Any, path: str, indent: int | None = None) -> None:
-    """``json.dump`` to a temporary file in the same folder, then ``os.replace``: a reader (or a
+def _write_atomic(path: str, text: str, suffix: str) -> None:
+    """``text`` to a temporary file in the same folder, then ``os.replace``: a reader (or a
     crash) never sees half a file."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=".json")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=suffix)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=indent)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(obj: Any, path: str, indent: int | None = None) -> None:
+    """``json.dump`` of ``obj`` to ``path``, atomically."""
+    _write_atomic(path, json.dumps(obj, indent=indent) + "\n", ".json")
+
+
+def write_jsonl_atomic(records: list[dict], path: str) -> None:
+    """``records`` as JSON lines in ``path``, atomically (e.g. metrics.jsonl cut back on resume)."""
+    _write_atomic(path, "".join(json.dumps(r) + "\n" for r in records), ".jsonl")
 
 
 def append_jsonl(path: str, record: dict) -> None:

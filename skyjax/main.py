@@ -60,8 +60,16 @@ def main(argv: list[str]) -> None:
     start_jax(config)
     from skyjax import train  # imports jax: only once the config is known to be good
 
+    from skyjax import checkpoint
+    from skyjax.data.glue import DataError
+    from skyjax.models.hf_loading import CheckpointError as PretrainedError
+
     logging.info("config:\n%s", config)
-    train.train_and_evaluate(config, _WORKDIR.value)
+    try:
+        train.train_and_evaluate(config, _WORKDIR.value)
+    except (checkpoint.CheckpointMismatch, checkpoint.CheckpointError, PretrainedError,
+            DataError) as e:  # bad input named in one line (file, tensor, unit), no traceback
+        sys.exit(f"{type(e).__name__}: {e}")
     if config.cluster.mode == "distributed":
         from skyjax.runtime import distributed
 

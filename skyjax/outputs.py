@@ -13,7 +13,7 @@ import ml_collections
 from absl import logging
 
 from skyjax import plan as plan_lib
-from skyjax.jsonio import append_jsonl, write_json_atomic
+from skyjax.jsonio import append_jsonl, read_jsonl, write_json_atomic, write_jsonl_atomic
 from skyjax.plan import simulate
 from skyjax.profile.format import Profile
 from skyjax.tensorboard import EventWriter
@@ -26,14 +26,18 @@ SIMULATED_PID_OFFSET = 10  # simulated rows sit below the measured ones in the t
 class Outputs:
     """The workdir of one run, written by process 0 only (``is_chief``); JSON atomically."""
 
-    def __init__(self, workdir: str, is_chief: bool):
+    def __init__(self, workdir: str, is_chief: bool, resumed_from_step: int = 0):
+        """A fresh run starts ``metrics.jsonl`` anew; a resumed one keeps its records up to the
+        checkpoint's step (those after it are re-run, so they are dropped)."""
         self.workdir, self.is_chief = workdir, is_chief
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
         self.board: EventWriter | None = None  # TensorBoard: what metrics.jsonl gets, as scalars
         if is_chief:
             os.makedirs(workdir, exist_ok=True)
             if os.path.exists(self.metrics_path):
-                os.remove(self.metrics_path)
+                kept = [r for r in read_jsonl(self.metrics_path)
+                        if resumed_from_step and r.get("step", 0) <= resumed_from_step]
+                write_jsonl_atomic(kept, self.metrics_path)
             self.board = EventWriter(os.path.join(workdir, TENSORBOARD_DIR))
 
     def write_json(self, name: str, obj: Any) -> None:

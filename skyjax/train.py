@@ -181,7 +181,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     rss_start = memory.current_rss_bytes()
     validate_config(config)
     resume = checkpoint.prepare(config, workdir)  # refuses another run's checkpoint, by name
-    out = outputs.Outputs(workdir, is_chief=jax.process_index() == 0)
+    out = outputs.Outputs(workdir, is_chief=jax.process_index() == 0,
+                          resumed_from_step=resume.step if resume else 0)
     out.write_json("config.json", config.to_dict())
 
     # The model without parameter memory; the checkpoint's headers are checked here, before

@@ -29,6 +29,11 @@ def test_sigkilled_run_resumes_on_another_plan_with_equal_loss(tmp_path, referen
         BASE + ["--config.allocation.granularity=sublayer"], kill_after_checkpoint=4)
     assert r["resumed_from_step"] >= 4 and r["steps_lost"] >= 0
     assert abs(r["final_loss"] - reference) <= 1e-5, (r, reference)
+    # metrics.jsonl keeps the first run's lines up to the checkpoint, then the resumed run's.
+    from skyjax.jsonio import read_jsonl
+
+    steps = [rec["step"] for rec in read_jsonl(str(tmp_path / "metrics.jsonl")) if "loss" in rec]
+    assert steps == sorted(set(steps)) and steps[-1] == 14 and steps[0] == 1, steps
 
 
 def test_one_of_three_processes_killed_job_finishes_on_two(tmp_path, reference):

@@ -115,7 +115,8 @@ def test_nothing_imports_the_orchestration():
 
 @pytest.mark.parametrize("module", ["skyjax.plan", "skyjax.plan.cli", "skyjax.plan.simulate",
                                     "skyjax.plan.replan", "skyjax.config", "skyjax.cluster",
-                                    "skyjax.profile.format", "skyjax.trace", "skyjax.names"])
+                                    "skyjax.profile.format", "skyjax.trace", "skyjax.names",
+                                    "skyjax.survivors", "skyjax.launch"])
 def test_modules_that_import_no_jax(module):
     code = f"import sys, {module}; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -154,3 +154,17 @@ def test_demo_learns_the_task(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["eval_accuracy"] >= 0.8, summary
+
+
+def test_checkpoint_of_another_seed_is_refused_in_one_line(tmp_path):
+    """Resume is the default; a checkpoint of another run is refused, naming the difference, and
+    nothing in the workdir is overwritten."""
+    workdir = tmp_path / "run"
+    first = run_main(workdir, "--config.train.steps=2", "--config.checkpoint.every=2", *TINY)
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = (workdir / "summary.json").read_text()
+    again = run_main(workdir, "--config.train.steps=4", "--config.train.seed=1", *TINY)
+    assert again.returncode != 0
+    assert "CheckpointMismatch: " in again.stderr and "seed" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert (workdir / "summary.json").read_text() == summary

@@ -88,11 +88,11 @@ class CheckpointManager:
                                        f"process {self.me}: checkpoint attempt from process 0")
 
     def due(self, steps_done: int) -> bool:
-        """Whether to save after ``steps_done`` steps (never after the last of ``total_steps``:
-        a finished run has its outputs, and a rerun resumes with steps left to do)."""
-        if self.total_steps is not None and steps_done >= self.total_steps:
+        """Whether to save after ``steps_done`` steps: every ``every`` steps and after the last
+        of ``total_steps`` (the fine-tuned model, and the start of a longer rerun)."""
+        if self.every <= 0 or steps_done <= 0:
             return False
-        return self.every > 0 and steps_done > 0 and steps_done % self.every == 0
+        return steps_done % self.every == 0 or steps_done == self.total_steps
 
     def save(self, step: int, unit_states: dict[int, UnitState],
              extra_meta: dict | None = None) -> dict | None:

@@ -37,7 +37,8 @@ def prepare(config: Any, workdir: str) -> Resume | None:
                      optim.make_optimizer(config.train, clip=False))
     if resume.step >= config.train.steps:
         raise CheckpointMismatch(f"checkpoint {resume.path} is at step {resume.step}, but "
-                                 f"config.train.steps={config.train.steps}: nothing to train")
+                                 f"config.train.steps={config.train.steps}: nothing to train (raise "
+                                 f"config.train.steps to continue, or use another workdir)")
     logging.info("resuming from %s (after step %d)", resume.path, resume.step)
     return resume
 
