@@ -2,6 +2,7 @@
 
     python experiments/hetero_benchmark.py                      # 4 processes, slow-downs 1,2,3,6
     python experiments/hetero_benchmark.py --processes 3 --slowdowns 1,2,4 --steps 6
+    python experiments/hetero_benchmark.py --shipped --granularity sublayer  # local_hetero as is
 
 N processes on this host under jax.distributed (configs/local_hetero.py, one stage per process,
 emulated slow-downs). The processes profile once, plan ``even`` and ``optimal`` from the same
@@ -32,10 +33,14 @@ def build_config(args: argparse.Namespace):
 
     config = local_hetero.get_config()
     config.unlock()
-    config.model.update(MODEL)
+    config.data.eval_examples = 0
+    if getattr(args, "shipped", False):  # configs/local_hetero.py's model, data and m as shipped
+        args.microbatches = config.pipeline.microbatches
+        args.batch_size, args.seq_len = config.data.batch_size, config.data.seq_len
+    else:
+        config.model.update(MODEL)
     config.data.seq_len = args.seq_len
     config.data.batch_size = args.batch_size
-    config.data.eval_examples = 0
     config.pipeline.microbatches = args.microbatches
     config.pipeline.schedule = args.schedule
     config.allocation.granularity = args.granularity
@@ -45,6 +50,25 @@ def build_config(args: argparse.Namespace):
     config.train.steps = 10_000  # the lr schedule's horizon; the benchmark runs far fewer
     config.train.warmup_steps = 0
     return config
+
+
+def bubble_bound_s(ideal_s: float, stages: int, microbatches: int) -> float:
+    """The ideal step with the pipeline's fill and drain: p stages perfectly balanced still take
+    (m + p - 1) stage slots, so ideal x (m + p - 1) / m."""
+    return ideal_s * (microbatches + stages - 1) / microbatches
+
+
+def calibrated_s(profile, plans: dict, busy: dict, comm: dict) -> dict:
+    """Each plan's T on the profile corrected by the even plan's measured per-stage compute and
+    link waits (``skyjax.plan.replan.corrected_profile``: calibration from measured steps)."""
+    from skyjax import plan as plan_lib
+    from skyjax.plan.replan import corrected_profile
+
+    fixed, _ = corrected_profile(profile, plan_lib.Plan.from_json(plans["even"]), busy["even"],
+                                 comm["even"])
+    return {s: plan_lib.evaluate(fixed, [(st["device"], *st["units"]) for st in p["stages"]],
+                                 p["schedule"], p["microbatches"]).step_time_s
+            for s, p in plans.items()}
 
 
 def ideal_step_s(profile, microbatches: int) -> float:
@@ -64,6 +88,7 @@ def worker(spec_path: str) -> None:
     from skyjax import cluster as cluster_lib, data as data_lib, train
     from skyjax import plan as plan_lib
     from skyjax.plan import simulate
+    from skyjax.plan.compare import stage_comparison
     from skyjax.models import bert
     from skyjax.models.build import build_model
     from skyjax.runtime import distributed
@@ -85,6 +110,8 @@ def worker(spec_path: str) -> None:
     batches = data_lib.train_batches(config)
     times: dict[str, list[float]] = {s: [] for s in plans}
     busy: dict[str, list[list[float]]] = {s: [] for s in plans}  # per step, per stage
+    spans: dict[str, list] = {s: [] for s in plans}  # the last measured step's F/B spans
+    comm: dict[str, list[list[float]]] = {s: [] for s in plans}  # measured link waits
     step = 0
     for r in range(args.rounds + 1):  # round 0 is warm-up (compilation), not recorded
         order = list(plans) if r % 2 else list(reversed(plans))
@@ -96,6 +123,9 @@ def worker(spec_path: str) -> None:
                 if r:
                     times[s].append(time.perf_counter() - tic)
                     busy[s].append(stage_busy(metrics))
+                    spans[s] = [sp for res in metrics.results for sp in res.spans]
+                    comm[s].append([r.get("measured", {}).get("comm_s", 0.0) for r in
+                                    stage_comparison(plans[s], profile, spans[s])["stages"]])
                 step += 1
     if jax.process_index() == 0:
         out = {"plans": {s: p.to_json() for s, p in plans.items()}, "times": times,
@@ -103,6 +133,13 @@ def worker(spec_path: str) -> None:
                "simulated": {s: simulate.simulate_plan(p, profile).step_time_s
                              for s, p in plans.items()},
                "ideal_s": ideal_step_s(profile, args.microbatches),
+               "calibrated": calibrated_s(profile, {s: p.to_json() for s, p in plans.items()},
+                                          {s: np.median(np.array(b), axis=0).tolist()
+                                           for s, b in busy.items()},
+                                          {s: np.median(np.array(c), axis=0).tolist()
+                                           for s, c in comm.items()}),
+               "overheads": profile.to_json()["overheads"],
+               "compare": {s: stage_comparison(p, profile, spans[s]) for s, p in plans.items()},
                "device_names": [d["name"] for d in profile.devices],
                "profile_s": profile.extra.get("profiler", {}).get("profile_time_s")}
         with open(os.path.join(spec["workdir"], "result.json"), "w") as f:
@@ -164,25 +201,46 @@ def report(result: dict, overhead: dict | None, args) -> None:
     pred = {s: p["step_time_s"] for s, p in result["plans"].items()}
     names = result["device_names"]
     print(f"\n{args.processes} processes, slow-downs {tuple(args.slowdowns)}, {args.schedule}, "
-          f"m={args.microbatches}, {args.granularity} units, batch {args.batch_size} x seq {args.seq_len}, model {MODEL}")
+          f"m={args.microbatches}, {args.granularity} units, batch {args.batch_size} x seq "
+          f"{args.seq_len}, model {'as shipped' if args.shipped else MODEL}")
     for s, p in result["plans"].items():
         blocks = ", ".join(f"{names[st['device']]}[{st['units'][0]}:{st['units'][1]})"
                            for st in p["stages"])
         print(f"  {s:8s} plan: {blocks}")
+    cal = result.get("calibrated", {})
     print(f"\n{'plan':8s} {'measured s':>10s} {'predicted s':>11s} {'simulated s':>11s} "
-          f"{'error':>7s} {'efficiency':>10s}  steps")
-    for s in result["plans"]:
+          f"{'error':>7s} {'calibrated':>10s} {'error':>7s} {'ideal':>6s} {'bubble':>6s}  steps")
+    for s, p in result["plans"].items():
         err = (med[s] - pred[s]) / med[s]
-        eff = result["ideal_s"] / med[s]
+        c = cal.get(s, float("nan"))
+        bubble = bubble_bound_s(result["ideal_s"], len(p["stages"]), p["microbatches"])
         print(f"{s:8s} {med[s]:10.4f} {pred[s]:11.4f} {result['simulated'][s]:11.4f} "
-              f"{err:+7.1%} {eff:10.1%}  {len(result['times'][s])}")
+              f"{err:+7.1%} {c:10.4f} {(med[s] - c) / med[s]:+7.1%} "
+              f"{result['ideal_s'] / med[s]:6.1%} {bubble / med[s]:6.1%}  "
+              f"{len(result['times'][s])}")
+    print("(error = (measured - predicted) / measured; calibrated: the profile corrected by the "
+          "even plan's measured stage compute and link waits; ideal / bubble: efficiency = ideal step / "
+          "measured, without and with the (m + p - 1) / m fill and drain)")
     print("\nper-stage compute per step (forward + backward of all micro-batches, emulation "
-          "included), measured / predicted:")
+          "and call costs included), measured / predicted (error):")
     for s, p in result["plans"].items():
         m = p["microbatches"]
-        cells = [f"{names[st['device']]} {b:.3f}/{m * st['compute_s']:.3f}"
+        cells = [f"{names[st['device']]} {b:.3f}/{m * st['compute_s']:.3f} "
+                 f"({(b - m * st['compute_s']) / b:+.0%})"
                  for st, b in zip(p["stages"], result["busy"][s])]
         print(f"  {s:8s} " + "  ".join(cells))
+    print("\nlast step per stage, measured / predicted seconds: compute, comm (link waits), idle;"
+          " and the schedule replayed with the measured action times:")
+    for s, c in result.get("compare", {}).items():
+        cells = [f"{names[r['device']]} " + "/".join(
+            f"{r['measured'][k]:.3f}:{r['predicted'][k]:.3f}" for k in ("compute_s", "comm_s",
+                                                                     "idle_s"))
+            for r in c["stages"] if "measured" in r]
+        print(f"  {s:8s} " + "  ".join(cells) + f"  | replayed {c.get('replayed_step_s', 0):.4f}"
+              f" s, span {c.get('measured_span_s', 0):.4f} s, simulated "
+              f"{c['simulated_step_s']:.4f} s")
+    if "overheads" in result:
+        print(f"fixed costs (profile): {json.dumps(result['overheads'])}")
     measured_speedup = med["even"] / med["optimal"]
     predicted_speedup = pred["even"] / pred["optimal"]
     print(f"\nspeed-up optimal vs even: measured {measured_speedup:.3f}x, predicted "
@@ -207,12 +265,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="alternating blocks per plan")
     parser.add_argument("--timeout", type=float, default=1500)
     parser.add_argument("--skip_overhead", action="store_true")
+    parser.add_argument("--shipped", action="store_true",
+                        help="configs/local_hetero.py's model, batch and m as shipped")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     if len(args.slowdowns) != args.processes:
         parser.error(f"--slowdowns has {len(args.slowdowns)} entries for {args.processes} "
                      "processes")
     from skyjax.launch import launch
+
+    if args.shipped:
+        build_config(args)  # takes the shipped m, batch and sequence length into args
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="skyjax_bench_")
     os.makedirs(workdir, exist_ok=True)

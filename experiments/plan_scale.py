@@ -52,10 +52,46 @@ def case(layers: int, devices: int, regions: int = 4, seed: int = 0):
     return synth_profile(units, slow, mem, lat, bw, extra_devices=extra)
 
 
+def paper_case(cross_latency_s: float = 20e-3, cross_Bps: float = 10e9 / 8):
+    """The paper's setting in four regions: 160-layer BERT-large at sublayer granularity (483
+    units) on 64 nodes of 16 GiB with slow-downs ``default_rng(35).integers(1, 7, 64)``; nodes
+    16 r .. 16 r + 15 form region r (100 Gbit/s, 10 us inside; 10 Gbit/s, 20 ms across)."""
+    units = bert_units(BertShape())
+    slow = np.random.default_rng(35).integers(1, 7, 64)
+    region = np.arange(64) // 16
+    same = region[:, None] == region[None, :]
+    lat = np.where(same, 10e-6, cross_latency_s)
+    np.fill_diagonal(lat, 0.0)
+    bw = np.where(same, 100e9 / 8, cross_Bps)
+    extra = [{"region": f"r{r}", "kind": f"x{s}"} for r, s in zip(region, slow)]
+    return synth_profile(units, slow, np.full(64, 16 * GIB), lat, bw, extra_devices=extra)
+
+
+def paper_table() -> None:
+    """The paper-scale goal: <= 1 s, exact or a proven gap <= 1 %, 1F1B and GPipe, m = 8, 32."""
+    prof = paper_case()
+    print("paper scale: 483 units x 64 nodes, rng(35) slow-downs, 4 regions (goal: <= 1 s, "
+          "exact or gap <= 1 %)")
+    print(f"{'schedule':>8} {'m':>3} | {'wall s':>7} {'cpu s':>6} | {'stages':>6} {'T even':>8} "
+          f"{'T opt':>8} {'exact':>5} {'LB':>8} {'gap':>6}")
+    for schedule, m in [("1f1b", 8), ("1f1b", 32), ("gpipe", 8), ("gpipe", 32)]:
+        even = plan_lib.plan(prof, "even", schedule, m)
+        t0, c0 = time.perf_counter(), time.process_time()
+        p = plan_lib.plan(prof, "optimal", schedule, m)
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        lb = "-" if p.exact else f"{p.lower_bound_s:8.3f}"
+        gap = "-" if p.exact else f"{p.step_time_s / p.lower_bound_s - 1:6.1%}"
+        print(f"{schedule:>8} {m:3d} | {dt:7.2f} {cpu:6.2f} | {len(p.stages):6d} "
+              f"{even.step_time_s:8.3f} {p.step_time_s:8.3f} {str(p.exact):>5} {lb:>8} {gap:>6}")
+        sys.stdout.flush()
+    print()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the 64-device case")
     args = parser.parse_args(argv)
+    paper_table()
     sizes = [(160, 64, 1.0)] + ([] if args.quick else [(666, 1024, 30.0)])
     print(f"{'units':>5} {'devices':>7} {'classes':>7} {'schedule':>8} {'m':>3} | {'wall s':>7} "
           f"{'cpu s':>6} {'goal':>5} | {'stages':>6} {'T even':>8} {'T opt':>8} {'exact':>5} "

@@ -67,7 +67,8 @@ def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any) -> dict:
 
 def stage_report(plan: plan_lib.Plan, profile: Profile, last_step: Any) -> dict:
     """Per stage, predicted vs measured compute, comm and idle of the last step
-    (:func:`skyjax.plan.compare.stage_comparison`): summary.json's and trace.json's ``stages``."""
+    (:func:`skyjax.plan.compare.stage_comparison`): ``stage_comparison`` in summary.json and
+    trace.json."""
     from skyjax.plan.compare import stage_comparison
 
     spans = [s for r in (last_step.results if last_step else []) for s in r.spans]

@@ -225,7 +225,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    len(profile.units), num_params,
                                    time.perf_counter() - wall_start)
     summary["memory"] = memory_report(config, chain, mine, rss_start)
-    summary["stages"] = outputs.stage_report(plan, profile, result["last_step"])  # vs predicted
+    summary["stage_comparison"] = outputs.stage_report(plan, profile, result["last_step"])
     out.write_json("trace.json", outputs.trace_json(plan, profile, result["last_step"]))
     if out.is_chief:  # plan.png, timeline.png
         watch.write_pictures(workdir, plan, profile, result["last_step"], cluster.jax_devices)

@@ -34,7 +34,12 @@ def test_roundtrip_keeps_unknown_keys(tmp_path):
     assert p.forward_s.shape == (3, 2) and p.forward_s.dtype == np.float64
     assert p.extra["measured_on"] == "2026-01-01"
     assert p.devices[0]["region"] == "eu"
-    assert p.to_json() == json.loads(json.dumps(good()))
+    want = json.loads(json.dumps(good()))
+    # a version 1 file comes back as version 2 with zero fixed costs (same meaning)
+    want.update(version=2, update_s=[[0.0, 0.0]] * 3, overheads={
+        "forward_call_s": [0.0, 0.0], "backward_call_s": [0.0, 0.0],
+        "update_call_s": [0.0, 0.0], "message_s": [0.0, 0.0], "sync_s": 0.0})
+    assert p.to_json() == want
     path = tmp_path / "profile.json"
     save_profile(p, str(path))
     assert load_profile(str(path)).to_json() == p.to_json()
@@ -64,7 +69,10 @@ def _edit(path: str, value):
 
 
 @pytest.mark.parametrize("path,value,msg", [
-    ("version", 2, r"profile\.version: unsupported version 2"),
+    ("version", 3, r"profile\.version: unsupported version 3"),
+    ("overheads", {"message_s": [0.0]}, r"profile\.overheads\.message_s: expected 2 entries"),
+    ("overheads", {"sync_s": -1}, r"profile\.overheads\.sync_s: negative"),
+    ("update_s", [[0.0, 0.0]] * 2, r"profile\.update_s: expected 3 rows"),
     ("version", KeyError, r"profile\.version: missing"),
     ("units/1/state_bytes", KeyError, r"profile\.units\[1\]\.state_bytes: missing"),
     ("units/2/output_bytes", -1, r"profile\.units\[2\]\.output_bytes: negative"),

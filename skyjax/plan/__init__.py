@@ -11,7 +11,8 @@ heuristic <- planner):
 * ``exact`` / ``heuristic``: the two searches for the ``optimal`` strategy.
 * ``planner``: ``plan()``, which picks the strategy and search.
 * ``schedules``: GPipe / 1F1B as per-stage action lists; ``simulate``: an event simulation of
-  them; ``replan``: the re-planning policy; ``cli``: ``python -m skyjax.plan``.
+  them; ``compare``: a plan's predicted vs a measured step, per stage; ``replan``: the
+  re-planning policy and calibration from measured steps; ``cli``: ``python -m skyjax.plan``.
 
 Pure Python + numpy: nothing here imports JAX (``tests/test_layout.py`` checks it), so plans can
 be made and inspected on any machine from a profile.json. The names below are the planner's API.

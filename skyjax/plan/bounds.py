@@ -29,15 +29,24 @@ def lower_bound(t: Tables) -> float:
     min(min over groups of _relaxed_bound(group), _relaxed_bound(all, tau >= c) + c).
     """
     groups = link_groups(t)
-    best = min(_relaxed_bound(t, np.array(g)) for g in groups)
+    best = min(_relaxed_bound(t, np.array(g)) for g in groups) + fixed_floor(t)
     if len(groups) > 1 and t.num_units > 1:
         gid = labels(groups, t.num_devices)
         cross = gid[:, None] != gid[None, :]
         bw = np.where(cross & (t.bandwidth > 0), t.bandwidth, np.nan)
         if np.isfinite(bw).any():
             c = 2 * float(np.nanmin(t.latency + t.output_bytes.min() / bw))
-            best = min(best, _relaxed_bound(t, np.arange(t.num_devices), c) + c)
+            best = min(best, _relaxed_bound(t, np.arange(t.num_devices), c) + c
+                       + fixed_floor(t))
     return best
+
+
+def fixed_floor(t: Tables) -> float:
+    """What the fixed costs add to any plan's T at least: every t_k pays some device's call
+    costs, so sum t_k + (m - 1) max t_k grows by >= m min_d fixed_d over the relaxation (which
+    leaves them out); the first stage's update (of unit 0 at least) and the synchronisation."""
+    first = float((t.update_call + t.update_prefix[:, min(1, t.num_units)]).min())
+    return t.microbatches * float(t.fixed.min()) + first + t.sync_s
 
 
 def _relaxation(t: Tables, devices: np.ndarray):
@@ -70,6 +79,10 @@ def min_bottleneck(t: Tables) -> float:
     rel = _relaxation(t, np.arange(t.num_devices))
     if rel is None:
         return _INF
+    return _min_relaxed_bottleneck(rel) + float(t.fixed.min())
+
+
+def _min_relaxed_bottleneck(rel) -> float:
     total, tau_min, sig, cap, count = rel
     if sig.min() == 0:
         return tau_min

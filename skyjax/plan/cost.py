@@ -1,15 +1,23 @@
 """The cost model (docs/design.md): what a plan costs, per stage and per training step.
 
 For a plan of stages k = 0..p-1 (device d_k, units [a_k, b_k); :mod:`skyjax.plan.types`) and m
-micro-batches:
+micro-batches, with the profile's fixed costs (version 2; zeros for a version 1 profile):
 
-  compute_k = sum_{u in [a_k, b_k)} forward_s[u][d_k] + backward_s[u][d_k]
-  comm_k    = 2 (latency[d_k][d_k+1] + output_bytes[b_k - 1] / bandwidth[d_k][d_k+1]), 0 for the
-              last stage; bandwidth 0 means unreachable (comm = inf, such a pair is never adjacent)
+  compute_k = sum_{u in [a_k, b_k)} (forward_s[u][d_k] + backward_s[u][d_k])
+              + forward_call_s[d_k] + backward_call_s[d_k]        (two stage actions per micro-batch)
+  comm_k    = 2 message_s[d_k] [k > 0: receive the input, send its gradient]
+              + 2 message_s[d_k] + 2 (latency[d_k][d_k+1] + output_bytes[b_k - 1] /
+              bandwidth[d_k][d_k+1]) [k < p - 1]; bandwidth 0 means unreachable (comm = inf)
   t_k       = compute_k + comm_k
+  update_k  = update_call_s[d_k] + sum_{u in [a_k, b_k)} update_s[u][d_k]     (once per step)
   memory_k  = sum state_bytes + inflight_k * sum activation_bytes <= memory_bytes[d_k],
               inflight_k = m (GPipe) or min(m, p - k) (1F1B)
-  T         = sum_k t_k + (m - 1) max_k t_k
+  T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s
+
+The update runs after the step's gradient-norm all-reduce (sync_s); the first stage's update
+delays the next step's whole pipeline, a later stage's overlaps the fill that reaches it, so only
+update_0 is on the critical path (the simulator, :mod:`skyjax.plan.simulate`, replays the real
+overlap and checks it).
 
 ``tables`` turns a profile into the arrays every search reads (prefix sums, so a block's compute
 or memory is two lookups); ``evaluate`` prices a given assignment and checks that it fits.
@@ -38,6 +46,11 @@ class Tables:
 
     work: np.ndarray  # [U, D] forward + backward seconds
     prefix: np.ndarray  # [D, U+1] prefix sums of work per device
+    fixed: np.ndarray  # [D] forward + backward call seconds, once per stage and micro-batch
+    in_msg: np.ndarray  # [D] 2 message_s: a stage that is not first (a > 0)
+    update_prefix: np.ndarray  # [D, U+1] prefix sums of update_s per device
+    update_call: np.ndarray  # [D]
+    sync_s: float
     state_prefix: np.ndarray  # [U+1]
     act_prefix: np.ndarray  # [U+1]
     output_bytes: np.ndarray  # [U]
@@ -62,19 +75,35 @@ class Tables:
         return np.minimum(self.microbatches, stages_from_end)
 
     def comm(self, d: int, e: int, cuts: np.ndarray | int) -> np.ndarray:
-        """Two-way comm seconds of a stage on d ending at cut(s) (1..U-1), next stage on e."""
+        """Two-way comm seconds of a stage on d ending at cut(s) (1..U-1), next stage on e: the
+        two transfers and d's two message calls (activation out, gradient in)."""
         cuts = np.asarray(cuts)
         if self.bandwidth[d, e] <= 0:
             return np.full(cuts.shape, _INF)
-        return 2.0 * (self.latency[d, e] + self.output_bytes[cuts - 1] / self.bandwidth[d, e])
+        return 2.0 * (self.latency[d, e] + self.output_bytes[cuts - 1] / self.bandwidth[d, e]
+                      + self.in_msg[d] / 2)
+
+    def block(self, d: int, a: int | np.ndarray, b: int | np.ndarray) -> np.ndarray:
+        """compute + incoming message calls of a stage on d over [a, b) (no outgoing link)."""
+        a = np.asarray(a)
+        return (self.prefix[d, b] - self.prefix[d, a] + self.fixed[d]
+                + np.where(a > 0, self.in_msg[d], 0.0))
+
+    def first_update(self, d: int, ends: np.ndarray | int) -> np.ndarray:
+        """update_0 of a first stage on d ending at ``ends``: what T adds for it once per step."""
+        return self.update_call[d] + self.update_prefix[d, ends]
+
+    def step_extra(self, first_update: float) -> float:
+        """T - (sum t_k + (m - 1) max t_k): the first stage's update and the synchronisation."""
+        return float(first_update) + self.sync_s
 
 
 @dataclasses.dataclass
 class Solution:
     """What a search returns: an assignment with its sum and maximum of stage times, so that
-    T = total + (m - 1) bottleneck."""
+    T = total + (m - 1) bottleneck + sync_s (``total`` includes the first stage's update)."""
 
-    total: float  # sum of t_k
+    total: float  # sum of t_k + update_0
     bottleneck: float  # max t_k
     assignment: list[tuple[int, int, int]]
 
@@ -87,11 +116,18 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
         raise ValueError(f"microbatches: expected a positive integer, got {microbatches!r}")
     work = np.asarray(profile.forward_s, float) + np.asarray(profile.backward_s, float)
     prefix = np.concatenate([np.zeros((work.shape[1], 1)), np.cumsum(work.T, axis=1)], axis=1)
+    upd = np.asarray(profile.update_s, float)
     units = profile.units
     state = np.array([float(u["state_bytes"]) for u in units])
     act = np.array([float(u["activation_bytes"]) for u in units])
     return Tables(
         work=work, prefix=prefix,
+        fixed=np.asarray(profile.forward_call_s, float) + np.asarray(profile.backward_call_s,
+                                                                       float),
+        in_msg=2.0 * np.asarray(profile.message_s, float),
+        update_prefix=np.concatenate([np.zeros((upd.shape[1], 1)), np.cumsum(upd.T, axis=1)],
+                                     axis=1),
+        update_call=np.asarray(profile.update_call_s, float), sync_s=float(profile.sync_s),
         state_prefix=np.concatenate([[0.0], np.cumsum(state)]),
         act_prefix=np.concatenate([[0.0], np.cumsum(act)]),
         output_bytes=np.array([float(u["output_bytes"]) for u in units]),
@@ -102,22 +138,24 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
 
 
 def stage_costs(t: Tables, assignment: Assignment) -> list[Stage]:
-    """Stages (compute, comm, memory) of an assignment [(device, start, end), ...]."""
+    """Stages (compute, comm, update, memory) of an assignment [(device, start, end), ...]."""
     p = len(assignment)
     stages = []
     for k, (d, a, b) in enumerate(assignment):
-        compute = float(t.work[a:b, d].sum())
-        comm = 0.0 if k == p - 1 else float(t.comm(d, assignment[k + 1][0], b))
+        compute = float(t.prefix[d, b] - t.prefix[d, a] + t.fixed[d])
+        comm = (float(t.in_msg[d]) if a > 0 else 0.0) + (
+            0.0 if k == p - 1 else float(t.comm(d, assignment[k + 1][0], b)))
         mem = (t.state_prefix[b] - t.state_prefix[a]
                + t.inflight(p - k) * (t.act_prefix[b] - t.act_prefix[a]))
-        stages.append(Stage(int(d), (int(a), int(b)), compute, comm, int(round(mem))))
+        update = float(t.update_call[d] + t.update_prefix[d, b] - t.update_prefix[d, a])
+        stages.append(Stage(int(d), (int(a), int(b)), compute, comm, int(round(mem)), update))
     return stages
 
 
-def step_time(stage_times: Iterable[float], microbatches: int) -> float:
-    """T = sum t_k + (m - 1) max t_k."""
+def step_time(stage_times: Iterable[float], microbatches: int, extra_s: float = 0.0) -> float:
+    """T = sum t_k + (m - 1) max t_k + extra (update_0 + sync_s: ``Tables.step_extra``)."""
     ts = list(stage_times)
-    return float(sum(ts) + (microbatches - 1) * max(ts))
+    return float(sum(ts) + (microbatches - 1) * max(ts) + extra_s)
 
 
 def check_assignment(t: Tables, assignment: Assignment) -> None:
@@ -171,8 +209,9 @@ def evaluate_tables(profile: Profile, t: Tables, assignment: Assignment, strateg
     if check:
         check_fits(profile, t, stages)
     times = [s.time_s for s in stages]
+    extra = t.step_extra(stages[0].update_s)
     return Plan(strategy=strategy, schedule=t.schedule, microbatches=t.microbatches,
-                stages=stages, step_time_s=step_time(times, t.microbatches),
+                stages=stages, step_time_s=step_time(times, t.microbatches, extra),
                 bottleneck_s=float(max(times)), exact=exact,
                 lower_bound_s=None if exact else lower_bound_s,
                 device_names=[d["name"] for d in profile.devices])

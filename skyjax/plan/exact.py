@@ -10,8 +10,8 @@ DP(t) costs about sum_states C x U^2 vectorised operations and runs when ``exact
 ``EXACT_PAIRS`` / ``EXACT_WORK`` (e.g. <= 8 distinct devices at 40 units, or 64 identical devices
 at 483 units). Plans from it have ``exact: true``; tests check them against brute force.
 
-Bottleneck (``pareto_walk``). DP(t) = min sum_k t_k subject to t_k <= t and memory, and
-T* = min_t DP(t) + (m - 1) t (:mod:`skyjax.plan.planner`). DP(t) is a non-increasing step
+Bottleneck (``pareto_walk``). DP(t) = min sum_k t_k + update_0 subject to t_k <= t and memory,
+and T* = min_t DP(t) + (m - 1) t + sync_s (:mod:`skyjax.plan.planner`). DP(t) is a non-increasing step
 function, so only its Pareto points matter: DP(inf) (optimal for m = 1); the least feasible cap
 t_lo by binary search over the sorted set of every stage time the DP can produce; then the Pareto
 points downward from (best - DP(inf)) / (m - 1) (no larger bottleneck can beat the best): after
@@ -73,7 +73,12 @@ class ClassDP:
         b = np.arange(u)[:, None]
         e = np.arange(u + 1)[None, :]
         valid = e > b
-        self.block = np.where(valid[None], pre[:, None, :] - pre[:, :u, None], _INF)  # [C,U,U+1]
+        fixed = (t.fixed[reps][:, None, None]
+                 + np.where(b > 0, t.in_msg[reps][:, None, None], 0.0))  # [C, U, 1]
+        self.block = np.where(valid[None], pre[:, None, :] - pre[:, :u, None] + fixed,
+                              _INF)  # [C, U, U+1]
+        # T adds the first stage's update (a sum-only term, not part of any t_k): [C, U+1]
+        self.first_extra = np.stack([t.first_update(r, np.arange(u + 1)) for r in reps])
         self.last = self.block[:, :, u].copy()  # [C, U]
         cuts = np.arange(1, u)
         self.nonlast = np.full((c_n, c_n, u, u + 1), _INF)  # [C, C2, b, e]
@@ -116,7 +121,9 @@ class ClassDP:
                 if s == 1:
                     tk = self.last[c]
                     val = np.where((tk <= cap) & mem[:, u], tk, _INF)
-                    entry = (val, val, None, None)
+                    tot = val.copy()
+                    tot[0] += self.first_extra[c, u]
+                    entry = (tot, val, None, None)
                 else:
                     entry = self._step(v, c, cap, mem, table)
                 table[(v, c)] = entry
@@ -137,6 +144,7 @@ class ClassDP:
         for i, c2 in enumerate(c2s):
             nxt[i, :u], nmx[i, :u] = table[(v2, c2)][0], table[(v2, c2)][1]
         tot = np.where((tk <= cap) & mem[None], tk + nxt[:, None, :], _INF)
+        tot[:, 0, :] += self.first_extra[c][None, :]  # row 0 starts the chain: T adds update_0
         flat = tot.transpose(1, 0, 2).reshape(u, -1)
         idx = np.argmin(flat, axis=1)
         rows = np.arange(u)

@@ -84,6 +84,9 @@ class _ChainDP:
         self.t, self.order = t, list(order)
         u, n = t.num_units, len(self.order)
         self.pre = t.prefix[self.order]  # [n, U+1]
+        self.fixed = t.fixed[self.order]  # per stage: call costs
+        self.inmsg = t.in_msg[self.order]  # per stage that does not start the chain
+        self.first_extra = np.stack([t.first_update(d, np.arange(u + 1)) for d in self.order])
         self.gid = [int(group_of[d]) for d in self.order]
         self.n_groups = len(groups)
         self.log2 = np.zeros(u + 2, dtype=np.int64)
@@ -128,26 +131,33 @@ class _ChainDP:
                     hist.append(None)
                     continue
                 g, pre, mlo, hs = self.gid[i], self.pre[i], self.mem_lo[i], self.later[i]
+                fix, inm, extra = self.fixed[i], self.inmsg[i], self.first_extra[i]
+                # x[b] = arrive[b] - P[b] + message calls in, for starts b >= 1; a stage starting
+                # the chain (b = 0: no messages in, T adds its update) is priced apart (first0).
                 x = arrive[g].copy()
-                x[:, 0] = 0.0
-                x -= pre[None, :u]
+                x[:, 0] = _INF
+                x[:, 1:] += inm - pre[None, 1:u]
                 if record:
                     hist.append((x[0].copy(), src[g, 0].copy()))
                 tab = _sparse_table(x)
-                lo = np.maximum(np.searchsorted(pre, pre[u] - caps, "left"), mlo[u])
-                last = _range_min(tab, self.log2, lo[:, None], hi_last)[:, 0] + pre[u]
+                lo = np.maximum(np.searchsorted(pre, pre[u] + fix + inm - caps, "left"), mlo[u])
+                last = _range_min(tab, self.log2, np.maximum(lo, 1)[:, None], hi_last)[:, 0]
+                last = np.minimum(last + pre[u] + fix,
+                                  self._first0(pre[u] + fix, extra[u], mlo[u], caps))
                 better = last < final
                 final = np.where(better, last, final)
                 final_src = np.where(better, i, final_src)
                 stale = not better.any()
                 if len(hs) == 0 or u < 2:
                     continue
-                reach = pre[None, 1:u] + self.comm[g, hs]  # [H, U-1]: P[c] + comm(c)
-                thr = reach[:, None, :] - caps[None, :, None]  # [H, K, U-1]
+                reach = pre[None, 1:u] + self.comm[g, hs] + fix  # [H, U-1]: P[c] + comm(c)
+                thr = reach[:, None, :] + inm - caps[None, :, None]  # [H, K, U-1]
                 lo = np.searchsorted(pre, thr.ravel(), "left").reshape(thr.shape)
-                lo = np.maximum(lo, mlo[None, None, 1:u])
+                lo = np.maximum(np.maximum(lo, mlo[None, None, 1:u]), 1)
                 q = _range_min(tab, self.log2, lo, np.broadcast_to(ends, lo.shape))
                 q += reach[:, None, :]
+                q = np.minimum(q, self._first0(reach[:, None, :], extra[None, None, 1:u],
+                                               mlo[None, None, 1:u], caps[None, :, None]))
                 cur = arrive[hs, :, 1:]
                 improved = q < cur
                 if not improved.any():
@@ -159,6 +169,11 @@ class _ChainDP:
         if record:
             return final, (final_src, hist)
         return final
+
+    @staticmethod
+    def _first0(cost, extra, mlo, caps):
+        """Sum of a stage that starts the chain (cost = its t_k), inf where over cap or memory."""
+        return np.where((cost <= caps) & (mlo == 0), cost + extra, _INF)
 
     def reconstruct(self, cap: float) -> Solution | None:
         """The least-sum plan for one cap, or None."""
@@ -172,15 +187,22 @@ class _ChainDP:
             pre, (x, src) = self.pre[i], hist[i]
             reach = pre[u] if nxt_group is None else pre[end] + self.comm[self.gid[i], nxt_group,
                                                                           end - 1]
-            lo = max(int(np.searchsorted(pre, reach - cap, "left")), int(self.mem_lo[i][end]))
-            b = lo + int(np.argmin(x[lo:end]))
+            reach += self.fixed[i]
+            mlo = int(self.mem_lo[i][end])
+            lo = max(int(np.searchsorted(pre, reach + self.inmsg[i] - cap, "left")), mlo, 1)
+            b = lo + int(np.argmin(x[lo:end])) if lo < end else 0
+            # the same comparison as run(): x[b] + reach for b >= 1, reach + extra for b = 0
+            first = float(self._first0(reach, self.first_extra[i][end], mlo, cap)) - reach
+            if first <= (x[b] if b else _INF):
+                b = 0
             out.append((self.order[i], b, end))
             if b == 0:
                 break
             i, end, nxt_group = int(src[b]), b, self.gid[i]
         out.reverse()
-        times = [s.time_s for s in stage_costs(t, out)]
-        return Solution(float(sum(times)), float(max(times)), out)
+        stages = stage_costs(t, out)
+        times = [s.time_s for s in stages]
+        return Solution(float(sum(times)) + stages[0].update_s, float(max(times)), out)
 
 
 class _CapSearch:

@@ -16,6 +16,8 @@ import dataclasses
 import statistics
 from typing import Sequence
 
+import numpy as np
+
 from skyjax.plan import cost, planner
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
@@ -54,10 +56,16 @@ def stage_busy_s(per_step_busy: Sequence[Sequence[float]]) -> list[float]:
     return [statistics.median(col) for col in zip(*per_step_busy)]
 
 
-def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float]
-                      ) -> tuple[Profile, dict[int, float]]:
-    """``profile`` with each used device's times scaled by measured / predicted compute."""
+def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
+                      comm_s: Sequence[float] | None = None) -> tuple[Profile, dict[int, float]]:
+    """``profile`` with each used device's times (units and per-call costs, which
+    ``Stage.compute_s`` both counts) scaled by measured / predicted compute. With ``comm_s``
+    (measured link waits per step of each stage, ``skyjax.plan.compare``), every link's latency
+    also grows by the mean excess per message seen on the plan's links: what a message really
+    costs in the running pipeline beyond the idle ping-pong probe (one host-wide figure, so
+    that links the plan does not use are corrected too)."""
     forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
+    calls = {k: getattr(profile, k).copy() for k in ("forward_call_s", "backward_call_s")}
     factors = {}
     for stage, measured in zip(plan.stages, busy_s):
         predicted = stage.compute_s * plan.microbatches
@@ -66,7 +74,24 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float]
         factors[stage.device] = measured / predicted
         forward[:, stage.device] *= factors[stage.device]
         backward[:, stage.device] *= factors[stage.device]
-    return dataclasses.replace(profile, forward_s=forward, backward_s=backward), factors
+        for v in calls.values():
+            v[stage.device] *= factors[stage.device]
+    latency = profile.latency_s
+    if comm_s is not None and len(plan.stages) > 1:
+        excess = [(measured - 2 * plan.microbatches * _link_s(profile, plan, k))
+                  / (2 * plan.microbatches)
+                  for k, measured in enumerate(list(comm_s)[: len(plan.stages) - 1])]
+        extra = max(sum(excess) / len(excess), 0.0) if excess else 0.0
+        latency = latency + extra * (1 - np.eye(len(latency)))
+    return dataclasses.replace(profile, forward_s=forward, backward_s=backward,
+                               latency_s=latency, **calls), factors
+
+
+def _link_s(profile: Profile, plan: Plan, k: int) -> float:
+    """The one-way delay of a message over the plan's link k (latency + bytes / bandwidth)."""
+    d, e = plan.stages[k].device, plan.stages[k + 1].device
+    out = float(profile.units[plan.stages[k].units[1] - 1]["output_bytes"])
+    return float(profile.latency_s[d, e]) + out / float(profile.bandwidth_Bps[d, e])
 
 
 def decide(profile: Profile, plan: Plan, busy_s: Sequence[float]) -> Decision:

@@ -6,8 +6,12 @@ B(k+1, i) plus the link delay. It returns the step time, per-stage busy and idle
 in-flight micro-batches and a Chrome / Perfetto trace (built by :mod:`skyjax.trace`, like the
 runtime's measured one, so the two line up).
 
-Relation to the cost model T = sum t_k + (m - 1) max t_k (:mod:`skyjax.plan.cost`),
-t_k = f_k + b_k + 2 c_k:
+Relation to the cost model T = sum t_k + (m - 1) max t_k + update_0 + sync_s
+(:mod:`skyjax.plan.cost`), t_k = f_k + b_k + 2 c_k, where f_k / b_k are a stage's forward /
+backward actions (unit times + call cost + message calls, :func:`stage_actions_s`) and c_k the
+one-way link delay. Updates: stage k starts the step update_k after the boundary and the step
+ends sync_s after its last action, so update_0 adds to every step and a later stage's update
+only where it outlasts the fill that reaches it.
 
 * ``overlap_comm=False`` charges both transfers over link k to stage k (the activation send after
   F and the gradient receive before B), as the cost model does. Then on balanced pipelines (all
@@ -57,11 +61,15 @@ def _durations(forward_s, backward_s, comm_s, overlap: bool):
 
 def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Sequence[float],
              schedule: str, microbatches: int, *, overlap_comm: bool = True,
-             names: Sequence[str] | None = None) -> SimResult:
+             names: Sequence[str] | None = None, update_s: Sequence[float] | None = None,
+             sync_s: float = 0.0) -> SimResult:
     """Event simulation of the schedule's action lists (see module doc).
 
     forward_s / backward_s: seconds per micro-batch of each stage's whole block; comm_s[k]: one-way
-    delay over the link from stage k to k + 1 (len p - 1).
+    delay over the link from stage k to k + 1 (len p - 1). ``update_s[k]``: stage k's optimizer
+    update, which follows the previous step's gradient-norm all-reduce: in the steady state stage
+    k starts ``update_s[k]`` after the step boundary, and the step ends ``sync_s`` after its last
+    action (the all-reduce), so the result is the period of back-to-back steps.
     """
     p, m = len(forward_s), microbatches
     if len(backward_s) != p or len(comm_s) != max(p - 1, 0):
@@ -71,7 +79,8 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
     fwd, bwd, delay = _durations(forward_s, backward_s, comm_s, overlap_comm)
     end: dict[tuple[str, int, int], float] = {}
     spans: list[list[Span]] = [[] for _ in range(p)]
-    pos, free = [0] * p, [0.0] * p
+    pos = [0] * p
+    free = [float(x) for x in update_s] if update_s is not None else [0.0] * p
     remaining = sum(len(a) for a in lists)
     while remaining:
         progress = False
@@ -97,7 +106,7 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
                 progress = True
         if not progress:
             raise RuntimeError("schedule deadlocked")  # cannot happen for gpipe / 1f1b
-    step = max(free)
+    step = max(free) + float(sync_s)
     busy = [sum(s.end - s.start for s in sp) for sp in spans]
     flat = [s for sp in spans for s in sp]
     events = stage_events(flat, pid=0, name="stages", stage_names=names, origin=0.0)
@@ -107,15 +116,31 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
                      peak_inflight=inflight_peaks(lists), trace=trace_json(events), spans=flat)
 
 
+def stage_actions_s(plan: Plan, profile: Profile) -> tuple[list[float], list[float],
+                                                           list[float]]:
+    """Per stage: one forward action, one backward action (unit times + the call cost + the
+    stage's message calls: in from the previous stage, out to the next) and one-way link delays
+    (latency + bytes / bandwidth, len p - 1). Their sums give the cost model's t_k."""
+    fwd, bwd, link = [], [], []
+    p = len(plan.stages)
+    for k, s in enumerate(plan.stages):
+        (a, b), d = s.units, s.device
+        msg = float(profile.message_s[d]) * ((k > 0) + (k < p - 1))
+        fwd.append(float(profile.forward_s[a:b, d].sum() + profile.forward_call_s[d]) + msg)
+        bwd.append(float(profile.backward_s[a:b, d].sum() + profile.backward_call_s[d]) + msg)
+        if k < p - 1:
+            e = plan.stages[k + 1].device
+            bw = float(profile.bandwidth_Bps[d, e])
+            out = float(profile.units[b - 1]["output_bytes"])
+            link.append(float(profile.latency_s[d, e]) + (out / bw if bw > 0 else float("inf")))
+    return fwd, bwd, link
+
+
 def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True) -> SimResult:
-    """Simulate a plan on its profile: per-stage forward / backward sums, one-way link
-    delay = comm_s / 2."""
-    fwd, bwd = [], []
-    for s in plan.stages:
-        a, b = s.units
-        fwd.append(float(profile.forward_s[a:b, s.device].sum()))
-        bwd.append(float(profile.backward_s[a:b, s.device].sum()))
-    comm = [s.comm_s / 2 for s in plan.stages[:-1]]
+    """Simulate a plan on its profile (:func:`stage_actions_s`), with each stage's update
+    and the synchronisation at the step boundary."""
+    fwd, bwd, link = stage_actions_s(plan, profile)
     names = [profile.devices[s.device]["name"] for s in plan.stages]
-    return simulate(fwd, bwd, comm, plan.schedule, plan.microbatches, overlap_comm=overlap_comm,
-                    names=names)
+    return simulate(fwd, bwd, link, plan.schedule, plan.microbatches, overlap_comm=overlap_comm,
+                    names=names, update_s=[s.update_s for s in plan.stages],
+                    sync_s=float(profile.sync_s))

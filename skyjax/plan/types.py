@@ -18,13 +18,15 @@ class InfeasibleError(ValueError):
 @dataclasses.dataclass
 class Stage:
     """One pipeline stage: a device, its units [start, end) and their predicted per-micro-batch
-    compute (forward + backward), comm (to the next stage and back) and memory."""
+    compute (forward + backward, call costs included), comm (message calls, and the transfers
+    to the next stage and back), memory, and the optimizer update once per step."""
 
     device: int
     units: tuple[int, int]
     compute_s: float
     comm_s: float
     memory_bytes: int
+    update_s: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -32,8 +34,11 @@ class Stage:
         return self.compute_s + self.comm_s
 
     def to_json(self) -> dict:
-        return {"device": self.device, "units": list(self.units), "compute_s": self.compute_s,
-                "comm_s": self.comm_s, "memory_bytes": self.memory_bytes}
+        out = {"device": self.device, "units": list(self.units), "compute_s": self.compute_s,
+               "comm_s": self.comm_s, "memory_bytes": self.memory_bytes}
+        if self.update_s:  # only profiles with fixed costs (version 2) measure it
+            out["update_s"] = self.update_s
+        return out
 
 
 @dataclasses.dataclass
@@ -65,7 +70,8 @@ class Plan:
     @classmethod
     def from_json(cls, d: dict) -> "Plan":
         stages = [Stage(int(s["device"]), (int(s["units"][0]), int(s["units"][1])),
-                        float(s["compute_s"]), float(s["comm_s"]), int(s["memory_bytes"]))
+                        float(s["compute_s"]), float(s["comm_s"]), int(s["memory_bytes"]),
+                        float(s.get("update_s", 0.0)))
                   for s in d["stages"]]
         return cls(d["strategy"], d["schedule"], int(d["microbatches"]), stages,
                    float(d["step_time_s"]), float(d["bottleneck_s"]), bool(d["exact"]),

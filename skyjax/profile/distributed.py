@@ -52,6 +52,8 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     gathered = transport.gather_to_first(
         {"rank": rank, "forward_s": mine["forward_s"][:, rank].tolist(),
          "backward_s": mine["backward_s"][:, rank].tolist(), "units": mine["units"],
+         "update_s": mine["update_s"][:, rank].tolist(),
+         "overheads": {k: v[rank] for k, v in mine["overheads"].items()},
          "compile_s": mine["compile_s"], "memory": list(cluster.memory_bytes(rank))}, tag_base)
     mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
     gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links}, tag)
@@ -63,9 +65,14 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     bwd = np.zeros((len(spec.names), n))
     compile_s = 0.0
     devices = device_records(cluster)
+    upd = np.zeros((len(spec.names), n))
+    over = {k: [0.0] * n for k in gathered[0]["overheads"]}
     for g in gathered:
         fwd[:, g["rank"]] = g["forward_s"]
         bwd[:, g["rank"]] = g["backward_s"]
+        upd[:, g["rank"]] = g["update_s"]  # fixed costs: per device (profile.json version 2)
+        for k, v in g["overheads"].items():
+            over[k][g["rank"]] = v
         compile_s = max(compile_s, g["compile_s"])
         # Each process knows its own device's memory.
         devices[g["rank"]]["memory_bytes"], devices[g["rank"]]["memory_source"] = g["memory"]
@@ -74,7 +81,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         one_way.update(g["one_way"])
     lat, bw = links.link_matrices(n, options.link_sizes, one_way)
     measured = {"units": gathered[0]["units"], "forward_s": fwd, "backward_s": bwd,
-                "compile_s": compile_s, "devices": devices}
+                "compile_s": compile_s, "devices": devices, "update_s": upd, "overheads": over}
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,
                     lat, bw, {"link_probe": "transport", "link_one_way_s": one_way,
                               "units_s": unit_s, "compile_s": compile_s,

@@ -1,6 +1,10 @@
-"""profile.json (version 1) reading, validation and writing.
+"""profile.json (version 2; version 1 files are still read) reading, validation and writing.
 
-The format is stable and documented in docs/design.md. ``Profile.from_json`` checks
+The format is stable and documented in docs/design.md. Version 2 adds the fixed costs of the
+cost model (``overheads``: per-device seconds per forward / backward / update call and per
+message, and the step's synchronisation) and the optimizer update per unit (``update_s``); in a
+version 1 file they are absent and read as 0 (its unit times then carry the call costs, as they
+were measured). ``Profile.from_json`` checks
 every field and raises :class:`ProfileError` whose message names the offending
 field, e.g. ``profile.forward_s[3][1]: negative time -0.2``; unknown keys are
 kept in ``Profile.extra`` (unknown keys of ``links`` under ``extra["links"]``)
@@ -18,8 +22,11 @@ import numpy as np
 
 from skyjax.jsonio import write_json_atomic
 
-VERSION = 1
-_TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward_s", "links")
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+_TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward_s", "links",
+             "update_s", "overheads")
+OVERHEAD_KEYS = ("forward_call_s", "backward_call_s", "update_call_s", "message_s")
 _UNIT_FIELDS = ("state_bytes", "activation_bytes", "output_bytes")
 _LINK_KEYS = ("latency_s", "bandwidth_Bps")
 
@@ -41,6 +48,29 @@ class Profile:
     latency_s: np.ndarray  # [D, D]
     bandwidth_Bps: np.ndarray  # [D, D]
     extra: dict = dataclasses.field(default_factory=dict)
+    # version 2 (zeros when absent): the optimizer update of each unit per step, [U, D]; fixed
+    # seconds per call (forward / backward / update action of a stage) and per message sent or
+    # received, [D] each; the step's end-of-step synchronisation (gradient-norm all-reduce).
+    update_s: np.ndarray | None = None
+    forward_call_s: np.ndarray | None = None
+    backward_call_s: np.ndarray | None = None
+    update_call_s: np.ndarray | None = None
+    message_s: np.ndarray | None = None
+    sync_s: float = 0.0
+
+    def __post_init__(self):
+        u, d = np.shape(self.forward_s)
+        if self.update_s is None:
+            self.update_s = np.zeros((u, d))
+        for k in OVERHEAD_KEYS:
+            if getattr(self, k) is None:
+                setattr(self, k, np.zeros(d))
+
+    @property
+    def has_overheads(self) -> bool:
+        """Whether fixed costs were measured (a version 2 profile with ``overheads``)."""
+        return bool(self.sync_s or self.update_s.any() or
+                    any(getattr(self, k).any() for k in OVERHEAD_KEYS))
 
     @property
     def num_units(self) -> int:
@@ -56,7 +86,7 @@ class Profile:
         return _parse(d)
 
     def to_json(self) -> dict:
-        """The profile as a JSON-serialisable dict (version 1)."""
+        """The profile as a JSON-serialisable dict (version 2)."""
         extra = dict(self.extra)
         link_extra = extra.pop("links", {})
         links = {"latency_s": self.latency_s.tolist(), "bandwidth_Bps": self.bandwidth_Bps.tolist()}
@@ -69,6 +99,9 @@ class Profile:
                 "forward_s": self.forward_s.tolist(),
                 "backward_s": self.backward_s.tolist(),
                 "links": links,
+                "update_s": self.update_s.tolist(),
+                "overheads": {**{k: getattr(self, k).tolist() for k in OVERHEAD_KEYS},
+                              "sync_s": float(self.sync_s)},
         }
         out.update(extra)
         return out
@@ -156,8 +189,8 @@ def _parse(d: Any) -> Profile:
     if not isinstance(d, dict):
         raise ProfileError(f"profile: expected a JSON object, got {type(d).__name__}")
     version = _get(d, "version", "version")
-    if isinstance(version, bool) or version != VERSION:
-        _fail("version", f"unsupported version {version!r} (expected {VERSION})")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        _fail("version", f"unsupported version {version!r} (expected one of {READABLE_VERSIONS})")
     mb = _get(d, "microbatch", "microbatch")
     if not isinstance(mb, dict):
         _fail("microbatch", f"expected an object, got {type(mb).__name__}")
@@ -183,5 +216,18 @@ def _parse(d: Any) -> Profile:
     link_extra = {k: v for k, v in links.items() if k not in _LINK_KEYS}
     if link_extra:
         extra["links"] = link_extra
+    upd = None
+    if "update_s" in d:
+        upd = _matrix(d["update_s"], "update_s", n_u, n_d, "one per unit", "one per device",
+                      "time")
+    over = d.get("overheads", {})
+    if not isinstance(over, dict):
+        _fail("overheads", f"expected an object, got {type(over).__name__}")
+    fixed = {k: np.array([_number(x, f"overheads.{k}[{i}]", "time")
+                          for i, x in enumerate(_list(over[k], f"overheads.{k}", n_d,
+                                                      "entries (one per device)"))])
+             for k in OVERHEAD_KEYS if k in over}
+    sync = _number(over["sync_s"], "overheads.sync_s", "time") if "sync_s" in over else 0.0
     return Profile(version=VERSION, microbatch=dict(mb), units=units, devices=devices,
-                   forward_s=fwd, backward_s=bwd, latency_s=lat, bandwidth_Bps=bw, extra=extra)
+                   forward_s=fwd, backward_s=bwd, latency_s=lat, bandwidth_Bps=bw, extra=extra,
+                   update_s=upd, sync_s=sync, **fixed)

@@ -155,7 +155,30 @@ def probe_links_across(transport: Any, rank: int, cluster: cluster_lib.Cluster,
                 elif rank == j:
                     echo(transport, size, i, tag, options.link_repeats)
                 tag += 2
+    sync, tag = _time_sync(transport, options.link_repeats, tag)
+    one_way[f"sync,{rank}"] = [sync]
     return one_way, tag
+
+
+def _time_sync(transport: Any, repeats: int, tag: int) -> tuple[float, int]:
+    """Seconds of the step's end-of-step synchronisation (the gradient-norm ``allreduce_sum``)
+    when every process arrives at once (a barrier first); robust time after a warm-up."""
+    times = []
+    for r in range(max(repeats, 3) + 1):
+        transport.barrier(tag)
+        tic = time.perf_counter()
+        transport.allreduce_sum(0.0, tag + 1)
+        if r:
+            times.append(time.perf_counter() - tic)
+        tag += 2
+    return robust_time(times), tag
+
+
+def sync_seconds(one_way: dict[str, list[float]]) -> float:
+    """The synchronisation time from :func:`probe_links_across`'s gathered records (the
+    slowest process's view; 0 when none was measured, e.g. in one process)."""
+    vals = [v[0] for k, v in one_way.items() if k.startswith("sync,")]
+    return float(max(vals)) if vals else 0.0
 
 
 def link_matrices(n: int, sizes: Sequence[int], one_way: dict[str, list[float]]

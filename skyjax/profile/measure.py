@@ -25,6 +25,7 @@ from skyjax.profile.cache import PROFILER_VERSION, cache_key
 from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile
 from skyjax.profile.options import Log, Options
+from skyjax.progress import ProfileProgress
 
 
 def device_records(cluster: cluster_lib.Cluster) -> list[dict]:
@@ -39,19 +40,37 @@ def device_records(cluster: cluster_lib.Cluster) -> list[dict]:
     return out
 
 
+def fixed_costs(measured: dict, meta: dict, n_units: int, n_devices: int) -> dict:
+    """profile.json's version-2 ``update_s`` and ``overheads`` from the measured parts (zeros
+    for what was not measured, e.g. an older caller)."""
+    from skyjax.profile.links import sync_seconds
+
+    upd = measured.get("update_s")
+    over = measured.get("overheads") or {}
+    zeros = [0.0] * n_devices
+    return {"update_s": (np.nan_to_num(np.asarray(upd, float)).tolist() if upd is not None
+                         else [zeros] * n_units),
+            "overheads": {"forward_call_s": list(over.get("forward_call_s", zeros)),
+                          "backward_call_s": list(over.get("backward_call_s", zeros)),
+                          "update_call_s": list(over.get("update_call_s", zeros)),
+                          "message_s": list(over.get("message_s", zeros)),
+                          "sync_s": sync_seconds(meta.get("link_one_way_s") or {})}}
+
+
 def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options, key: str,
              measured: dict, lat: np.ndarray, bw: np.ndarray, meta: dict) -> Profile:
     """The profile of ``measured`` units (:func:`skyjax.profile.units.measure_units`, optionally
     with ``devices`` records) and links, stamped with the cache ``key`` and profiler ``meta``."""
     size, seq_len = workload.microbatch
     d = {
-        "version": 1,
+        "version": 2,
         "microbatch": {"size": size, "seq_len": seq_len},
         "units": measured["units"],
         "devices": measured.get("devices") or device_records(cluster),
         "forward_s": measured["forward_s"].tolist(),
         "backward_s": measured["backward_s"].tolist(),
         "links": {"latency_s": lat.tolist(), "bandwidth_Bps": bw.tolist()},
+        **fixed_costs(measured, meta, len(measured["units"]), cluster.num_devices),
         "cache_key": key,
         "profiler": {"version": PROFILER_VERSION, "jax": jax.__version__,
                      "granularity": workload.granularity, "mode": cluster.mode,
@@ -71,7 +90,7 @@ def profile(workload: Workload, cluster: cluster_lib.Cluster,
     a one-layer skeleton of ``workload.model`` stands for every layer. ``optimizer``: the training
     optimizer, whose state is sized per unit.
     """
-    log = log or logging.info
+    log = ProfileProgress(log or logging.info, [d.name for d in cluster.devices])  # + ETA
     start = time.perf_counter()
     spec = chain_spec(workload.model, workload.granularity, chain, options.dedup_units)
     size, seq_len = workload.microbatch

@@ -26,6 +26,7 @@ from skyjax.profile.cache import cache_key, load_or_measure
 from skyjax.profile.chain import Workload
 from skyjax.profile.format import Profile
 from skyjax.profile.options import Log, Options
+from skyjax.progress import ProfileProgress
 
 
 def profile_or_load(workdir: str, workload: Workload, cluster: cluster_lib.Cluster,
@@ -56,8 +57,10 @@ def profile_or_load(workdir: str, workload: Workload, cluster: cluster_lib.Clust
     def measure_all() -> Profile | None:
         if transport is None:
             raise ValueError("profiling under jax.distributed needs the runtime's transport")
+        names = [d.name for d in cluster.devices]  # ProfileProgress: + "device d/D, ETA"
         return distributed.profile_distributed(workload, cluster, optimizer, options, transport,
-                                               jax.process_index(), chain=chain, log=log)
+                                               jax.process_index(), chain=chain,
+                                               log=ProfileProgress(log, names))
 
     return distributed.load_or_measure_shared(workdir, key, measure_all, reprofile, namespace,
                                               log)

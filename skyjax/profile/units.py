@@ -46,6 +46,63 @@ class _UnitResult:
     out_carry: Any
     memory: dict  # memory_analysis figures
     compile_s: float
+    update_s: dict = dataclasses.field(default_factory=dict)  # device class -> seconds
+
+
+def _stage_update(prog, optimizer: optax.GradientTransformation, params: list, dev: Any,
+                  slowdown: float, repeats: int) -> float:
+    """Seconds of one step's update of ``params`` as a stage pays it: its share of the
+    gradient norm (``skyjax.optim.global_sq_norm``, read back to the host) and the jitted optax
+    update (emulated slow-down included); the robust time of ``repeats`` after a warm-up."""
+    from skyjax.optim import global_sq_norm
+
+    prog.optimizer = optimizer
+    # the update donates its inputs: give it copies, never the caller's (or the model's) arrays
+    state = prog.init_state(jax.device_put(jax.tree.map(jnp.copy, params), dev))
+    scale = np.float32(1.0)
+    times = []
+    for r in range(repeats + 1):
+        tic = time.perf_counter()
+        float(global_sq_norm(state.grads))
+        (state.params, state.opt_state, state.grads), t_upd = cluster_lib.timed_call(
+            prog.update, state.params, state.opt_state, state.grads, scale, slowdown=slowdown)
+        if r:
+            times.append(time.perf_counter() - tic)
+    return robust_time(times)
+
+
+def measure_call_costs(targets: list[tuple[Any, float]], carry: Any,
+                       optimizer: optax.GradientTransformation | None, options: Options
+                       ) -> dict[str, list[float]]:
+    """Per target ``(jax device, slowdown)``: the fixed seconds of a forward, a backward and an
+    update call of a stage, whatever its size: the same programs over an empty block (the carry
+    passes through; no parameters). The cost model adds them once per stage action and takes
+    them out of the unit times, which were measured as one-unit stages."""
+    from skyjax.runtime.stage import StageProgram
+
+    out: dict[str, list[float]] = {"forward_call_s": [], "backward_call_s": [],
+                                   "update_call_s": []}
+    repeats = max(options.repeats, 5)
+    for dev, slowdown in targets:
+        prog = StageProgram([], is_last=False, microbatches=1, optimizer=None, train=True)
+        c = jax.device_put(carry, dev)
+        rng = jax.device_put(jax.random.PRNGKey(0), dev)
+        out_c, res = cluster_lib.block(prog.forward([], c, rng, None))
+        ct = {k: jnp.ones_like(v) for k, v in out_c.items() if jnp.issubdtype(v.dtype,
+                                                                                jnp.floating)}
+        cluster_lib.block(prog.backward([], res, ct, []))
+        tf, tb = [], []
+        for _ in range(repeats + 1):
+            (_, res), t1 = cluster_lib.timed_call(prog.forward, [], c, rng, None,
+                                                  slowdown=slowdown)
+            _, t2 = cluster_lib.timed_call(prog.backward, [], res, ct, [], slowdown=slowdown)
+            tf.append(t1)
+            tb.append(t2)
+        out["forward_call_s"].append(robust_time(tf[1:]))
+        out["backward_call_s"].append(robust_time(tb[1:]))
+        out["update_call_s"].append(
+            _stage_update(prog, optimizer, [], dev, slowdown, repeats) if optimizer else 0.0)
+    return out
 
 
 def _stage_program(unit: bert.Unit, is_last: bool):
@@ -79,8 +136,10 @@ def device_params(params: Any, device: Any) -> list:
 
 
 def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
-                  targets: list[tuple[Any, float]], options: Options) -> _UnitResult:
-    """Times one unit on each ``(jax device, slowdown)`` target (interleaved repeats)."""
+                  targets: list[tuple[Any, float]], options: Options,
+                  optimizer: optax.GradientTransformation | None = None) -> _UnitResult:
+    """Times one unit on each ``(jax device, slowdown)`` target (interleaved repeats); with
+    ``optimizer`` also its update (:func:`_stage_update`)."""
     prog = _stage_program(unit, is_last)
     states = []
     compile_s = 0.0
@@ -140,10 +199,15 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
             states[k][5], states[k][6] = grads, res
             fwd[k].append(tf)
             bwd[k].append(tb)
+    update_s = {}
+    if optimizer is not None:
+        for k, (dev, slowdown) in enumerate(targets):
+            update_s[k] = _stage_update(_stage_program(unit, is_last), optimizer, states[k][0],
+                                        dev, slowdown, repeats)
     del states
     return _UnitResult({k: robust_time(v) for k, v in fwd.items()},
                        {k: robust_time(v) for k, v in bwd.items()},
-                       activation_bytes, repeats, out_carry, memory, compile_s)
+                       activation_bytes, repeats, out_carry, memory, compile_s, update_s)
 
 
 def _signature(unit: bert.Unit, is_last: bool, carry: Any) -> tuple:
@@ -205,7 +269,7 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
             rep_i, result = measured[sig]
             log(f"[profile] unit {unit.name}: same shapes as {spec.chain[rep_i].name}, reused")
         else:
-            result = _measure_unit(unit, is_last, carry, labels, targets, options)
+            result = _measure_unit(unit, is_last, carry, labels, targets, options, optimizer)
             rep_i = i
             measured[sig] = (i, result)
             compile_s += result.compile_s
@@ -220,8 +284,10 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
         if not is_last:
             carry = result.out_carry
     out_bytes = _output_bytes(spec.chain, sample[0])
+    calls = measure_call_costs(targets, sample[0], optimizer, options)
     units, fwd, bwd = [], np.full((total, cluster.num_devices), np.nan), np.full(
         (total, cluster.num_devices), np.nan)
+    upd = np.full((total, cluster.num_devices), np.nan)
     opt_cache: dict[int, int] = {}
     for u, (name, r) in enumerate(zip(spec.names, spec.rep)):
         unit = spec.chain[r]
@@ -236,7 +302,15 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
         rec.update(result.memory)
         units.append(rec)
         for d, k in enumerate(cls):
-            if k >= 0:
-                fwd[u, d] = result.forward_s[k]
-                bwd[u, d] = result.backward_s[k]
-    return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s}
+            if k >= 0:  # the fixed part of a call is the stage's, once per action: taken out
+                fwd[u, d] = max(result.forward_s[k] - calls["forward_call_s"][k], 0.0)
+                bwd[u, d] = max(result.backward_s[k] - calls["backward_call_s"][k], 0.0)
+                upd[u, d] = max(result.update_s.get(k, 0.0) - calls["update_call_s"][k], 0.0)
+    overheads = {key: [vals[k] if k >= 0 else float("nan") for k in cls]
+                 for key, vals in calls.items()}
+    log("[profile] fixed costs per call: " + ", ".join(
+        f"{cluster.devices[d].name}: forward {fmt_s(calls['forward_call_s'][k])} backward "
+        f"{fmt_s(calls['backward_call_s'][k])} update {fmt_s(calls['update_call_s'][k])}"
+        for k, d in enumerate(reps)))
+    return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s,
+            "update_s": upd, "overheads": overheads}

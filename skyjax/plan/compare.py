@@ -1,0 +1,90 @@
+"""Predicted vs measured, per stage: which term of the cost model was wrong.
+
+``stage_comparison(plan, profile, spans)`` puts side by side, for each stage of a plan, per step:
+
+* ``compute_s``: the forward and backward actions (predicted: m x (unit times + call costs +
+  message calls), :func:`skyjax.plan.simulate.stage_actions_s`; measured: the sum of the step's
+  F/B spans, the runtime's timed calls);
+* ``comm_s``: the stage's messages out (activation to the next stage, gradient back from it),
+  m x the one-way link delay twice (predicted); measured as, for every such message, the time
+  from its producer's span end to its consumer's span start when the consumer was otherwise
+  free (otherwise the wait is the consumer's backlog, not the link);
+* ``idle_s``: the step's span (first action start to last action end) minus compute;
+* ``update_s``: predicted only (the runtime does not time it separately).
+
+It also replays the schedule with the *measured* action times and predicted links
+(``replayed_step_s``): when the replay is close to the measured step but far from the predicted
+one, the compute terms were wrong; when the measured step is far above the replay, the time went
+into communication, synchronisation or the update. Pure Python (no JAX): spans are
+:class:`skyjax.trace.Span` records, as the runtime and the simulator both produce them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from skyjax.plan.simulate import simulate, simulate_plan, stage_actions_s
+from skyjax.plan.types import Plan
+from skyjax.profile.format import Profile
+from skyjax.trace import Span
+
+
+def _measured_comm(spans: Sequence[Span], p: int) -> list[float]:
+    """Per stage k < p - 1: the observed delay of its messages over link k (see module doc)."""
+    by = {(s.stage, s.kind, s.microbatch): s for s in spans}
+    own: dict[int, list[Span]] = {}
+    for s in sorted(spans, key=lambda s: s.start):
+        own.setdefault(s.stage, []).append(s)
+    prev_end = {}
+    for k, lst in own.items():
+        for a, b in zip(lst, lst[1:]):
+            prev_end[(k, b.kind, b.microbatch)] = a.end
+    out = [0.0] * max(p - 1, 0)
+    for k in range(p - 1):
+        for (stage, kind, mb), s in by.items():
+            if kind == "F" and stage == k + 1 and (k, "F", mb) in by:
+                src = by[(k, "F", mb)]
+            elif kind == "B" and stage == k and (k + 1, "B", mb) in by:
+                src = by[(k + 1, "B", mb)]
+            else:
+                continue
+            ready = max(src.end, prev_end.get((stage, kind, mb), src.end))
+            out[k] += max(s.start - ready, 0.0)
+    return out
+
+
+def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span]) -> dict:
+    """Per-stage predicted vs measured compute, comm, idle (per step) and the replayed step
+    (module doc). ``spans``: one step's F/B spans of every stage (empty: predicted only)."""
+    p, m = len(plan.stages), plan.microbatches
+    fwd, bwd, link = stage_actions_s(plan, profile)
+    sim = simulate_plan(plan, profile)
+    stages = []
+    busy = {k: 0.0 for k in range(p)}
+    mf: dict[int, list[float]] = {k: [] for k in range(p)}
+    mb: dict[int, list[float]] = {k: [] for k in range(p)}
+    for s in spans:
+        busy[s.stage] = busy.get(s.stage, 0.0) + s.end - s.start
+        (mf if s.kind == "F" else mb).setdefault(s.stage, []).append(s.end - s.start)
+    window = (max(s.end for s in spans) - min(s.start for s in spans)) if spans else 0.0
+    comm = _measured_comm(spans, p) if spans else None
+    for k, st in enumerate(plan.stages):
+        rec = {"stage": k, "device": st.device, "units": list(st.units),
+               "predicted": {"compute_s": m * (fwd[k] + bwd[k]),
+                             "comm_s": 2 * m * link[k] if k < p - 1 else 0.0,
+                             "idle_s": sim.idle_s[k], "update_s": st.update_s}}
+        if spans:
+            rec["measured"] = {"compute_s": busy.get(k, 0.0),
+                               "comm_s": comm[k] if k < p - 1 else 0.0,
+                               "idle_s": window - busy.get(k, 0.0)}
+            pc = rec["predicted"]["compute_s"]
+            rec["compute_error"] = (busy.get(k, 0.0) - pc) / busy[k] if busy.get(k) else None
+        stages.append(rec)
+    out = {"stages": stages, "simulated_step_s": sim.step_time_s}
+    if spans and all(mf.get(k) and mb.get(k) for k in range(p)):
+        replay = simulate([sum(mf[k]) / len(mf[k]) for k in range(p)],
+                          [sum(mb[k]) / len(mb[k]) for k in range(p)], link, plan.schedule, m,
+                          update_s=[s.update_s for s in plan.stages], sync_s=profile.sync_s)
+        out["replayed_step_s"] = replay.step_time_s
+        out["measured_span_s"] = window
+    return out

@@ -1,0 +1,67 @@
+"""skyjax.plan.compare: per-stage predicted vs measured (summary.json / trace.json ``stages``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from skyjax import plan as plan_lib
+from skyjax.plan.compare import stage_comparison
+from skyjax.plan.simulate import simulate_plan
+from skyjax.trace import Span
+from tests.test_allocator import make_profile
+
+
+def _plan():
+    prof = make_profile(np.ones((6, 3)) * [1.0, 2.0, 3.0], out=np.full(6, 50.0),
+                        latency=np.full((3, 3), 0.25), bandwidth=np.full((3, 3), 100.0))
+    return prof, plan_lib.evaluate(prof, [(0, 0, 3), (1, 3, 5), (2, 5, 6)], "1f1b", 4)
+
+
+def test_simulated_spans_compare_equal():
+    """Spans of the simulation itself, taken as 'measured', reproduce every predicted term."""
+    prof, plan = _plan()
+    sim = simulate_plan(plan, prof)
+    rep = stage_comparison(plan, prof, sim.spans)
+    for rec in rep["stages"]:
+        assert rec["measured"]["compute_s"] == pytest.approx(rec["predicted"]["compute_s"])
+        assert rec["measured"]["idle_s"] == pytest.approx(rec["predicted"]["idle_s"])
+        assert rec["compute_error"] == pytest.approx(0.0, abs=1e-12)
+        assert rec["measured"]["comm_s"] <= rec["predicted"]["comm_s"] + 1e-9
+    # stage 0 always waits on its gradients over link 0: the link delay is seen there
+    assert rep["stages"][0]["measured"]["comm_s"] > 0
+    assert rep["replayed_step_s"] == pytest.approx(sim.step_time_s)
+
+
+def test_slow_stage_shows_in_compute_error():
+    prof, plan = _plan()
+    spans = [Span(s.stage, s.kind, s.microbatch, s.start * 1.0, s.start + (s.end - s.start) *
+                  (1.5 if s.stage == 1 else 1.0)) for s in simulate_plan(plan, prof).spans]
+    rep = stage_comparison(plan, prof, spans)
+    errs = [r["compute_error"] for r in rep["stages"]]
+    assert errs[1] == pytest.approx(1 / 3) and abs(errs[0]) < 1e-12
+    assert rep["replayed_step_s"] > rep["simulated_step_s"]
+
+
+def test_no_spans_predicted_only():
+    prof, plan = _plan()
+    rep = stage_comparison(plan, prof, [])
+    assert all("measured" not in r for r in rep["stages"]) and "replayed_step_s" not in rep
+
+
+def test_calibration_from_measured_step():
+    """replan.corrected_profile: compute scaled per device, link latency grown by the mean
+    excess per message; the corrected profile then predicts the measured terms."""
+    from skyjax.plan.replan import corrected_profile
+
+    prof, plan = _plan()
+    m = plan.microbatches
+    busy = [s.compute_s * m * f for s, f in zip(plan.stages, (1.5, 1.0, 2.0))]
+    link = 0.25 + 50.0 / 100.0
+    comm = [2 * m * (link + 0.1), 2 * m * (link + 0.3), 0.0]
+    fixed, factors = corrected_profile(prof, plan, busy, comm)
+    assert factors == pytest.approx({0: 1.5, 1: 1.0, 2: 2.0})
+    again = plan_lib.evaluate(fixed, [(s.device, *s.units) for s in plan.stages], "1f1b", m)
+    assert [s.compute_s * m for s in again.stages] == pytest.approx(busy)
+    assert fixed.latency_s[0, 1] == pytest.approx(0.25 + 0.2)
+    assert sum(s.comm_s for s in again.stages) * m == pytest.approx(sum(comm))
