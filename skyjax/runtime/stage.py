@@ -118,7 +118,13 @@ class StageProgram:
         (e.g. moved here by re-planning) or fresh ones, and zero gradients."""
         if opt_state is None and self.optimizer is not None:
             opt_state = [self.optimizer.init(p) for p in params]
-        return StageState(params, opt_state, jax.tree.map(jnp.zeros_like, params))
+        grads = jax.tree.map(jnp.zeros_like, params)
+        leaves = jax.tree.leaves(params)
+        if leaves:  # committed to the stage's device like the update's outputs: else the
+            # second step's update compiles again (uncommitted inputs are another cache entry)
+            device = next(iter(leaves[0].devices()))
+            opt_state, grads = jax.device_put((opt_state, grads), device)
+        return StageState(params, opt_state, grads)
 
 
 def float_entries(tree: Carry) -> Carry:
