@@ -95,6 +95,23 @@ def check_plan_valid(prof: Profile, plan: plan_lib.Plan) -> None:
     assert again.step_time_s == pytest.approx(plan.step_time_s, rel=1e-12)
 
 
+def check_optimal_equals(prof, schedule: str, m: int, want: float, case) -> plan_lib.Plan | None:
+    """The optimal plan against the brute-force optimum ``want``: infeasible exactly when
+    ``want`` is infinite (then None), else exact, equal to it, valid, and above both bounds."""
+    if math.isinf(want):
+        with pytest.raises(InfeasibleError):
+            plan_lib.plan(prof, "optimal", schedule, m)
+        return None
+    got = plan_lib.plan(prof, "optimal", schedule, m)
+    assert got.exact
+    assert got.step_time_s == pytest.approx(want, rel=1e-9), case
+    t = plan_lib.tables(prof, schedule, m)
+    assert plan_lib.lower_bound(t) <= want * (1 + 1e-9)
+    assert plan_lib.min_bottleneck(t) <= got.bottleneck_s * (1 + 1e-9)
+    check_plan_valid(prof, got)
+    return got
+
+
 def test_optimal_matches_brute_force_random():
     rng = np.random.default_rng(0)
     n_cases = 0
@@ -104,17 +121,8 @@ def test_optimal_matches_brute_force_random():
         schedule = ("gpipe", "1f1b")[i % 2]
         m = (1, 2, 8)[(i // 2) % 3]
         want = brute_force(prof, schedule, m)
-        if math.isinf(want):
-            with pytest.raises(InfeasibleError):
-                plan_lib.plan(prof, "optimal", schedule, m)
+        if check_optimal_equals(prof, schedule, m, want, (i, d, u, schedule, m)) is None:
             continue
-        got = plan_lib.plan(prof, "optimal", schedule, m)
-        assert got.exact
-        assert got.step_time_s == pytest.approx(want, rel=1e-9), (i, d, u, schedule, m)
-        t = plan_lib.tables(prof, schedule, m)
-        assert plan_lib.lower_bound(t) <= want * (1 + 1e-9)
-        assert plan_lib.min_bottleneck(t) <= got.bottleneck_s * (1 + 1e-9)
-        check_plan_valid(prof, got)
         n_cases += 1
     assert n_cases >= 200
 
