@@ -193,7 +193,7 @@ def test_transfer_server_transport_three_processes():
     print(text[-6000:])
     assert rc == 0, text[-6000:]
     for k in range(3):
-        for check in ("ring", "out-of-order", "allreduce", "gather", "emulation", "timeout",
+        for check in ("ring", "out-of-order", "prefetch", "allreduce", "gather", "emulation", "timeout",
                       "cleanup", "done"):
             assert f"[p{k}] OK {check}" in text, (k, check)
     assert time.monotonic() - start < 180
@@ -227,6 +227,17 @@ def _worker() -> None:
     t.send(5, _tree(k, 2), nxt)
     _assert_tree_equal(t.recv(5, _like(_tree(prv)), prv), _tree(prv, 1))
     _assert_tree_equal(t.recv(5, _like(_tree(prv)), prv), _tree(prv, 2))
+    # Receives posted ahead (the pipeline's pull-ahead), before the sender offers, and a reused
+    # tag: the first prefetch pairs with the first message, a later plain recv with the next.
+    t.prefetch(8, _like(_tree(prv)), prv)
+    t.prefetch(9, _like(_tree(prv)), prv)
+    time.sleep(0.05)
+    for tag, step in ((9, 0), (8, 1), (8, 2)):
+        t.send(tag, _tree(k, step), nxt)
+    _assert_tree_equal(t.recv(8, _like(_tree(prv)), prv), _tree(prv, 1))
+    _assert_tree_equal(t.recv(9, _like(_tree(prv)), prv), _tree(prv, 0))
+    _assert_tree_equal(t.recv(8, _like(_tree(prv)), prv), _tree(prv, 2))
+    print("OK prefetch", flush=True)
     t.send(6, {}, nxt)
     assert t.recv(6, {}, prv) == {}
     for tag, wrong in ((8, jax.ShapeDtypeStruct((3,), jnp.float32)),  # shape: the pull fails

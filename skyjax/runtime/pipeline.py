@@ -60,6 +60,15 @@ class StepMetrics:
     results: list[StepResult]  # per stage (local); this process's stage only (distributed)
 
 
+PULL_AHEAD = 2  # receives posted ahead of the action that needs them (transports with prefetch)
+
+
+def source_tag(step: int, action: Action, microbatches: int) -> int:
+    """The tag of the message ``action`` sends on (and of the one its peer receives)."""
+    kind = tags.FORWARD if action.kind == "F" else tags.BACKWARD
+    return tags.train_message(step, action.microbatch, kind, microbatches)
+
+
 @dataclasses.dataclass
 class PipelineStage:
     """One stage: its program and state, its place in the pipeline, its device and emulation."""
@@ -73,6 +82,7 @@ class PipelineStage:
     in_like: Any  # ShapeDtypeStructs of the input carry (micro-batch shapes)
     out_like: Any  # of the output carry (unused on the last stage)
     slowdown: float = 1.0
+    _posted: int = dataclasses.field(default=0, init=False, repr=False)  # see _pull_ahead
 
     @property
     def is_first(self) -> bool:
@@ -91,19 +101,48 @@ class PipelineStage:
                                            batch["attention_mask"]))
         return self.link.recv(tag, self.in_like, self.index - 1)
 
+    def _source(self, step: int, action: Action) -> tuple[int, Any, int] | None:
+        """(tag, like, src) of the message ``action`` receives; None if it receives none."""
+        m = self.program.microbatches
+        if action.kind == "F":
+            if self.is_first:
+                return None
+            return (tags.train_message(step, action.microbatch, tags.FORWARD, m), self.in_like,
+                    self.index - 1)
+        if self.is_last:
+            return None
+        return (tags.train_message(step, action.microbatch, tags.BACKWARD, m),
+                float_entries(self.out_like), self.index + 1)
+
+    def _pull_ahead(self, step: int, actions: list[Action], i: int) -> None:
+        """Posts the receives of actions i .. i + PULL_AHEAD - 1 not posted yet (transports with
+        ``prefetch``), so that a message's round trip overlaps this stage's compute."""
+        prefetch = getattr(self.link, "prefetch", None)
+        if prefetch is None:
+            return
+        for j in range(max(i, self._posted), min(i + PULL_AHEAD, len(actions))):
+            source = self._source(step, actions[j])
+            if source is not None:
+                prefetch(*source)
+        self._posted = max(self._posted, i + PULL_AHEAD)
+
     def run_step(self, step: int, actions: list[Action], microbatch: Callable[[int], Batch],
                  rng: Callable[[int], jax.Array], max_grad_norm: float | None) -> StepResult:
         """Runs one optimizer step's actions, then the (globally clipped) update."""
-        m = self.program.microbatches
         residuals: dict[int, Any] = {}
         losses, accuracies, spans = [], [], []
         start, wall_start = time.perf_counter(), time.time()
-        for action in actions:
+        self._posted = 0
+        for i, action in enumerate(actions):
             mb = action.microbatch
+            source = self._source(step, action)
+            self._pull_ahead(step, actions, i)
+            received = None if source is None else self.link.recv(*source)
+            self._pull_ahead(step, actions, i + 1)
             if action.kind == "F":
-                tag = tags.train_message(step, mb, tags.FORWARD, m)
                 batch = microbatch(mb) if (self.is_first or self.is_last) else None
-                carry = self._input(tag, batch)
+                carry = received if not self.is_first else self._put(initial_carry(
+                    batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]))
                 labels = self._put(batch["labels"]) if self.is_last else None
                 t0 = time.perf_counter()
                 (out, residuals[mb]), seconds = timed_call(
@@ -113,17 +152,16 @@ class PipelineStage:
                     losses.append(float(out[0]))
                     accuracies.append(float(out[1]))
                 else:
-                    self.link.send(tag, out, self.index + 1)
+                    self.link.send(source_tag(step, action, self.program.microbatches), out,
+                                   self.index + 1)
             else:
-                tag = tags.train_message(step, mb, tags.BACKWARD, m)
-                cotangent = None if self.is_last else self.link.recv(
-                    tag, float_entries(self.out_like), self.index + 1)
                 t0 = time.perf_counter()
                 (self.state.grads, d_carry), seconds = timed_call(
-                    self.program.backward, self.state.params, residuals.pop(mb), cotangent,
+                    self.program.backward, self.state.params, residuals.pop(mb), received,
                     self.state.grads, slowdown=self.slowdown)
                 if not self.is_first:
-                    self.link.send(tag, d_carry, self.index - 1)
+                    self.link.send(source_tag(step, action, self.program.microbatches), d_carry,
+                                   self.index - 1)
             t0 = wall_start + (t0 - start)
             spans.append(Span(self.index, action.kind, mb, t0, t0 + seconds))
         self._update(step, max_grad_norm)

@@ -119,6 +119,7 @@ class TransferServerTransport:
         self._headers: dict[int, jax.Array] = {}
         self._last_key: str | None = None
         self._counts: collections.Counter = collections.Counter()
+        self._pulls: dict[tuple[int, int], collections.deque] = {}  # (src, tag) -> pulls ahead
         self._lock = threading.Lock()
         self._clock = LinkClock(links, link_ids, time.time)
         self._trash: queue.Queue = queue.Queue()
@@ -192,16 +193,30 @@ class TransferServerTransport:
                                                          self.device)
         return header
 
+    def prefetch(self, tag: int, like: Any, src: int) -> None:
+        """Start the pull of the next message ``tag`` from ``src`` now; the matching ``recv``
+        then only waits for it. A pull is a round trip to the sender's server: posted ahead
+        (the pipeline posts the next action's input while it computes) it overlaps compute,
+        instead of adding a round trip that, on busy hosts, costs a few milliseconds."""
+        if self._broken:
+            return
+        pulled, flat, treedef = self._pull(tag, like, src)
+        self._pulls.setdefault((src, tag), collections.deque()).append((pulled, flat, treedef))
+
+    def _pull(self, tag: int, like: Any, src: int) -> tuple[list, list, Any]:
+        n = self._next("msg", src, tag)
+        flat, treedef = jax.tree.flatten(like)
+        avals = [jax.ShapeDtypeStruct((4,), np.int32, sharding=self._sharding)] + [
+            jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=self._sharding) for x in flat]
+        return self._conn(src).pull(self._uuid(src, self.stage_index, tag, n), avals), flat, treedef
+
     def recv(self, tag: int, like: Any, src: int) -> Any:
         what = f"stage {self.stage_index} receiving tag {tag} from stage {src}"
         if self._broken:
             raise TransportError(f"{what}: transport unusable after an earlier failure "
                                  f"({self._broken})")
-        n = self._next("msg", src, tag)
-        flat, treedef = jax.tree.flatten(like)
-        avals = [jax.ShapeDtypeStruct((4,), np.int32, sharding=self._sharding)] + [
-            jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=self._sharding) for x in flat]
-        pulled = self._conn(src).pull(self._uuid(src, self.stage_index, tag, n), avals)
+        ahead = self._pulls.get((src, tag))
+        pulled, flat, treedef = ahead.popleft() if ahead else self._pull(tag, like, src)
         from skyjax.runtime import distributed
 
         if not _wait_ready(pulled, self.timeout_s, lambda: distributed.check_peers(what)):
