@@ -58,14 +58,15 @@ def bubble_bound_s(ideal_s: float, stages: int, microbatches: int) -> float:
     return ideal_s * (microbatches + stages - 1) / microbatches
 
 
-def calibrated_s(profile, plans: dict, busy: dict, comm: dict) -> dict:
-    """Each plan's T on the profile corrected by the even plan's measured per-stage compute and
-    link waits (``skyjax.plan.replan.corrected_profile``: calibration from measured steps)."""
+def calibrated_s(profile, plans: dict, busy: dict, comm: dict, step: dict, source: str) -> dict:
+    """Each plan's T on the profile corrected by the ``source`` plan's measured per-stage compute,
+    link waits and step period (``skyjax.plan.replan.corrected_profile``: calibration from
+    measured steps, as the ``dynamic`` strategy does while training)."""
     from skyjax import plan as plan_lib
     from skyjax.plan.replan import corrected_profile
 
-    fixed, _ = corrected_profile(profile, plan_lib.Plan.from_json(plans["even"]), busy["even"],
-                                 comm["even"])
+    fixed, _ = corrected_profile(profile, plan_lib.Plan.from_json(plans[source]), busy[source],
+                                 comm[source], step[source])
     return {s: plan_lib.evaluate(fixed, [(st["device"], *st["units"]) for st in p["stages"]],
                                  p["schedule"], p["microbatches"]).step_time_s
             for s, p in plans.items()}
@@ -133,11 +134,11 @@ def worker(spec_path: str) -> None:
                "simulated": {s: simulate.simulate_plan(p, profile).step_time_s
                              for s, p in plans.items()},
                "ideal_s": ideal_step_s(profile, args.microbatches),
-               "calibrated": calibrated_s(profile, {s: p.to_json() for s, p in plans.items()},
-                                          {s: np.median(np.array(b), axis=0).tolist()
-                                           for s, b in busy.items()},
-                                          {s: np.median(np.array(c), axis=0).tolist()
-                                           for s, c in comm.items()}),
+               "calibrated": {src: calibrated_s(
+                   profile, {s: p.to_json() for s, p in plans.items()},
+                   {s: np.median(np.array(b), axis=0).tolist() for s, b in busy.items()},
+                   {s: np.median(np.array(c), axis=0).tolist() for s, c in comm.items()},
+                   {s: statistics.median(t) for s, t in times.items()}, src) for src in plans},
                "overheads": profile.to_json()["overheads"],
                "compare": {s: stage_comparison(p, profile, spans[s]) for s, p in plans.items()},
                "device_names": [d["name"] for d in profile.devices],
@@ -209,18 +210,22 @@ def report(result: dict, overhead: dict | None, args) -> None:
         print(f"  {s:8s} plan: {blocks}")
     cal = result.get("calibrated", {})
     print(f"\n{'plan':8s} {'measured s':>10s} {'predicted s':>11s} {'simulated s':>11s} "
-          f"{'error':>7s} {'calibrated':>10s} {'error':>7s} {'ideal':>6s} {'bubble':>6s}  steps")
+          f"{'error':>7s} {'cal. even':>9s} {'error':>7s} {'cal. opt':>9s} {'error':>7s} "
+          f"{'ideal':>6s} {'bubble':>6s}  steps")
     for s, p in result["plans"].items():
         err = (med[s] - pred[s]) / med[s]
-        c = cal.get(s, float("nan"))
+        c_even = cal.get("even", {}).get(s, float("nan"))
+        c_opt = cal.get("optimal", {}).get(s, float("nan"))
         bubble = bubble_bound_s(result["ideal_s"], len(p["stages"]), p["microbatches"])
         print(f"{s:8s} {med[s]:10.4f} {pred[s]:11.4f} {result['simulated'][s]:11.4f} "
-              f"{err:+7.1%} {c:10.4f} {(med[s] - c) / med[s]:+7.1%} "
+              f"{err:+7.1%} {c_even:9.4f} {(med[s] - c_even) / med[s]:+7.1%} "
+              f"{c_opt:9.4f} {(med[s] - c_opt) / med[s]:+7.1%} "
               f"{result['ideal_s'] / med[s]:6.1%} {bubble / med[s]:6.1%}  "
               f"{len(result['times'][s])}")
-    print("(error = (measured - predicted) / measured; calibrated: the profile corrected by the "
-          "even plan's measured stage compute and link waits; ideal / bubble: efficiency = ideal step / "
-          "measured, without and with the (m + p - 1) / m fill and drain)")
+    print("(error = (measured - predicted) / measured; cal. even / cal. opt: predicted on the "
+          "profile calibrated from the even / the optimal plan's measured steps (stage compute, "
+          "link waits, step period); ideal / bubble: efficiency = ideal step / measured, without "
+          "and with the (m + p - 1) / m fill and drain)")
     print("\nper-stage compute per step (forward + backward of all micro-batches, emulation "
           "and call costs included), measured / predicted (error):")
     for s, p in result["plans"].items():
@@ -242,9 +247,12 @@ def report(result: dict, overhead: dict | None, args) -> None:
     if "overheads" in result:
         print(f"fixed costs (profile): {json.dumps(result['overheads'])}")
     measured_speedup = med["even"] / med["optimal"]
-    predicted_speedup = pred["even"] / pred["optimal"]
-    print(f"\nspeed-up optimal vs even: measured {measured_speedup:.3f}x, predicted "
-          f"{predicted_speedup:.3f}x ({measured_speedup / predicted_speedup:.1%} of predicted)")
+    print("\nspeed-up optimal vs even: measured {:.3f}x".format(measured_speedup))
+    for what, p in [("profile", pred)] + [(f"calibrated from {src}", c) for src, c in
+                                          cal.items()]:
+        predicted_speedup = p["even"] / p["optimal"]
+        print(f"  predicted ({what}) {predicted_speedup:.3f}x: measured is "
+              f"{measured_speedup / predicted_speedup:.1%} of predicted")
     print(f"ideal step (perfect balance, no bubble, no comm): {result['ideal_s']:.4f} s")
     if overhead:
         print(f"\none-stage pipeline vs plain jitted step (m=1): {overhead['pipeline']:.4f} s vs "

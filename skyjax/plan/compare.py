@@ -29,7 +29,7 @@ from skyjax.profile.format import Profile
 from skyjax.trace import Span
 
 
-def _measured_comm(spans: Sequence[Span], p: int) -> list[float]:
+def measured_comm(spans: Sequence[Span], p: int) -> list[float]:
     """Per stage k < p - 1: the observed delay of its messages over link k (see module doc)."""
     by = {(s.stage, s.kind, s.microbatch): s for s in spans}
     own: dict[int, list[Span]] = {}
@@ -67,7 +67,7 @@ def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span]) -> dic
         busy[s.stage] = busy.get(s.stage, 0.0) + s.end - s.start
         (mf if s.kind == "F" else mb).setdefault(s.stage, []).append(s.end - s.start)
     window = (max(s.end for s in spans) - min(s.start for s in spans)) if spans else 0.0
-    comm = _measured_comm(spans, p) if spans else None
+    comm = measured_comm(spans, p) if spans else None
     for k, st in enumerate(plan.stages):
         rec = {"stage": k, "device": st.device, "units": list(st.units),
                "predicted": {"compute_s": m * (fwd[k] + bwd[k]),

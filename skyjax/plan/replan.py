@@ -57,13 +57,17 @@ def stage_busy_s(per_step_busy: Sequence[Sequence[float]]) -> list[float]:
 
 
 def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
-                      comm_s: Sequence[float] | None = None) -> tuple[Profile, dict[int, float]]:
+                      comm_s: Sequence[float] | None = None, step_s: float | None = None
+                      ) -> tuple[Profile, dict[int, float]]:
     """``profile`` with each used device's times (units and per-call costs, which
     ``Stage.compute_s`` both counts) scaled by measured / predicted compute. With ``comm_s``
     (measured link waits per step of each stage, ``skyjax.plan.compare``), every link's latency
     also grows by the mean excess per message seen on the plan's links: what a message really
     costs in the running pipeline beyond the idle ping-pong probe (one host-wide figure, so
-    that links the plan does not use are corrected too)."""
+    that links the plan does not use are corrected too). With ``step_s`` (the measured step
+    period), what is left of it after the corrected compute and links goes to ``sync_s``: the
+    per-step cost outside the stages' actions (collectives, metrics, host scheduling), which
+    every plan pays once per step."""
     forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
     calls = {k: getattr(profile, k).copy() for k in ("forward_call_s", "backward_call_s")}
     factors = {}
@@ -83,8 +87,17 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
                   for k, measured in enumerate(list(comm_s)[: len(plan.stages) - 1])]
         extra = max(sum(excess) / len(excess), 0.0) if excess else 0.0
         latency = latency + extra * (1 - np.eye(len(latency)))
-    return dataclasses.replace(profile, forward_s=forward, backward_s=backward,
-                               latency_s=latency, **calls), factors
+    fixed = dataclasses.replace(profile, forward_s=forward, backward_s=backward,
+                                latency_s=latency, **calls)
+    if step_s is not None and step_s > 0:
+        predicted = cost.evaluate(fixed, _assignment(plan), plan.schedule, plan.microbatches,
+                                  check=False).step_time_s
+        fixed.sync_s = max(0.0, float(profile.sync_s) + step_s - predicted)
+    return fixed, factors
+
+
+def _assignment(plan: Plan) -> list[tuple[int, int, int]]:
+    return [(s.device, s.units[0], s.units[1]) for s in plan.stages]
 
 
 def _link_s(profile: Profile, plan: Plan, k: int) -> float:
@@ -94,11 +107,13 @@ def _link_s(profile: Profile, plan: Plan, k: int) -> float:
     return float(profile.latency_s[d, e]) + out / float(profile.bandwidth_Bps[d, e])
 
 
-def decide(profile: Profile, plan: Plan, busy_s: Sequence[float]) -> Decision:
-    """Corrects the profile and compares the running plan with the best plan for it."""
-    fixed, factors = corrected_profile(profile, plan, busy_s)
-    current = cost.evaluate(fixed, [(s.device, s.units[0], s.units[1]) for s in plan.stages],
-                            plan.schedule, plan.microbatches, strategy=plan.strategy)
+def decide(profile: Profile, plan: Plan, busy_s: Sequence[float],
+           comm_s: Sequence[float] | None = None, step_s: float | None = None) -> Decision:
+    """Corrects the profile (compute; with ``comm_s`` and ``step_s`` also links and the per-step
+    rest: :func:`corrected_profile`) and compares the running plan with the best plan for it."""
+    fixed, factors = corrected_profile(profile, plan, busy_s, comm_s, step_s)
+    current = cost.evaluate(fixed, _assignment(plan), plan.schedule, plan.microbatches,
+                            strategy=plan.strategy)
     candidate = planner.plan(fixed, "optimal", plan.schedule, plan.microbatches)
     candidate.strategy = plan.strategy
     return Decision(fixed, current, candidate, factors)

@@ -20,7 +20,8 @@ from skyjax.profile.chain import Workload
 from skyjax.profile.format import Profile, ProfileError, load_profile, save_profile
 from skyjax.profile.options import Log, Options
 
-PROFILER_VERSION = 2  # 2: fixed call costs, update per unit, sync (profile.json version 2)
+PROFILER_VERSION = 3  # 2: fixed call costs, update per unit, sync (profile.json version 2); 3: sync
+# includes the per-step metrics gather
 
 
 def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Options) -> dict:

@@ -4,6 +4,7 @@ across processes, and rebuild the executor (units move with their optimizer stat
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import jax
@@ -11,6 +12,7 @@ from absl import logging
 
 from skyjax import plan as plan_lib
 from skyjax.plan import replan
+from skyjax.plan.compare import measured_comm
 from skyjax.profile.format import Profile
 from skyjax.runtime import distributed
 
@@ -36,14 +38,21 @@ class Replanner:
         self.every = every
         self.profile, self.plan = profile, plan
         self.namespace = namespace
-        self.busy: list[list[float]] = []
+        self.busy: list[list[float]] = []  # per observed step: each stage's compute
+        self.comm: list[list[float]] = []  # ... each stage's link waits
+        self.step_s: list[float] = []  # ... the step's period
         self.history: list[dict] = []
         self._rebuilt_at = -1
 
-    def observe(self, step: int, metrics: Any) -> None:
-        """Records a step's stage times (not a compiling step: the first, or one after a switch)."""
+    def observe(self, step: int, metrics: Any, step_s: float | None = None) -> None:
+        """Records a step's stage compute and link waits, and its period ``step_s`` (not a
+        compiling step: the first, or one after a switch)."""
         if self.every and step > 0 and step != self._rebuilt_at and jax.process_index() == 0:
             self.busy.append(stage_busy(metrics))
+            spans = [sp for r in metrics.results for sp in r.spans]
+            self.comm.append(measured_comm(spans, len(self.plan.stages)))
+            if step_s is not None:
+                self.step_s.append(step_s)
 
     def maybe_switch(self, step: int, executor: Any) -> Any:
         """The executor to continue with after ``step`` (a rebuilt one if the plan changes)."""
@@ -51,7 +60,10 @@ class Replanner:
             return executor
         info = None
         if jax.process_index() == 0 and self.busy:
-            decision = replan.decide(self.profile, self.plan, replan.stage_busy_s(self.busy))
+            decision = replan.decide(
+                self.profile, self.plan, replan.stage_busy_s(self.busy),
+                replan.stage_busy_s(self.comm),
+                statistics.median(self.step_s) if self.step_s else None)
             switch = decision.switch(self.MIN_GAIN)
             info = {"step": step + 1, "switch": switch, **decision.to_json()}
             self.profile = decision.profile
@@ -60,7 +72,7 @@ class Replanner:
                          "predicted gain)", step + 1, info["factors"],
                          "switching plans" if switch else "keeping the plan", 100 * decision.gain)
         info = distributed.broadcast_json(info, f"{self.namespace}/{step}")
-        self.busy = []
+        self.busy, self.comm, self.step_s = [], [], []
         if info is None:
             return executor
         self.history.append(info)
