@@ -16,6 +16,7 @@ Then, in this process: a one-stage pipeline against a plain jitted full-model st
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -112,6 +113,7 @@ def worker(spec_path: str) -> None:
     times: dict[str, list[float]] = {s: [] for s in plans}
     busy: dict[str, list[list[float]]] = {s: [] for s in plans}  # per step, per stage
     spans: dict[str, list] = {s: [] for s in plans}  # the last measured step's F/B spans
+    all_spans: dict[str, list] = {s: [] for s in plans}  # every measured step's (result.json)
     comm: dict[str, list[list[float]]] = {s: [] for s in plans}  # measured link waits
     step = 0
     for r in range(args.rounds + 1):  # round 0 is warm-up (compilation), not recorded
@@ -125,6 +127,7 @@ def worker(spec_path: str) -> None:
                     times[s].append(time.perf_counter() - tic)
                     busy[s].append(stage_busy(metrics))
                     spans[s] = [sp for res in metrics.results for sp in res.spans]
+                    all_spans[s].append([dataclasses.astuple(sp) for sp in spans[s]])
                     comm[s].append([r.get("measured", {}).get("comm_s", 0.0) for r in
                                     stage_comparison(plans[s], profile, spans[s])["stages"]])
                 step += 1
@@ -142,6 +145,7 @@ def worker(spec_path: str) -> None:
                "overheads": profile.to_json()["overheads"],
                "compare": {s: stage_comparison(p, profile, spans[s]) for s, p in plans.items()},
                "device_names": [d["name"] for d in profile.devices],
+               "spans": all_spans, "profile": profile.to_json(),
                "profile_s": profile.extra.get("profiler", {}).get("profile_time_s")}
         with open(os.path.join(spec["workdir"], "result.json"), "w") as f:
             json.dump(out, f)

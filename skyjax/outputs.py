@@ -81,7 +81,11 @@ def make_summary(config: ml_collections.ConfigDict, plan: dict, result: dict,
     """The summary.json record of a finished run. ``final_evals``: split -> eval metrics; the
     first split's are the top-level ``eval_*`` keys."""
     times = result["step_times"]
-    steady = times[1:] or times  # the first step includes compilation
+    # The plan in the summary is the one in use at the end: time the steps it ran, without the
+    # first (it compiles; so does the first after a switch of plans).
+    switches = [r["step"] for r in result.get("replans", []) if r.get("switch")]
+    skip = switches[-1] - result.get("resumed_from_step", 0) + 1 if switches else 1
+    steady = times[skip:] or times[1:] or times
     median = statistics.median(steady)
     predicted = plan["step_time_s"]
     first = next(iter(final_evals.values()), {})

@@ -35,7 +35,7 @@ from skyjax.profile.options import Options
 from skyjax.runtime.distributed_executor import DistributedExecutor
 from skyjax.runtime import memory, placement
 from skyjax.runtime.local_executor import LocalExecutor
-from skyjax.runtime.replanner import Replanner
+from skyjax.runtime.replanner import Replanner, calibration_plan
 from skyjax.tree import tree_size
 
 Batch = dict[str, Any]
@@ -196,6 +196,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     transport = make_transport(cluster, config.cluster.peer_timeout_s)
     profile = profile_phase(config, chain, workdir, cluster, transport)
     plan = plan_phase(config, profile)
+    start_step = resume.step if resume else 0
+    calibrate = config.allocation.calibrate_steps
+    calibrate = calibrate if start_step + calibrate < config.train.steps else 0
+    if calibrate:  # the first steps run on every device; then the plan of the measured times
+        plan = calibration_plan(profile, plan)
+        logging.info("calibration: steps %d-%d run on the plan below, then the units move to "
+                     "the plan of the times measured there", start_step + 1,
+                     start_step + calibrate)
     out.write_json("plan.json", plan.to_json())
     outputs.log_plan(plan)
 
@@ -208,7 +216,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     init.release()
     eval_sets = data_lib.eval_splits(config) if config.data.eval_examples else {}
     every = config.allocation.replan_every if config.allocation.strategy == "dynamic" else 0
-    replanner = Replanner(every, profile, plan)
+    replanner = Replanner(every, profile, plan, calibrate_steps=calibrate,
+                          start_step=start_step, strategy=config.allocation.strategy)
     try:
         result = train_loop(config, executor, out, eval_sets, replanner,
                             resume.step if resume else 0, saver)

@@ -110,6 +110,10 @@ def test_tuple_override_from_command_line():
     ("--config.data.seq_len=8", "config.data.seq_len=8 is below 11"),
     ("--config.data.name=imagenet", "config.data.name='imagenet'"),
     ("--config.allocation.replan_every=10", "config.allocation.replan_every=10 needs"),
+    ("--config.allocation.calibrate_steps=1", "config.allocation.calibrate_steps=1: the first"),
+    ("--config.allocation.calibrate_steps=-2", "config.allocation.calibrate_steps=-2"),
+    ("--config.allocation.calibrate_steps=100000", "config.allocation.calibrate_steps=100000 "
+                                                   "must be below config.train.steps"),
     ("--config.model.pretrained=/nonexistent", "config.model.pretrained='/nonexistent'"),
     ("--config.profile.repeats=0", "config.profile.repeats=0"),
 ])

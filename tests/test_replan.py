@@ -63,7 +63,8 @@ def test_dynamic_run_moves_units_and_keeps_the_math(tmp_path):
     path = tmp_path / "stale_profile.json"
     stale_profile(path)
     summaries = {}
-    for strategy, every in (("optimal", 0), ("dynamic", 3)):
+    for strategy, every, calibrate in (("optimal", 0, 0), ("dynamic", 3, 0),
+                                       ("optimal", 0, 3)):
         config = tiny_config(steps=6)
         config.model.hidden_size, config.model.intermediate_size = 64, 256  # compute > overhead
         config.data.batch_size = 16
@@ -73,8 +74,10 @@ def test_dynamic_run_moves_units_and_keeps_the_math(tmp_path):
         config.cluster.slowdowns = (1, 1, 10)
         config.allocation.strategy = strategy
         config.allocation.replan_every = every  # steps 1 and 2 measured (0 compiles)
+        config.allocation.calibrate_steps = calibrate  # likewise, on the even split
         config.profile.path = str(path)
-        summaries[strategy] = train.train_and_evaluate(config, str(tmp_path / strategy))
+        name = "calibrated" if calibrate else strategy
+        summaries[name] = train.train_and_evaluate(config, str(tmp_path / name))
     dynamic, first_plan = summaries["dynamic"], summaries["optimal"]["plan"]
     first = {s["device"]: s["units"][1] - s["units"][0] for s in first_plan["stages"]}
     assert first[2] >= 2  # the stale profile puts most of the work on device 2
@@ -88,3 +91,13 @@ def test_dynamic_run_moves_units_and_keeps_the_math(tmp_path):
     np.testing.assert_allclose(dynamic["final_loss"], summaries["optimal"]["final_loss"],
                                atol=1e-5)
     np.testing.assert_allclose(dynamic["eval_loss"], summaries["optimal"]["eval_loss"], atol=1e-5)
+    # Calibration: steps 0-2 on the even split (device 2 gets only the head), then the plan of
+    # the calibrated profile; the units move, the math does not change.
+    calibrated = summaries["calibrated"]
+    (check,) = calibrated["replans"]
+    assert check["calibration"] and check["switch"] and check["step"] == 3, check
+    assert check["factors"]["2"] > 3 * check["factors"]["0"]
+    final = {s["device"]: s["units"][1] - s["units"][0] for s in calibrated["plan"]["stages"]}
+    assert final.get(2, 0) < first[2]
+    np.testing.assert_allclose(calibrated["final_loss"], summaries["optimal"]["final_loss"],
+                               atol=1e-5)

@@ -91,6 +91,10 @@ def _allocation() -> ml_collections.ConfigDict:
     a.strategy = "optimal"
     a.granularity = "layer"
     a.replan_every = 0  # strategy "dynamic": re-plan from measured times every N steps (0 = never)
+    # optimal/dynamic: run the first N steps (>= 2; the first compiles) on the even split, then
+    # plan on the profile calibrated by them (measured compute, link waits, step period) and
+    # move the units there; 0 = plan from the profile alone
+    a.calibrate_steps = 0
     return a
 
 

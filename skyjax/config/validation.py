@@ -198,6 +198,13 @@ def _check_allocation(a: Any) -> None:
     _one_of("config.allocation.strategy", a.strategy, names.STRATEGIES)
     _one_of("config.allocation.granularity", a.granularity, names.GRANULARITIES)
     _at_least("config.allocation.replan_every", a.replan_every, 0)
+    _at_least("config.allocation.calibrate_steps", a.calibrate_steps, 0)
+    if a.calibrate_steps == 1:
+        _fail("config.allocation.calibrate_steps=1: the first step compiles and is not "
+              "measured; use 0 (off) or at least 2")
+    if a.calibrate_steps and a.strategy == "even":
+        _fail(f"config.allocation.calibrate_steps={a.calibrate_steps} needs "
+              "config.allocation.strategy='optimal' or 'dynamic', got 'even'")
     if a.replan_every and a.strategy != "dynamic":
         _fail(f"config.allocation.replan_every={a.replan_every} needs "
               f"config.allocation.strategy='dynamic', got {a.strategy!r}")
@@ -231,6 +238,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _check_train(config.train)
     _check_pipeline(config)
     _check_allocation(config.allocation)
+    if config.allocation.calibrate_steps >= config.train.steps > 0:
+        _fail(f"config.allocation.calibrate_steps={config.allocation.calibrate_steps} must be "
+              f"below config.train.steps={config.train.steps}")
     _check_cluster(config.cluster)
     _at_least("config.profile.repeats", config.profile.repeats, 1)
     _at_least("config.checkpoint.every", config.checkpoint.every, 0)

@@ -26,28 +26,49 @@ def stage_busy(metrics: Any) -> list[float]:
     return [busy[k] for k in sorted(busy)]
 
 
+def calibration_plan(profile: Profile, plan: plan_lib.Plan) -> plan_lib.Plan:
+    """The plan the calibration steps run on: ``even`` (every device busy, so every device's
+    times get measured under the concurrency a pipeline really has), or ``plan`` where the even
+    split does not fit in memory."""
+    try:
+        return plan_lib.plan(profile, "even", plan.schedule, plan.microbatches)
+    except plan_lib.InfeasibleError as e:
+        logging.warning("calibration runs on the planned blocks: the even split does not fit "
+                        "(%s)", e)
+        return plan
+
+
 class Replanner:
     """Every ``every`` steps (0 = never), correct the profile with the measured stage times and
     switch plans when the new one is predicted more than ``MIN_GAIN`` faster. Process 0 decides;
-    every process receives the decision through the key-value store under ``namespace``."""
+    every process receives the decision through the key-value store under ``namespace``.
+
+    ``calibrate_steps`` (``config.allocation.calibrate_steps``): once, after the first that many
+    steps of this run (``start_step`` on), the same check with any gain: calibration from
+    measured steps, before the planned blocks are taken up (the first of those steps compiles
+    and is not measured)."""
 
     MIN_GAIN = 0.05
 
     def __init__(self, every: int, profile: Profile, plan: plan_lib.Plan,
-                 namespace: str = "skyjax/replan"):
+                 namespace: str = "skyjax/replan", *, calibrate_steps: int = 0,
+                 start_step: int = 0, strategy: str | None = None):
         self.every = every
+        self.strategy = strategy or plan.strategy  # of the plans it switches to
+        self.calibrate_at = start_step + calibrate_steps if calibrate_steps else 0
         self.profile, self.plan = profile, plan
         self.namespace = namespace
         self.busy: list[list[float]] = []  # per observed step: each stage's compute
         self.comm: list[list[float]] = []  # ... each stage's link waits
         self.step_s: list[float] = []  # ... the step's period
         self.history: list[dict] = []
-        self._rebuilt_at = -1
+        self._rebuilt_at = start_step
 
     def observe(self, step: int, metrics: Any, step_s: float | None = None) -> None:
         """Records a step's stage compute and link waits, and its period ``step_s`` (not a
         compiling step: the first, or one after a switch)."""
-        if self.every and step > 0 and step != self._rebuilt_at and jax.process_index() == 0:
+        if (self.every or self.calibrate_at) and step > 0 and step != self._rebuilt_at \
+                and jax.process_index() == 0:
             self.busy.append(stage_busy(metrics))
             spans = [sp for r in metrics.results for sp in r.spans]
             self.comm.append(measured_comm(spans, len(self.plan.stages)))
@@ -56,7 +77,8 @@ class Replanner:
 
     def maybe_switch(self, step: int, executor: Any) -> Any:
         """The executor to continue with after ``step`` (a rebuilt one if the plan changes)."""
-        if not self.every or (step + 1) % self.every:
+        calibrating = bool(self.calibrate_at) and step + 1 == self.calibrate_at
+        if not calibrating and (not self.every or (step + 1) % self.every):
             return executor
         info = None
         if jax.process_index() == 0 and self.busy:
@@ -64,13 +86,16 @@ class Replanner:
                 self.profile, self.plan, replan.stage_busy_s(self.busy),
                 replan.stage_busy_s(self.comm),
                 statistics.median(self.step_s) if self.step_s else None)
-            switch = decision.switch(self.MIN_GAIN)
-            info = {"step": step + 1, "switch": switch, **decision.to_json()}
+            decision.candidate.strategy = self.strategy
+            switch = decision.switch(0.0 if calibrating else self.MIN_GAIN)
+            info = {"step": step + 1, "calibration": calibrating, "switch": switch,
+                    **decision.to_json()}
             self.profile = decision.profile
             self.plan = decision.candidate if switch else decision.current
-            logging.info("re-plan after step %d: measured/predicted per device %s; %s (%.1f%% "
-                         "predicted gain)", step + 1, info["factors"],
-                         "switching plans" if switch else "keeping the plan", 100 * decision.gain)
+            logging.info("%s after step %d: measured/predicted per device %s; %s (%.1f%% "
+                         "predicted gain)", "calibration" if calibrating else "re-plan", step + 1,
+                         info["factors"], "switching plans" if switch else "keeping the plan",
+                         100 * decision.gain)
         info = distributed.broadcast_json(info, f"{self.namespace}/{step}")
         self.busy, self.comm, self.step_s = [], [], []
         if info is None:
