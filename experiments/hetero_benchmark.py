@@ -90,7 +90,8 @@ def worker(spec_path: str) -> None:
     from skyjax import cluster as cluster_lib, data as data_lib, train
     from skyjax import plan as plan_lib
     from skyjax.plan import simulate
-    from skyjax.plan.compare import stage_comparison
+    from skyjax.plan.compare import measured_comm, stage_comparison
+    from skyjax.plan.replan import corrected_profile, stage_busy_s
     from skyjax.models import bert
     from skyjax.models.build import build_model
     from skyjax.runtime import distributed
@@ -116,20 +117,54 @@ def worker(spec_path: str) -> None:
     all_spans: dict[str, list] = {s: [] for s in plans}  # every measured step's (result.json)
     comm: dict[str, list[list[float]]] = {s: [] for s in plans}  # measured link waits
     step = 0
-    for r in range(args.rounds + 1):  # round 0 is warm-up (compilation), not recorded
+    for s in plans:  # warm-up (compilation)
+        for _ in range(2):
+            executors[s].train_step(step, next(batches))
+            step += 1
+    # What allocation.calibrate_steps does: steps on the even plan correct the profile (process
+    # 0), then the plan of the corrected profile runs alongside the others.
+    cal: dict[str, list] = {"busy": [], "comm": [], "times": []}
+    for _ in range(args.calibrate_steps):
+        tic = time.perf_counter()
+        metrics = executors["even"].train_step(step, next(batches))
+        cal["times"].append(time.perf_counter() - tic)
+        cal["busy"].append(stage_busy(metrics))
+        sp = [x for res in metrics.results for x in res.spans]
+        cal["comm"].append(measured_comm(sp, len(plans["even"].stages)))
+        step += 1
+    calibrated = None
+    if jax.process_index() == 0 and args.calibrate_steps:
+        fixed, _ = corrected_profile(profile, plans["even"], stage_busy_s(cal["busy"]),
+                                     stage_busy_s(cal["comm"]), statistics.median(cal["times"]))
+        calibrated = plan_lib.plan(fixed, "optimal", args.schedule, args.microbatches).to_json()
+        calibrated["calibration_profile"] = fixed.to_json()
+        calibrated["calibration_even_s"] = plan_lib.evaluate(
+            fixed, [(st.device, *st.units) for st in plans["even"].stages], args.schedule,
+            args.microbatches).step_time_s
+    calibrated = distributed.broadcast_json(calibrated, "bench/calibrated")
+    if calibrated:
+        cal_profile = calibrated.pop("calibration_profile")
+        cal_even_s = calibrated.pop("calibration_even_s")
+        plans["calibrated"] = plan_lib.Plan.from_json(calibrated)
+        executors["calibrated"] = train.make_executor(config, chain, plans["calibrated"],
+                                                      cluster, transport)
+        for _ in range(2):
+            executors["calibrated"].train_step(step, next(batches))
+            step += 1
+        for d in (times, busy, spans, all_spans, comm):
+            d["calibrated"] = []
+    for r in range(1, args.rounds + 1):
         order = list(plans) if r % 2 else list(reversed(plans))
         for s in order:
-            for _ in range(args.steps if r else 2):
+            for _ in range(args.steps):
                 batch = next(batches)
                 tic = time.perf_counter()
                 metrics = executors[s].train_step(step, batch)
-                if r:
-                    times[s].append(time.perf_counter() - tic)
-                    busy[s].append(stage_busy(metrics))
-                    spans[s] = [sp for res in metrics.results for sp in res.spans]
-                    all_spans[s].append([dataclasses.astuple(sp) for sp in spans[s]])
-                    comm[s].append([r.get("measured", {}).get("comm_s", 0.0) for r in
-                                    stage_comparison(plans[s], profile, spans[s])["stages"]])
+                times[s].append(time.perf_counter() - tic)
+                busy[s].append(stage_busy(metrics))
+                spans[s] = [sp for res in metrics.results for sp in res.spans]
+                all_spans[s].append([dataclasses.astuple(sp) for sp in spans[s]])
+                comm[s].append(measured_comm(spans[s], len(plans[s].stages)))
                 step += 1
     if jax.process_index() == 0:
         out = {"plans": {s: p.to_json() for s, p in plans.items()}, "times": times,
@@ -146,7 +181,9 @@ def worker(spec_path: str) -> None:
                "compare": {s: stage_comparison(p, profile, spans[s]) for s, p in plans.items()},
                "device_names": [d["name"] for d in profile.devices],
                "spans": all_spans, "profile": profile.to_json(),
-               "profile_s": profile.extra.get("profiler", {}).get("profile_time_s")}
+               "profile_s": profile.extra.get("profiler", {}).get("profile_time_s"),
+               "calibration_profile": cal_profile if calibrated else None,
+               "calibration_even_s": cal_even_s if calibrated else None}
         with open(os.path.join(spec["workdir"], "result.json"), "w") as f:
             json.dump(out, f)
     distributed.shutdown()
@@ -228,8 +265,10 @@ def report(result: dict, overhead: dict | None, args) -> None:
               f"{len(result['times'][s])}")
     print("(error = (measured - predicted) / measured; cal. even / cal. opt: predicted on the "
           "profile calibrated from the even / the optimal plan's measured steps (stage compute, "
-          "link waits, step period); ideal / bubble: efficiency = ideal step / measured, without "
-          "and with the (m + p - 1) / m fill and drain)")
+          "link waits, step period); the calibrated plan's 'predicted' is on the profile "
+          "calibrated by the even steps before it ran (what allocation.calibrate_steps plans "
+          "on); ideal / bubble: efficiency = ideal step / measured, without and with the "
+          "(m + p - 1) / m fill and drain)")
     print("\nper-stage compute per step (forward + backward of all micro-batches, emulation "
           "and call costs included), measured / predicted (error):")
     for s, p in result["plans"].items():
@@ -257,6 +296,14 @@ def report(result: dict, overhead: dict | None, args) -> None:
         predicted_speedup = p["even"] / p["optimal"]
         print(f"  predicted ({what}) {predicted_speedup:.3f}x: measured is "
               f"{measured_speedup / predicted_speedup:.1%} of predicted")
+    if "calibrated" in med:
+        measured_cal = med["even"] / med["calibrated"]
+        predicted_cal = result["calibration_even_s"] / pred["calibrated"]
+        print(f"speed-up calibrated vs even (both predicted on the profile calibrated by "
+              f"{args.calibrate_steps} even steps before the calibrated plan ran): measured "
+              f"{measured_cal:.3f}x, predicted {predicted_cal:.3f}x ({measured_cal / predicted_cal:.1%}"
+              f" of predicted); calibrated vs optimal: measured "
+              f"{med['optimal'] / med['calibrated']:.3f}x")
     print(f"ideal step (perfect balance, no bubble, no comm): {result['ideal_s']:.4f} s")
     if overhead:
         print(f"\none-stage pipeline vs plain jitted step (m=1): {overhead['pipeline']:.4f} s vs "
@@ -276,6 +323,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps per block")
     parser.add_argument("--rounds", type=int, default=4, help="alternating blocks per plan")
     parser.add_argument("--timeout", type=float, default=1500)
+    parser.add_argument("--calibrate_steps", type=int, default=3,
+                        help="measured even steps that calibrate the 'calibrated' plan (0: none)")
     parser.add_argument("--skip_overhead", action="store_true")
     parser.add_argument("--shipped", action="store_true",
                         help="configs/local_hetero.py's model, batch and m as shipped")
