@@ -88,3 +88,26 @@ def test_calibration_takes_the_rest_of_the_step_into_sync():
             - plan_lib.evaluate(no_step, other, "1f1b", m).step_time_s) == pytest.approx(0.7)
     shorter, _ = corrected_profile(prof, plan, busy, step_s=1e-9)  # never below zero
     assert shorter.sync_s == 0.0
+
+
+def test_calibration_splits_a_per_action_host_cost_from_device_factors():
+    """Every stage measured at (factor x predicted + b per action) with one stage at factor 1:
+    the correction finds b (host-wide, so other blocks and unused devices pay it per action)
+    and the factors, instead of multiplying a small stage's device by its large ratio."""
+    from skyjax.plan.replan import corrected_profile
+
+    prof, _ = _plan()
+    m = 4
+    plan = plan_lib.evaluate(prof, [(0, 0, 1), (1, 1, 6)], "1f1b", m)  # a one-unit stage
+    b, actions = 0.4, 2 * m
+    busy = [plan.stages[0].compute_s * m + actions * b,
+            1.5 * plan.stages[1].compute_s * m + actions * b]
+    fixed, factors = corrected_profile(prof, plan, busy)
+    assert factors[0] == pytest.approx(busy[0] / (plan.stages[0].compute_s * m))
+    again = plan_lib.evaluate(fixed, [(0, 0, 1), (1, 1, 6)], "1f1b", m)
+    assert [s.compute_s * m for s in again.stages] == pytest.approx(busy)
+    other = plan_lib.evaluate(fixed, [(0, 0, 4), (2, 4, 6)], "1f1b", m)
+    base = plan_lib.evaluate(prof, [(0, 0, 4), (2, 4, 6)], "1f1b", m)
+    # device 0: factor 1 on four units plus b per action; device 2 (unused): b per action
+    assert [s.compute_s for s in other.stages] == pytest.approx(
+        [s.compute_s + 2 * b for s in base.stages])

@@ -59,27 +59,43 @@ def stage_busy_s(per_step_busy: Sequence[Sequence[float]]) -> list[float]:
 def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
                       comm_s: Sequence[float] | None = None, step_s: float | None = None
                       ) -> tuple[Profile, dict[int, float]]:
-    """``profile`` with each used device's times (units and per-call costs, which
-    ``Stage.compute_s`` both counts) scaled by measured / predicted compute. With ``comm_s``
-    (measured link waits per step of each stage, ``skyjax.plan.compare``), every link's latency
-    also grows by the mean excess per message seen on the plan's links: what a message really
-    costs in the running pipeline beyond the idle ping-pong probe (one host-wide figure, so
-    that links the plan does not use are corrected too). With ``step_s`` (the measured step
-    period), what is left of it after the corrected compute and links goes to ``sync_s``: the
-    per-step cost outside the stages' actions (collectives, metrics, host scheduling), which
-    every plan pays once per step."""
+    """``profile`` corrected by a plan's measured steps; also returns each used device's measured
+    / predicted compute.
+
+    Compute: a stage's excess over its prediction is split into a host-wide cost per action,
+    ``b``, and a per-device factor on the rest. ``b`` is the least excess per action of any
+    stage (clipped at 0): what a busy host adds to every call whatever its size (dispatch,
+    wake-ups, an emulated sleep's overshoot). It weighs the most on small stages, so a plain
+    ratio measured on a one-unit stage would multiply the device's every unit by it (and a
+    ratio measured on a big stage undercharge a small one). Each used device's unit and call
+    times then scale by (measured - actions x b) / predicted, and every device's forward and
+    backward call costs grow by ``b`` (the unused ones too: it is the host's).
+
+    Links: with ``comm_s`` (measured link waits per step of each stage,
+    ``skyjax.plan.compare``), every link's latency grows by the mean excess per message seen on
+    the plan's links: what a message really costs in the running pipeline beyond the idle
+    ping-pong probe (one host-wide figure, so that links the plan does not use are corrected
+    too). The rest: with ``step_s`` (the measured step period), what is left of it after the
+    corrected compute and links goes to ``sync_s``: the per-step cost outside the stages'
+    actions (collectives, metrics, host scheduling), which every plan pays once per step."""
     forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
     calls = {k: getattr(profile, k).copy() for k in ("forward_call_s", "backward_call_s")}
+    actions = 2 * plan.microbatches  # a forward and a backward per micro-batch
+    pairs = [(st, st.compute_s * plan.microbatches, measured)
+             for st, measured in zip(plan.stages, busy_s)
+             if st.compute_s > 0 and measured > 0]
+    b = max(0.0, min(((measured - predicted) / actions for _, predicted, measured in pairs),
+                     default=0.0))
     factors = {}
-    for stage, measured in zip(plan.stages, busy_s):
-        predicted = stage.compute_s * plan.microbatches
-        if predicted <= 0 or measured <= 0:
-            continue
-        factors[stage.device] = measured / predicted
-        forward[:, stage.device] *= factors[stage.device]
-        backward[:, stage.device] *= factors[stage.device]
+    for st, predicted, measured in pairs:
+        factors[st.device] = measured / predicted
+        a = (measured - actions * b) / predicted
+        forward[:, st.device] *= a
+        backward[:, st.device] *= a
         for v in calls.values():
-            v[stage.device] *= factors[stage.device]
+            v[st.device] *= a
+    for v in calls.values():
+        v += b
     latency = profile.latency_s
     if comm_s is not None and len(plan.stages) > 1:
         excess = [(measured - 2 * plan.microbatches * _link_s(profile, plan, k))
