@@ -18,7 +18,7 @@ def get_config():
     config.allocation.granularity = "layer"
     # Four emulated devices share this host's cores: the profile, timed device by device, does not
     # see the contention a running pipeline has, so plan on times measured in the first steps.
-    config.allocation.calibrate_steps = 4
+    config.allocation.calibrate_steps = 6
     config.cluster.mode = "distributed"
     config.cluster.num_devices = 4
     config.cluster.slowdowns = (1, 2, 3, 6)

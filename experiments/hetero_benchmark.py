@@ -323,7 +323,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps per block")
     parser.add_argument("--rounds", type=int, default=4, help="alternating blocks per plan")
     parser.add_argument("--timeout", type=float, default=1500)
-    parser.add_argument("--calibrate_steps", type=int, default=3,
+    parser.add_argument("--calibrate_steps", type=int, default=5,
                         help="measured even steps that calibrate the 'calibrated' plan (0: none)")
     parser.add_argument("--skip_overhead", action="store_true")
     parser.add_argument("--shipped", action="store_true",

@@ -66,6 +66,7 @@ def test_local_hetero():
     assert config.cluster.mode == "distributed"
     assert config.cluster.num_devices == 4
     assert tuple(config.cluster.slowdowns) == (1, 2, 3, 6)
+    assert 2 <= config.allocation.calibrate_steps < config.train.steps  # see the config's note
     assert config.model.to_dict() == demo().model.to_dict()
 
 
