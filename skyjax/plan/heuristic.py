@@ -15,7 +15,8 @@ with ``lower_bound_s`` (:mod:`skyjax.plan.bounds`).
    min(m, devices left in the order) in-flight micro-batches, which is exact when the order's
    tail is used and otherwise safe (never more than the true count).
 3. Each order gets a cap search (only the best is refined when orders x D x U is large), then a
-   budgeted first-improvement local search swaps pairs of devices (small problems only).
+   budgeted first-improvement local search over orders (:mod:`skyjax.plan.order_search`: new
+   group carriers, swaps), each trial screened by one DP run near the incumbent's cap.
 
 Bottleneck (``_CapSearch``). T* = min_t DP(t) + (m - 1) t (:mod:`skyjax.plan.planner`); here
 geometric grids of K caps between a lower bound on the bottleneck
@@ -31,14 +32,13 @@ from typing import Sequence
 
 import numpy as np
 
+from skyjax.plan import order_search
 from skyjax.plan.classes import coarse_groups, device_classes, labels, link_groups, worst_link
 from skyjax.plan.cost import Solution, Tables, stage_costs
 
 MAX_LINK_GROUPS = 16  # more link groups are coarsened (worst link per group pair)
 CAP_RTOL = 5e-3  # stop refining the cap once the bracket is this narrow
 FULL_SEARCH_WORK = 2e5  # refine every candidate order while orders x D x U is below
-LOCAL_SEARCH_WORK = 6e6  # budget for order swaps, in ~elements (see search)
-LOCAL_SEARCH_TRIES = 200  # most order swaps tried
 _INF = math.inf
 
 
@@ -81,7 +81,7 @@ class _ChainDP:
 
     def __init__(self, t: Tables, order: Sequence[int], group_of: np.ndarray,
                  groups: list[list[int]], class_of: np.ndarray | None = None):
-        self.t, self.order = t, list(order)
+        self.t, self.order, self.groups = t, list(order), groups
         u, n = t.num_units, len(self.order)
         self.pre = t.prefix[self.order]  # [n, U+1]
         self.fixed = t.fixed[self.order]  # per stage: call costs
@@ -248,9 +248,15 @@ def _group_path(t: Tables, groups: list[list[int]]) -> list[int]:
         if a != b:
             cost[a, b] = (2 * (t.latency[d, e] + ref / t.bandwidth[d, e])
                           if t.bandwidth[d, e] > 0 else _INF)
+    # ties (equal links): 1F1B puts strong groups (most speed) late, where stages keep fewer
+    # micro-batches in flight and a fast device's memory holds more (the reverse is tried too)
+    speed = np.array([sum(1.0 / max(t.prefix[d, -1], 1e-300) for d in g) for g in groups])
+    rank = (np.argsort(np.argsort(speed, kind="stable"), kind="stable")
+            if t.schedule == "1f1b" else np.arange(g_n))
     if g_n <= 7:
         best = min(itertools.permutations(range(g_n)),
-                   key=lambda p: (sum(cost[p[i], p[i + 1]] for i in range(g_n - 1)), p))
+                   key=lambda p: (sum(cost[p[i], p[i + 1]] for i in range(g_n - 1)),
+                                  tuple(rank[list(p)])))
         return list(best)
     speed = [min(t.prefix[d, -1] for d in g) for g in groups]
     path = [int(np.argmin(speed))]
@@ -279,10 +285,10 @@ def candidate_orders(t: Tables, groups: list[list[int]],
     return orders
 
 
-def search(t: Tables, cap_lb: float, rounds: int = 4, k: int = 12) -> Solution | None:
+def search(t: Tables, cap_lb: float, rounds: int = 5, k: int = 8) -> Solution | None:
     """Each candidate order gets a cap search (all rounds when n x U is small, otherwise one
-    screening round and only the best is refined); then, within a work budget, first-improvement
-    local search swaps two devices of different classes in the best order."""
+    screening round and only the best is refined); then, within a work budget, local search
+    over orders (:mod:`skyjax.plan.order_search`)."""
     groups = link_groups(t)
     if len(groups) > MAX_LINK_GROUPS:  # e.g. noisy measured links: coarsen, charge worst links
         groups = coarse_groups(t, MAX_LINK_GROUPS)
@@ -307,21 +313,6 @@ def search(t: Tables, cap_lb: float, rounds: int = 4, k: int = 12) -> Solution |
     top = min(searches, key=lambda cs: cs.score)
     if not full:
         top.refine(rounds - 1, best)
-    per_try = (rounds + 1) * t.num_devices * (2000 + 4 * k * t.num_units)  # ~ numpy overhead
-    budget = min(LOCAL_SEARCH_TRIES, int(LOCAL_SEARCH_WORK // per_try))
-    order = list(top.dp.order)
-    improved = True
-    while improved and budget > 0:
-        improved = False
-        for i, j in itertools.combinations(range(len(order)), 2):
-            if budget <= 0:
-                break
-            if class_of[order[i]] == class_of[order[j]]:
-                continue
-            trial = list(order)
-            trial[i], trial[j] = trial[j], trial[i]
-            budget -= 1
-            cs = cap_search(trial, top.score, rounds)
-            if cs.feasible and cs.score < top.score * (1 - 1e-9):
-                top, order, improved = cs, trial, True
+    top = order_search.improve(top, lambda order, best: cap_search(order, best, rounds),
+                               class_of, group_of, t.microbatches, t.num_units)
     return top.solution()

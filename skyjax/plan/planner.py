@@ -12,8 +12,10 @@ function, so only its Pareto points matter; the exact search walks them all
 (:mod:`skyjax.plan.exact`), the heuristic samples caps (:mod:`skyjax.plan.heuristic`).
 
 Which search: the exact DP over device classes when its size (``exact.exact_cost``) is within
-budget, giving ``exact: true``; otherwise the heuristic, whose plan carries ``lower_bound_s``
-(:mod:`skyjax.plan.bounds`) and is reported exact when it meets that bound.
+budget, giving ``exact: true``; otherwise the heuristic, whose plan carries ``lower_bound_s``,
+the larger of two relaxations (:mod:`skyjax.plan.bounds`: fractional;
+:mod:`skyjax.plan.group_bound`: region crossings, whole blocks, 1F1B in-flight levels, told the
+plan's T), and is reported exact when it meets that bound.
 
 An infeasible problem raises InfeasibleError naming the tightest device and the missing bytes.
 """
@@ -29,6 +31,7 @@ from skyjax.plan.bounds import lower_bound, min_bottleneck
 from skyjax.plan.classes import device_classes
 from skyjax.plan.cost import Tables, evaluate_tables, tables
 from skyjax.plan.even import even_assignment
+from skyjax.plan.group_bound import group_bound
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
 
@@ -42,16 +45,18 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
     if strategy == "even":
         assignment = even_assignment(t.num_units, range(t.num_devices))
         return evaluate_tables(profile, t, assignment, strategy, exact=False, lower_bound_s=None)
-    lb = lower_bound(t)
     classes = device_classes(t)
     exact = not force_heuristic and exact_search.exact_fits([len(c) for c in classes],
                                                             t.num_units)
     sol = exact_search.search(t, classes) if exact else heuristic.search(t, min_bottleneck(t))
     if sol is None:
         raise InfeasibleError(_infeasible_message(profile, t))
-    out = evaluate_tables(profile, t, sol.assignment, strategy, exact, lb)
-    if not exact and out.step_time_s <= lb * (1 + 1e-9):
-        out.exact, out.lower_bound_s = True, None
+    out = evaluate_tables(profile, t, sol.assignment, strategy, exact, None)
+    if not exact:
+        lb = max(lower_bound(t), group_bound(t, upper=out.step_time_s))
+        out.lower_bound_s = min(lb, out.step_time_s)
+        if out.step_time_s <= lb * (1 + 1e-9):
+            out.exact, out.lower_bound_s = True, None
     return out
 
 

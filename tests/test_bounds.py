@@ -1,0 +1,123 @@
+"""Lower bounds (skyjax.plan.bounds, skyjax.plan.group_bound) never exceed the brute-force optimum.
+
+A bound above the optimum would let the planner call a poor plan exact or print a false gap, so
+each bound is checked on random small instances: random links (every device its own link group,
+so the crossing terms are exercised), regions of interchangeable links with slow links between
+them, memory that binds under 1F1B's in-flight levels, and the profile's fixed costs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from skyjax import plan as plan_lib
+from skyjax.plan.group_bound import group_bound
+from tests.test_allocator import make_profile, random_profile
+from tests.test_cost_overheads import brute_force, with_overheads
+
+
+def region_profile(rng: np.random.Generator, d: int, u: int, regions: int):
+    """Devices of a few speed kinds in regions: fast links inside, slow ones across, memory
+    that binds with many micro-batches in flight."""
+    kind = rng.integers(1, 4, d)
+    region = np.sort(rng.integers(0, regions, d))
+    fwd = rng.uniform(0.2, 1.0, (u, 1)) * kind[None, :]
+    state = rng.integers(1, 50, u) * 1000.0
+    act = rng.integers(1, 20, u) * 1000.0
+    memory = rng.uniform(0.3, 1.0, d) * (state.sum() + 2 * act.sum())
+    if rng.random() < 0.5:
+        memory[:] = memory.max()  # equal memory: the in-flight level argument at its tightest
+    same = region[:, None] == region[None, :]
+    latency = np.where(same, 0.001, rng.uniform(0.2, 1.0))
+    bandwidth = np.where(same, 1e9, 1e6)
+    out = rng.integers(1, 100, u) * 1e4
+    return make_profile(fwd, state=state, act=act, out=out, memory=memory, latency=latency,
+                        bandwidth=bandwidth)
+
+
+def check_bounds(prof, schedule: str, m: int, case) -> bool:
+    """Both bounds <= the optimum; with the optimum as the known plan too. False if infeasible."""
+    want = brute_force(prof, schedule, m)
+    t = plan_lib.tables(prof, schedule, m)
+    if math.isinf(want):
+        return False
+    assert plan_lib.lower_bound(t) <= want * (1 + 1e-9), case
+    assert group_bound(t) <= want * (1 + 1e-9), case
+    assert group_bound(t, upper=want) <= want * (1 + 1e-9), case
+    return True
+
+
+def test_group_bound_below_optimum_random_links():
+    rng = np.random.default_rng(5)
+    n = 0
+    for i in range(90):
+        d, u = int(rng.integers(1, 5)), int(rng.integers(1, 8))
+        prof = random_profile(rng, d, u)
+        if i % 3 == 0:
+            prof = with_overheads(prof, rng, 0.1)
+        schedule, m = ("gpipe", "1f1b")[i % 2], (1, 2, 4, 8)[(i // 2) % 4]
+        n += check_bounds(prof, schedule, m, (i, d, u, schedule, m))
+    assert n >= 50
+
+
+def test_group_bound_below_optimum_regions():
+    rng = np.random.default_rng(6)
+    n = 0
+    for i in range(90):
+        d, u = int(rng.integers(2, 6)), int(rng.integers(2, 8))
+        prof = region_profile(rng, d, u, int(rng.integers(1, 4)))
+        if i % 4 == 0:
+            prof = with_overheads(prof, rng, 0.05)
+        schedule, m = ("1f1b", "gpipe")[i % 2], (1, 3, 8)[(i // 2) % 3]
+        n += check_bounds(prof, schedule, m, (i, d, u, schedule, m))
+    assert n >= 50
+
+
+def test_group_bound_tight_when_one_device_holds_all():
+    """One fast device with all the memory: T* = m x its time; the bound meets it."""
+    prof = make_profile([[1.0, 3.0], [2.0, 6.0]], memory=[1e18, 1.0])
+    t = plan_lib.tables(prof, "gpipe", 4)
+    assert group_bound(t) == pytest.approx(4 * 9.0, rel=1e-6)
+
+
+def test_group_bound_counts_crossings():
+    """Two regions, each device holding half the model: the plan must cross once, so the bound
+    includes that crossing's comm (the fractional bound of bounds.py cannot see it)."""
+    fwd = np.ones((4, 2))
+    lat = np.array([[0.0, 5.0], [5.0, 0.0]])
+    prof = make_profile(fwd, state=np.ones(4), memory=[2.0, 2.0], latency=lat,
+                        bandwidth=np.full((2, 2), 1e12))
+    want = brute_force(prof, "gpipe", 1)
+    t = plan_lib.tables(prof, "gpipe", 1)
+    assert want == pytest.approx(12.0 + 10.0)
+    assert group_bound(t) == pytest.approx(want)
+
+
+def test_heuristic_exact_claims_are_optimal():
+    """A heuristic plan reported exact (it met its lower bound) equals the brute-force optimum,
+    and its lower bound otherwise never exceeds that optimum: with regions and fixed costs."""
+    rng = np.random.default_rng(8)
+    n_exact = 0
+    for i in range(60):
+        d, u = int(rng.integers(2, 5)), int(rng.integers(2, 7))
+        prof = region_profile(rng, d, u, int(rng.integers(1, 3)))
+        if i % 3 == 0:
+            prof = with_overheads(prof, rng, 0.05)
+        schedule, m = ("1f1b", "gpipe")[i % 2], (1, 4, 8)[i % 3]
+        want = brute_force(prof, schedule, m)
+        if math.isinf(want):
+            continue
+        try:
+            heur = plan_lib.plan(prof, "optimal", schedule, m, force_heuristic=True)
+        except plan_lib.InfeasibleError:
+            continue  # the heuristic's safe 1F1B bound may miss a tight fit
+        assert heur.step_time_s >= want * (1 - 1e-9)
+        if heur.exact:
+            n_exact += 1
+            assert heur.step_time_s == pytest.approx(want, rel=1e-9), i
+        else:
+            assert heur.lower_bound_s <= want * (1 + 1e-9), i
+    assert n_exact >= 1
