@@ -196,11 +196,15 @@ def _launch_once(module_args: Sequence[str], num_processes: int, timeout_s: floa
     pumps: list[threading.Thread] = []
     lock = threading.Lock()
     old_handlers = {}
+    received: list[int] = []  # signals to stop on, noted by the handler, acted on by the loop
     if threading.current_thread() is threading.main_thread():
-        def _raise(signum, frame):
-            raise _Interrupted(signum)
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            old_handlers[sig] = signal.signal(sig, _raise)
+        # The handler only takes note: an exception raised asynchronously could land inside
+        # Popen.poll between its lock's acquire and release, and every later wait of that child
+        # would then time out (a launcher that needs ~30 s to stop).
+        def _note(signum, frame):
+            received.append(signum)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            old_handlers[sig] = signal.signal(sig, _note)
     rc, lost = 0, []
     try:
         for k in range(num_processes):
@@ -218,6 +222,8 @@ def _launch_once(module_args: Sequence[str], num_processes: int, timeout_s: floa
             " ".join(f"p{k}:{p.pid}" for k, p in enumerate(procs)))
         deadline = None if not timeout_s else time.monotonic() + timeout_s
         while True:
+            if received:
+                raise _Interrupted(received[0])
             codes = [p.poll() for p in procs]
             failed = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
             if failed:
