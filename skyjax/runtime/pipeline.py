@@ -63,8 +63,9 @@ class StepMetrics:
 PULL_AHEAD = 2  # receives posted ahead of the action that needs them (transports with prefetch)
 
 
-def source_tag(step: int, action: Action, microbatches: int) -> int:
-    """The tag of the message ``action`` sends on (and of the one its peer receives)."""
+def message_tag(step: int, action: Action, microbatches: int) -> int:
+    """The tag of the message ``action`` receives and of the one it sends (a forward's
+    activation in and out, a backward's cotangent in and out)."""
     kind = tags.FORWARD if action.kind == "F" else tags.BACKWARD
     return tags.train_message(step, action.microbatch, kind, microbatches)
 
@@ -103,16 +104,10 @@ class PipelineStage:
 
     def _source(self, step: int, action: Action) -> tuple[int, Any, int] | None:
         """(tag, like, src) of the message ``action`` receives; None if it receives none."""
-        m = self.program.microbatches
+        tag = message_tag(step, action, self.program.microbatches)
         if action.kind == "F":
-            if self.is_first:
-                return None
-            return (tags.train_message(step, action.microbatch, tags.FORWARD, m), self.in_like,
-                    self.index - 1)
-        if self.is_last:
-            return None
-        return (tags.train_message(step, action.microbatch, tags.BACKWARD, m),
-                float_entries(self.out_like), self.index + 1)
+            return None if self.is_first else (tag, self.in_like, self.index - 1)
+        return None if self.is_last else (tag, float_entries(self.out_like), self.index + 1)
 
     def _pull_ahead(self, step: int, actions: list[Action], i: int) -> None:
         """Posts the receives of actions i .. i + PULL_AHEAD - 1 not posted yet (transports with
@@ -152,7 +147,7 @@ class PipelineStage:
                     losses.append(float(out[0]))
                     accuracies.append(float(out[1]))
                 else:
-                    self.link.send(source_tag(step, action, self.program.microbatches), out,
+                    self.link.send(message_tag(step, action, self.program.microbatches), out,
                                    self.index + 1)
             else:
                 t0 = time.perf_counter()
@@ -160,7 +155,7 @@ class PipelineStage:
                     self.program.backward, self.state.params, residuals.pop(mb), received,
                     self.state.grads, slowdown=self.slowdown)
                 if not self.is_first:
-                    self.link.send(source_tag(step, action, self.program.microbatches), d_carry,
+                    self.link.send(message_tag(step, action, self.program.microbatches), d_carry,
                                    self.index - 1)
             t0 = wall_start + (t0 - start)
             spans.append(Span(self.index, action.kind, mb, t0, t0 + seconds))
