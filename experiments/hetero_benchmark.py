@@ -91,7 +91,7 @@ def worker(spec_path: str) -> None:
     from skyjax import plan as plan_lib
     from skyjax.plan import simulate
     from skyjax.plan.compare import measured_comm, stage_comparison
-    from skyjax.plan.replan import corrected_profile, stage_busy_s
+    from skyjax.plan import replan
     from skyjax.models import bert
     from skyjax.models.build import build_model
     from skyjax.runtime import distributed
@@ -134,13 +134,12 @@ def worker(spec_path: str) -> None:
         step += 1
     calibrated = None
     if jax.process_index() == 0 and args.calibrate_steps:
-        fixed, _ = corrected_profile(profile, plans["even"], stage_busy_s(cal["busy"]),
-                                     stage_busy_s(cal["comm"]), statistics.median(cal["times"]))
-        calibrated = plan_lib.plan(fixed, "optimal", args.schedule, args.microbatches).to_json()
-        calibrated["calibration_profile"] = fixed.to_json()
-        calibrated["calibration_even_s"] = plan_lib.evaluate(
-            fixed, [(st.device, *st.units) for st in plans["even"].stages], args.schedule,
-            args.microbatches).step_time_s
+        decision = replan.decide(profile, plans["even"], replan.stage_busy_s(cal["busy"]),
+                                 replan.stage_busy_s(cal["comm"]), statistics.median(cal["times"]))
+        decision.candidate.strategy = "optimal"
+        calibrated = decision.candidate.to_json()
+        calibrated["calibration_profile"] = decision.profile.to_json()
+        calibrated["calibration_even_s"] = decision.current.step_time_s
     calibrated = distributed.broadcast_json(calibrated, "bench/calibrated")
     if calibrated:
         cal_profile = calibrated.pop("calibration_profile")

@@ -67,6 +67,19 @@ def paper_case(cross_latency_s: float = 20e-3, cross_Bps: float = 10e9 / 8):
     return synth_profile(units, slow, np.full(64, 16 * GIB), lat, bw, extra_devices=extra)
 
 
+def timed_plan(prof, schedule: str, m: int) -> tuple[float, float, str]:
+    """Wall and CPU seconds of the optimal plan, and its table cells (stages, T even, T opt,
+    exact, lower bound, gap)."""
+    even = plan_lib.plan(prof, "even", schedule, m)
+    t0, c0 = time.perf_counter(), time.process_time()
+    p = plan_lib.plan(prof, "optimal", schedule, m)
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    lb = "-" if p.exact else f"{p.lower_bound_s:8.3f}"
+    gap = "-" if p.exact else f"{p.step_time_s / p.lower_bound_s - 1:6.1%}"
+    return dt, cpu, (f"{len(p.stages):6d} {even.step_time_s:8.3f} {p.step_time_s:8.3f} "
+                     f"{str(p.exact):>5} {lb:>8} {gap:>6}")
+
+
 def paper_table() -> None:
     """The paper-scale goal: <= 1 s, exact or a proven gap <= 1 %, 1F1B and GPipe, m = 8, 32."""
     prof = paper_case()
@@ -75,14 +88,8 @@ def paper_table() -> None:
     print(f"{'schedule':>8} {'m':>3} | {'wall s':>7} {'cpu s':>6} | {'stages':>6} {'T even':>8} "
           f"{'T opt':>8} {'exact':>5} {'LB':>8} {'gap':>6}")
     for schedule, m in [("1f1b", 8), ("1f1b", 32), ("gpipe", 8), ("gpipe", 32)]:
-        even = plan_lib.plan(prof, "even", schedule, m)
-        t0, c0 = time.perf_counter(), time.process_time()
-        p = plan_lib.plan(prof, "optimal", schedule, m)
-        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        lb = "-" if p.exact else f"{p.lower_bound_s:8.3f}"
-        gap = "-" if p.exact else f"{p.step_time_s / p.lower_bound_s - 1:6.1%}"
-        print(f"{schedule:>8} {m:3d} | {dt:7.2f} {cpu:6.2f} | {len(p.stages):6d} "
-              f"{even.step_time_s:8.3f} {p.step_time_s:8.3f} {str(p.exact):>5} {lb:>8} {gap:>6}")
+        dt, cpu, plan_cells = timed_plan(prof, schedule, m)
+        print(f"{schedule:>8} {m:3d} | {dt:7.2f} {cpu:6.2f} | {plan_cells}")
         sys.stdout.flush()
     print()
 
@@ -100,15 +107,9 @@ def main(argv: list[str] | None = None) -> None:
         prof = case(layers, n_dev)
         n_cls = len(plan_lib.device_classes(plan_lib.tables(prof)))
         for schedule, m in [("1f1b", 8), ("gpipe", 32), ("gpipe", 1)]:
-            even = plan_lib.plan(prof, "even", schedule, m)
-            t0, c0 = time.perf_counter(), time.process_time()
-            p = plan_lib.plan(prof, "optimal", schedule, m)
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-            lb = "-" if p.exact else f"{p.lower_bound_s:8.3f}"
-            gap = "-" if p.exact else f"{p.step_time_s / p.lower_bound_s - 1:6.1%}"
+            dt, cpu, plan_cells = timed_plan(prof, schedule, m)
             print(f"{prof.num_units:5d} {n_dev:7d} {n_cls:7d} {schedule:>8} {m:3d} | {dt:7.2f} "
-                  f"{cpu:6.2f} {goal:5.0f} | {len(p.stages):6d} {even.step_time_s:8.3f} "
-                  f"{p.step_time_s:8.3f} {str(p.exact):>5} {lb:>8} {gap:>6}")
+                  f"{cpu:6.2f} {goal:5.0f} | {plan_cells}")
             sys.stdout.flush()
 
 

@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from skyjax.plan import cost, planner
+from skyjax.plan.simulate import stage_actions_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
 
@@ -98,8 +99,8 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
         v += b
     latency = profile.latency_s
     if comm_s is not None and len(plan.stages) > 1:
-        excess = [(measured - 2 * plan.microbatches * _link_s(profile, plan, k))
-                  / (2 * plan.microbatches)
+        link = stage_actions_s(plan, profile)[2]  # one-way delay of each of the plan's links
+        excess = [(measured - 2 * plan.microbatches * link[k]) / (2 * plan.microbatches)
                   for k, measured in enumerate(list(comm_s)[: len(plan.stages) - 1])]
         extra = max(sum(excess) / len(excess), 0.0) if excess else 0.0
         latency = latency + extra * (1 - np.eye(len(latency)))
@@ -114,13 +115,6 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
 
 def _assignment(plan: Plan) -> list[tuple[int, int, int]]:
     return [(s.device, s.units[0], s.units[1]) for s in plan.stages]
-
-
-def _link_s(profile: Profile, plan: Plan, k: int) -> float:
-    """The one-way delay of a message over the plan's link k (latency + bytes / bandwidth)."""
-    d, e = plan.stages[k].device, plan.stages[k + 1].device
-    out = float(profile.units[plan.stages[k].units[1] - 1]["output_bytes"])
-    return float(profile.latency_s[d, e]) + out / float(profile.bandwidth_Bps[d, e])
 
 
 def decide(profile: Profile, plan: Plan, busy_s: Sequence[float],
