@@ -287,3 +287,55 @@ def test_coarse_groups_split_regions():
     t = plan_lib.tables(prof)
     assert len(plan_lib.link_groups(t)) == 6
     assert sorted(classes.coarse_groups(t, 2)) == [[0, 1, 2], [3, 4, 5]]
+
+
+def _two_region_starved() -> Profile:
+    """Two regions, each one fast device (memory 7: two units fit at 1F1B level 2, not 3) and
+    one slow one. The optimum runs the fast pair, half each; every full candidate order puts a
+    device the plan leaves unused after the first fast one, so the chain DP charges it level 3."""
+    fwd = np.ones((4, 1)) * np.array([1.0, 10.0, 1.0, 10.0])[None] / 3
+    region = np.array([0, 0, 1, 1])
+    lat = np.where(region[:, None] == region[None, :], 0.0, 0.01)
+    return make_profile(fwd, state=np.ones(4), act=np.ones(4), out=np.ones(4),
+                        memory=np.array([7.0, 100.0, 7.0, 100.0]), latency=lat)
+
+
+def test_fastest_subsets_find_starved_optimum(monkeypatch):
+    """With the order search off, only the fastest-subset step (heuristic step 4) finds the
+    optimum: without it the plan is the 1-unit/3-unit split the inflated count forces."""
+    prof = _two_region_starved()
+    want = brute_force(prof, "1f1b", 4)
+    monkeypatch.setattr(heuristic.order_search, "improve", lambda top, *a, **k: top)
+    got = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True)
+    assert got.step_time_s == pytest.approx(want, rel=1e-9)
+    assert [s.device for s in got.stages] == [0, 2]
+    monkeypatch.setattr(heuristic, "_fastest_subsets", lambda t, top, *a: top)
+    without = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True)
+    assert without.step_time_s > want * 1.1
+
+
+def test_fastest_subsets_never_worse(monkeypatch):
+    """On random region cases the step only replaces the plan by a better one, never goes below
+    the brute-force optimum, and the plan stays valid."""
+    from tests.test_bounds import region_profile
+    rng = np.random.default_rng(12)
+    steps = []
+    real = heuristic._fastest_subsets
+    monkeypatch.setattr(heuristic, "_overcharged", lambda *a: True)  # always try the step
+    for i in range(25):
+        prof = region_profile(rng, int(rng.integers(3, 6)), int(rng.integers(3, 7)), 2)
+        m = (3, 4, 8)[i % 3]
+        want = brute_force(prof, "1f1b", m)
+        if math.isinf(want):
+            continue
+        monkeypatch.setattr(heuristic, "_fastest_subsets", lambda t, top, *a: top)
+        try:
+            without = plan_lib.plan(prof, "optimal", "1f1b", m, force_heuristic=True)
+        except InfeasibleError:
+            continue
+        monkeypatch.setattr(heuristic, "_fastest_subsets", real)
+        got = plan_lib.plan(prof, "optimal", "1f1b", m, force_heuristic=True)
+        check_plan_valid(prof, got)
+        assert want * (1 - 1e-9) <= got.step_time_s <= without.step_time_s * (1 + 1e-9), i
+        steps.append(got.step_time_s)
+    assert len(steps) >= 10

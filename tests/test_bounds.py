@@ -15,6 +15,7 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.plan.group_bound import group_bound
+from skyjax.plan.region_bound import region_bound
 from tests.test_allocator import make_profile, random_profile
 from tests.test_cost_overheads import brute_force, with_overheads
 
@@ -121,3 +122,27 @@ def test_heuristic_exact_claims_are_optimal():
         else:
             assert heur.lower_bound_s <= want * (1 + 1e-9), i
     assert n_exact >= 1
+
+
+def test_region_bound_below_optimum():
+    """region_bound (1F1B: regions visited in one run, in-flight levels per run, carriers, the
+    head-only / tail-only runs) never exceeds the brute-force optimum; on some cases it is
+    above group_bound, so the check is not vacuous."""
+    rng = np.random.default_rng(13)
+    n = stronger = 0
+    for i in range(70):
+        d, u = int(rng.integers(2, 6)), int(rng.integers(2, 8))
+        prof = region_profile(rng, d, u, int(rng.integers(2, 4)))
+        if i % 4 == 0:
+            prof = with_overheads(prof, rng, 0.05)
+        m = (2, 3, 8)[i % 3]
+        want = brute_force(prof, "1f1b", m)
+        if math.isinf(want):
+            continue
+        t = plan_lib.tables(prof, "1f1b", m)
+        got = region_bound(t, upper=want)
+        assert got <= want * (1 + 1e-9), (i, d, u, m, got, want)
+        stronger += got > group_bound(t, upper=want) * (1 + 1e-6)
+        n += 1
+    assert n >= 40 and stronger >= 1
+    assert region_bound(plan_lib.tables(prof, "gpipe", 8), upper=want) == -math.inf

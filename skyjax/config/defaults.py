@@ -119,6 +119,9 @@ def _profile() -> ml_collections.ConfigDict:
     p.repeats = 5  # timed repetitions per unit and device (the mean of the fastest half is kept)
     p.reprofile = False  # measure again even if workdir/profile.json exists
     p.path = ""  # plan from this profile.json instead of measuring ("" = measure or use the cache)
+    # One process per device: time every device at once (faster) rather than one after another.
+    # Processes sharing a host's cores then time each other's load (each a different share).
+    p.concurrent = False
     return p
 
 

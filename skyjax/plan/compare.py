@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from skyjax.plan.simulate import simulate, simulate_plan, stage_actions_s
+from skyjax.plan.simulate import simulate, simulate_plan
+from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.trace import Span

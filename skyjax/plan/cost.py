@@ -12,12 +12,14 @@ micro-batches, with the profile's fixed costs (version 2; zeros for a version 1 
   update_k  = update_call_s[d_k] + sum_{u in [a_k, b_k)} update_s[u][d_k]     (once per step)
   memory_k  = sum state_bytes + inflight_k * sum activation_bytes <= memory_bytes[d_k],
               inflight_k = m (GPipe) or min(m, p - k) (1F1B)
-  T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s
+  T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s [+ the sharing penalty]
 
 The update runs after the step's gradient-norm all-reduce (sync_s); the first stage's update
 delays the next step's whole pipeline, a later stage's overlaps the fill that reaches it, so only
 update_0 is on the critical path (the simulator, :mod:`skyjax.plan.simulate`, replays the real
-overlap and checks it).
+overlap and checks it). Where stages are processes sharing a host's cores, T also carries what
+that sharing adds to the simulated step (:mod:`skyjax.plan.sharing`); the searches optimise the
+part before it, and the planner compares device subsets on the whole.
 
 ``tables`` turns a profile into the arrays every search reads (prefix sums, so a block's compute
 or memory is two lookups); ``evaluate`` prices a given assignment and checks that it fits.
@@ -32,6 +34,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from skyjax.names import SCHEDULES
+from skyjax.plan.sharing import sharing_effect
 from skyjax.plan.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
 
@@ -210,8 +213,12 @@ def evaluate_tables(profile: Profile, t: Tables, assignment: Assignment, strateg
         check_fits(profile, t, stages)
     times = [s.time_s for s in stages]
     extra = t.step_extra(stages[0].update_s)
-    return Plan(strategy=strategy, schedule=t.schedule, microbatches=t.microbatches,
-                stages=stages, step_time_s=step_time(times, t.microbatches, extra),
-                bottleneck_s=float(max(times)), exact=exact,
-                lower_bound_s=None if exact else lower_bound_s,
-                device_names=[d["name"] for d in profile.devices])
+    out = Plan(strategy=strategy, schedule=t.schedule, microbatches=t.microbatches,
+               stages=stages, step_time_s=step_time(times, t.microbatches, extra),
+               bottleneck_s=float(max(times)), exact=exact,
+               lower_bound_s=None if exact else lower_bound_s,
+               device_names=[d["name"] for d in profile.devices])
+    effect = sharing_effect(out, profile)  # stages of one host's processes slow each other
+    if effect is not None:
+        out.step_time_s += effect[0]
+    return out

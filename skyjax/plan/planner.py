@@ -15,7 +15,13 @@ Which search: the exact DP over device classes when its size (``exact.exact_cost
 budget, giving ``exact: true``; otherwise the heuristic, whose plan carries ``lower_bound_s``,
 the larger of two relaxations (:mod:`skyjax.plan.bounds`: fractional;
 :mod:`skyjax.plan.group_bound`: region crossings, whole blocks, 1F1B in-flight levels, told the
-plan's T), and is reported exact when it meets that bound.
+plan's T), and for 1F1B, while that gap exceeds ``REGION_GAP``, a third
+(:mod:`skyjax.plan.region_bound`: each region visited in one run); it is reported exact when it
+meets the bound.
+
+Processes sharing a host's cores (:mod:`skyjax.plan.sharing`): T carries what their contention
+adds, which the searches do not see; the planner also plans every proper subset of those devices
+and keeps the least T (the result is then not exact; its bound is the analytic optimum's).
 
 An infeasible problem raises InfeasibleError naming the tightest device and the missing bytes.
 """
@@ -32,13 +38,19 @@ from skyjax.plan.classes import device_classes
 from skyjax.plan.cost import Tables, evaluate_tables, tables
 from skyjax.plan.even import even_assignment
 from skyjax.plan.group_bound import group_bound
+from skyjax.plan.region_bound import region_bound
+from skyjax.plan.sharing import best_subset
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
 
+REGION_GAP = 0.01  # try region_bound only while the plan is this far above the other bounds
+
 
 def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
-         microbatches: int = 8, *, force_heuristic: bool = False) -> Plan:
-    """Plan a profile. even: all devices in order; optimal/dynamic: least T (module doc)."""
+         microbatches: int = 8, *, force_heuristic: bool = False, subsets: bool = True) -> Plan:
+    """Plan a profile. even: all devices in order; optimal/dynamic: least T (module doc).
+    ``subsets``: where processes share a host's cores, also try leaving some of them out
+    (:func:`skyjax.plan.sharing.best_subset`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
     t = tables(profile, schedule, microbatches)
@@ -54,10 +66,18 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
     out = evaluate_tables(profile, t, sol.assignment, strategy, exact, None)
     if not exact:
         lb = max(lower_bound(t), group_bound(t, upper=out.step_time_s))
+        if out.step_time_s > lb * (1 + REGION_GAP):  # 1F1B, regions visited once (~0.2 s)
+            lb = max(lb, region_bound(t, upper=out.step_time_s))
         out.lower_bound_s = min(lb, out.step_time_s)
         if out.step_time_s <= lb * (1 + 1e-9):
             out.exact, out.lower_bound_s = True, None
-    return out
+    if not subsets:
+        return out
+    return best_subset(profile, out, lambda restricted: plan(
+        restricted, strategy, schedule, microbatches, force_heuristic=force_heuristic,
+        subsets=False), lambda full, a: evaluate_tables(full, tables(full, schedule,
+                                                                     microbatches), a, strategy,
+                                                        False, None))
 
 
 def _infeasible_message(profile: Profile, t: Tables) -> str:

@@ -19,7 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from skyjax.plan import cost, planner
-from skyjax.plan.simulate import stage_actions_s
+from skyjax.plan.sharing import sharing_effect
+from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
 
@@ -63,8 +64,10 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     """``profile`` corrected by a plan's measured steps; also returns each used device's measured
     / predicted compute.
 
-    Compute: a stage's excess over its prediction is split into a host-wide cost per action,
-    ``b``, and a per-device factor on the rest. ``b`` is the least excess per action of any
+    Compute: a stage's prediction is its compute times the slow-down that sharing a host's
+    cores with the plan's other stages gives it (:mod:`skyjax.plan.sharing`; 1 elsewhere), so
+    that what is corrected is the device, not the plan's contention. Its excess is split into
+    a host-wide cost per action, ``b``, and a per-device factor on the rest. ``b`` is the least excess per action of any
     stage (clipped at 0): what a busy host adds to every call whatever its size (dispatch,
     wake-ups, an emulated sleep's overshoot). It weighs the most on small stages, so a plain
     ratio measured on a one-unit stage would multiply the device's every unit by it (and a
@@ -82,8 +85,10 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
     calls = {k: getattr(profile, k).copy() for k in ("forward_call_s", "backward_call_s")}
     actions = 2 * plan.microbatches  # a forward and a backward per micro-batch
-    pairs = [(st, st.compute_s * plan.microbatches, measured)
-             for st, measured in zip(plan.stages, busy_s)
+    effect = sharing_effect(plan, profile)  # on shared hosts, the busy time sharing predicts
+    ratio = effect[1] if effect is not None else [1.0] * len(plan.stages)
+    pairs = [(st, st.compute_s * plan.microbatches * r, measured)
+             for st, measured, r in zip(plan.stages, busy_s, ratio)
              if st.compute_s > 0 and measured > 0]
     b = max(0.0, min(((measured - predicted) / actions for _, predicted, measured in pairs),
                      default=0.0))

@@ -32,6 +32,8 @@ import dataclasses
 from typing import Sequence
 
 from skyjax.plan.schedules import actions, inflight_peaks
+from skyjax.plan.sharing import sharing_effect
+from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.trace import Span, link_events, stage_events, trace_json
@@ -116,31 +118,18 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
                      peak_inflight=inflight_peaks(lists), trace=trace_json(events), spans=flat)
 
 
-def stage_actions_s(plan: Plan, profile: Profile) -> tuple[list[float], list[float],
-                                                           list[float]]:
-    """Per stage: one forward action, one backward action (unit times + the call cost + the
-    stage's message calls: in from the previous stage, out to the next) and one-way link delays
-    (latency + bytes / bandwidth, len p - 1). Their sums give the cost model's t_k."""
-    fwd, bwd, link = [], [], []
-    p = len(plan.stages)
-    for k, s in enumerate(plan.stages):
-        (a, b), d = s.units, s.device
-        msg = float(profile.message_s[d]) * ((k > 0) + (k < p - 1))
-        fwd.append(float(profile.forward_s[a:b, d].sum() + profile.forward_call_s[d]) + msg)
-        bwd.append(float(profile.backward_s[a:b, d].sum() + profile.backward_call_s[d]) + msg)
-        if k < p - 1:
-            e = plan.stages[k + 1].device
-            bw = float(profile.bandwidth_Bps[d, e])
-            out = float(profile.units[b - 1]["output_bytes"])
-            link.append(float(profile.latency_s[d, e]) + (out / bw if bw > 0 else float("inf")))
-    return fwd, bwd, link
-
-
 def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True) -> SimResult:
     """Simulate a plan on its profile (:func:`stage_actions_s`), with each stage's update
-    and the synchronisation at the step boundary."""
+    and the synchronisation at the step boundary; where its stages share a host's cores, the
+    step time also carries what that adds (:func:`skyjax.plan.sharing.sharing_effect`)."""
     fwd, bwd, link = stage_actions_s(plan, profile)
     names = [profile.devices[s.device]["name"] for s in plan.stages]
-    return simulate(fwd, bwd, link, plan.schedule, plan.microbatches, overlap_comm=overlap_comm,
-                    names=names, update_s=[s.update_s for s in plan.stages],
-                    sync_s=float(profile.sync_s))
+    out = simulate(fwd, bwd, link, plan.schedule, plan.microbatches, overlap_comm=overlap_comm,
+                   names=names, update_s=[s.update_s for s in plan.stages],
+                   sync_s=float(profile.sync_s))
+    effect = sharing_effect(plan, profile)  # what host sharing adds (the trace shows none of it)
+    if effect is not None:
+        out.step_time_s += effect[0]
+        out.busy_s = [b * r for b, r in zip(out.busy_s, effect[1])]
+        out.idle_s = [out.step_time_s - b for b in out.busy_s]
+    return out

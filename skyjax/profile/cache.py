@@ -20,8 +20,8 @@ from skyjax.profile.chain import Workload
 from skyjax.profile.format import Profile, ProfileError, load_profile, save_profile
 from skyjax.profile.options import Log, Options
 
-PROFILER_VERSION = 3  # 2: fixed call costs, update per unit, sync (profile.json version 2); 3: sync
-# includes the per-step metrics gather
+PROFILER_VERSION = 4  # 2: fixed call costs, update per unit, sync (profile.json version 2); 3: sync
+# includes the per-step metrics gather; 4: one process's device at a time (Options.concurrent)
 
 
 def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Options) -> dict:
@@ -43,6 +43,7 @@ def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Opt
                                     for row in cluster.link_bandwidth_Bps.tolist()]},
         "optimizer": dict(workload.optimizer),
         "dedup": [options.dedup_units, options.dedup_devices],
+        "concurrent": options.concurrent,
     }
 
 

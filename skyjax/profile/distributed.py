@@ -1,8 +1,9 @@
 """Profiling with one process per device (``jax.distributed``, or threads sharing a transport).
 
-Each process measures its own device for every unit kind (:mod:`skyjax.profile.units`), the
-results are gathered to process 0 through the runtime's transport, links are probed pairwise
-through the same transport (:func:`skyjax.profile.links.probe_links_across`), and process 0
+Each process measures its own device for every unit kind (:mod:`skyjax.profile.units`), one
+process at a time unless ``Options.concurrent`` (processes sharing a host's cores would time each
+other's load); the results are gathered to process 0 through the runtime's transport, links are
+probed pairwise through the same transport (:func:`skyjax.profile.links.probe_links_across`), and process 0
 assembles the profile. :func:`load_or_measure_shared` is the cache under ``jax.distributed``:
 process 0 decides (cache hit or measure), every process takes part in measuring, and all of them
 get process 0's profile through the key-value store.
@@ -10,6 +11,8 @@ get process 0's profile through the key-value store.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
 import warnings
 from typing import Any, Callable
@@ -25,12 +28,26 @@ from skyjax.profile import links, units
 from skyjax.profile.cache import cache_key, cache_path, in_use_path, try_load
 from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile, save_profile
-from skyjax.profile.measure import assemble, device_records
+from skyjax.profile.measure import assemble, device_records, host_cores
 from skyjax.profile.options import Log, Options
 from skyjax.runtime import tags
 from skyjax.runtime.distributed import broadcast_json
 
 SHARE_TIMEOUT_S = 3600.0  # how long processes wait for process 0's decision and profile
+
+
+@contextlib.contextmanager
+def _patient(transport: Any):
+    """Raises the transport's timeout to ``SHARE_TIMEOUT_S`` for a while (a peer that is lost is
+    still reported by the watchdog)."""
+    before = getattr(transport, "timeout_s", None)
+    if before is not None:
+        transport.timeout_s = max(before, SHARE_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        if before is not None:
+            transport.timeout_s = before
 
 
 def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
@@ -44,17 +61,27 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     log = log or logging.info
     start = time.perf_counter()
     spec = chain_spec(workload.model, workload.granularity, chain, options.dedup_units)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
-        mine = units.measure_units(spec, sample_microbatch(workload.model, *workload.microbatch),
-                                   cluster, options, optimizer, log, only_devices=[rank])
+    sample = sample_microbatch(workload.model, *workload.microbatch)
+    # Unless concurrent, the processes take turns (a barrier per turn): each device is timed
+    # while the others wait, as the single-process profiler times devices one after another.
+    for turn in ([rank] if options.concurrent else range(cluster.num_devices)):
+        if turn == rank:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
+                mine = units.measure_units(spec, sample, cluster, options, optimizer, log,
+                                           only_devices=[rank])
+        if not options.concurrent:
+            with _patient(transport):  # a turn may outlast the transport's usual timeout
+                transport.barrier(tag_base)  # the n-th barrier of a tag pairs with the n-th
     unit_s = time.perf_counter() - start
     gathered = transport.gather_to_first(
         {"rank": rank, "forward_s": mine["forward_s"][:, rank].tolist(),
          "backward_s": mine["backward_s"][:, rank].tolist(), "units": mine["units"],
          "update_s": mine["update_s"][:, rank].tolist(),
          "overheads": {k: v[rank] for k, v in mine["overheads"].items()},
-         "compile_s": mine["compile_s"], "memory": list(cluster.memory_bytes(rank))}, tag_base)
+         "compile_s": mine["compile_s"], "memory": list(cluster.memory_bytes(rank)),
+         "host": socket.gethostname(), "host_cores": host_cores(),
+         "cpu_cores": mine["cpu_cores"][rank]}, tag_base)
     mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
     gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links}, tag)
     transport.barrier(tag + 1)
@@ -67,6 +94,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     devices = device_records(cluster)
     upd = np.zeros((len(spec.names), n))
     over = {k: [0.0] * n for k in gathered[0]["overheads"]}
+    cpu_cores = [float("nan")] * n
     for g in gathered:
         fwd[:, g["rank"]] = g["forward_s"]
         bwd[:, g["rank"]] = g["backward_s"]
@@ -76,12 +104,16 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         compile_s = max(compile_s, g["compile_s"])
         # Each process knows its own device's memory.
         devices[g["rank"]]["memory_bytes"], devices[g["rank"]]["memory_source"] = g["memory"]
+        # Which processes share a host's cores, and how many cores it has.
+        devices[g["rank"]]["host"], devices[g["rank"]]["host_cores"] = g["host"], g["host_cores"]
+        cpu_cores[g["rank"]] = g["cpu_cores"]
     one_way: dict[str, list[float]] = {}
     for g in gathered_links:
         one_way.update(g["one_way"])
     lat, bw = links.link_matrices(n, options.link_sizes, one_way)
     measured = {"units": gathered[0]["units"], "forward_s": fwd, "backward_s": bwd,
-                "compile_s": compile_s, "devices": devices, "update_s": upd, "overheads": over}
+                "compile_s": compile_s, "devices": devices, "update_s": upd, "overheads": over,
+                "cpu_cores": cpu_cores}
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,
                     lat, bw, {"link_probe": "transport", "link_one_way_s": one_way,
                               "units_s": unit_s, "compile_s": compile_s,

@@ -10,6 +10,9 @@ this process's devices. Its inputs are built once by the orchestrator (``skyjax.
 
 from __future__ import annotations
 
+import math
+import os
+import socket
 import time
 import warnings
 
@@ -30,14 +33,24 @@ from skyjax.progress import ProfileProgress
 
 def device_records(cluster: cluster_lib.Cluster) -> list[dict]:
     """profile.json's ``devices``: name, memory (and where the figure comes from), kind,
-    emulated slow-down, region and process of each logical device, as this process sees them."""
+    emulated slow-down, region, process and host of each logical device, as this process sees
+    them (under jax.distributed each process fills in its own memory and host)."""
     out = []
     for d, spec in enumerate(cluster.devices):
         mem, source = cluster.memory_bytes(d)
         out.append({"name": spec.name, "memory_bytes": int(mem), "kind": spec.kind,
                     "slowdown": spec.slowdown, "region": spec.region,
-                    "process_index": spec.process_index, "memory_source": source})
+                    "process_index": spec.process_index, "memory_source": source,
+                    "host": socket.gethostname(), "host_cores": host_cores()})
     return out
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity; all of them where unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def fixed_costs(measured: dict, meta: dict, n_units: int, n_devices: int) -> dict:
@@ -78,6 +91,9 @@ def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options,
                      "dedup_units": options.dedup_units, "dedup_devices": options.dedup_devices,
                      "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **meta},
     }
+    for dv, cores in zip(d["devices"], measured.get("cpu_cores") or []):
+        if cores is not None and math.isfinite(cores):
+            dv["cpu_cores"] = float(cores)  # cores one of its calls keeps busy
     return Profile.from_json(d)
 
 

@@ -21,7 +21,9 @@ class Options:
     units down to ``min_repeats``; ``dedup_units`` / ``dedup_devices``: measure identical units /
     devices once; ``link_sizes``: the two message sizes of the link probes (bytes);
     ``link_repeats``: timed round trips per size; ``memory_analysis``: record the compiled
-    programs' ``memory_analysis()``."""
+    programs' ``memory_analysis()``; ``concurrent``: with one process per device, every process
+    times its device at the same time (faster) instead of one after another (processes that
+    share a host's cores would then time each other's load, each a different share of it)."""
 
     repeats: int = 5
     min_repeats: int = 3
@@ -31,13 +33,16 @@ class Options:
     link_sizes: tuple[int, int] = (1 << 10, 1 << 20)
     link_repeats: int = 5
     memory_analysis: bool = True
+    concurrent: bool = False
 
     @classmethod
     def from_config(cls, config: Any, **overrides: Any) -> "Options":
         """For the orchestrators: ``config.profile.repeats`` (``min_repeats`` no higher), then
         ``overrides``."""
-        repeats = int(getattr(getattr(config, "profile", None), "repeats", cls.repeats))
-        opts = cls(repeats=repeats, min_repeats=min(cls.min_repeats, repeats))
+        section = getattr(config, "profile", None)
+        repeats = int(getattr(section, "repeats", cls.repeats))
+        opts = cls(repeats=repeats, min_repeats=min(cls.min_repeats, repeats),
+                   concurrent=bool(getattr(section, "concurrent", cls.concurrent)))
         return dataclasses.replace(opts, **overrides)
 
 

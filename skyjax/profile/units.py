@@ -47,6 +47,9 @@ class _UnitResult:
     memory: dict  # memory_analysis figures
     compile_s: float
     update_s: dict = dataclasses.field(default_factory=dict)  # device class -> seconds
+    # device class -> [process CPU seconds, wall seconds] of the untimed (unslowed) calls: how
+    # many of the host's cores one of its calls keeps busy (skyjax.plan.sharing)
+    cpu_wall: dict = dataclasses.field(default_factory=dict)
 
 
 def _stage_update(prog, optimizer: optax.GradientTransformation, params: list, dev: Any,
@@ -182,6 +185,7 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
     fwd = {k: [] for k in range(len(targets))}
     bwd = {k: [] for k in range(len(targets))}
     n = len(targets)
+    cpu_wall = {k: [0.0, 0.0] for k in range(n)}
     for r in range(repeats):
         # Rotating the order spreads over all devices whatever the host does after the longest
         # emulated sleep (other processes grab the cores), instead of always hitting device 0.
@@ -194,9 +198,15 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
             # idle gap (another device's emulated sleep) the first call runs up to 2x slower on
             # a shared VM (cold caches / reclaimed pages), which would bias the device measured
             # right after a slow one.
+            cpu, wall = time.process_time(), time.perf_counter()
             cluster_lib.block(fwd_c(params, c, rng, lab))
+            cpu_wall[k][0] += time.process_time() - cpu
+            cpu_wall[k][1] += time.perf_counter() - wall
             (_, res), tf = cluster_lib.timed_call(fwd_c, params, c, rng, lab, slowdown=slowdown)
+            cpu, wall = time.process_time(), time.perf_counter()
             grads, _ = cluster_lib.block(bwd_c(params, res, ct, grads))
+            cpu_wall[k][0] += time.process_time() - cpu
+            cpu_wall[k][1] += time.perf_counter() - wall
             (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads,
                                                     slowdown=slowdown)
             states[k][5], states[k][6] = grads, res
@@ -210,7 +220,8 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
     del states
     return _UnitResult({k: robust_time(v) for k, v in fwd.items()},
                        {k: robust_time(v) for k, v in bwd.items()},
-                       activation_bytes, repeats, out_carry, memory, compile_s, update_s)
+                       activation_bytes, repeats, out_carry, memory, compile_s, update_s,
+                       cpu_wall)
 
 
 def _signature(unit: bert.Unit, is_last: bool, carry: Any) -> tuple:
@@ -315,5 +326,10 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
         f"{cluster.devices[d].name}: forward {fmt_s(calls['forward_call_s'][k])} backward "
         f"{fmt_s(calls['backward_call_s'][k])} update {fmt_s(calls['update_call_s'][k])}"
         for k, d in enumerate(reps)))
+    cpu_wall = np.zeros((len(reps), 2))
+    for _, result in measured.values():
+        cpu_wall += np.array([result.cpu_wall[k] for k in range(len(reps))])
+    cores = [float(c / w) if w > 0 else float("nan") for c, w in cpu_wall]
     return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s,
-            "update_s": upd, "overheads": overheads}
+            "update_s": upd, "overheads": overheads,
+            "cpu_cores": [cores[k] if k >= 0 else float("nan") for k in cls]}

@@ -1,0 +1,238 @@
+"""Processes that share a host's cores: what their contention adds to a plan's step time.
+
+Emulated devices are processes on one host (4 on this machine's 2 cores); in the field, several
+stages may share a host's cores the same way. XLA's CPU backend spreads one call over every
+core, so two processes computing at once each run at about half speed (measured here: 1, 2, 3, 4
+processes running the same jitted matmul take 1.0, 1.9, 2.7, 3.8 times as long per call), while
+the part of a call that is not CPU work (an emulated device's sleep, a GPU's kernel) does not
+slow down. How much a stage slows therefore depends on how many *other* stages of the same host
+compute at the same moment: a plan whose stages are idle more often runs faster than a profile
+timed one device at a time predicts, and one that keeps all busy slower. A per-device factor
+cannot express that; this module models it.
+
+The model (docs/design.md, "Shared hosts"): each device d has a CPU share phi_d of its call
+time (an emulated CPU device slowed k times computes for 1/k of it and sleeps the rest; other
+kinds 0: their host time is dispatch, which the call costs already hold) and, while computing,
+keeps u_d of its host's C cores busy (``cpu_cores`` and ``host_cores``, both measured by the
+profiler). An action of (uncontended) duration t runs its CPU part phi_d t first, then the
+rest; while the CPU parts running on a host ask for D = sum u_j > C cores, each progresses at
+rate C / D (processor sharing). ``simulate_shared`` replays the schedule's action lists with
+this rule, event by event; the cost model adds to T what sharing adds to the simulated step
+(``sharing_effect``), so that where no host is shared nothing changes.
+
+Pure functions over profile data; no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Callable, Sequence
+
+from skyjax.plan.schedules import actions
+from skyjax.plan.stage_times import stage_actions_s
+from skyjax.profile.format import Profile
+
+_EPS = 1e-12
+
+
+def host_groups(profile: Profile) -> list[int | None] | None:
+    """Per device, the index of the host whose cores it shares with another process's CPU
+    device (None for a device that shares with nobody); None when no device shares. Devices
+    are CPU devices of distinct processes on the same host (``devices[d]["host"]``, recorded
+    by the profiler; older profiles have none and are taken as unshared)."""
+    keys: dict[str, set[int]] = {}
+    for dv in profile.devices:
+        if dv.get("host") and dv.get("kind") == "cpu":
+            keys.setdefault(str(dv["host"]), set()).add(int(dv.get("process_index", 0)))
+    shared = sorted(h for h, procs in keys.items() if len(procs) > 1)
+    if not shared:
+        return None
+    return [shared.index(str(dv["host"])) if dv.get("kind") == "cpu" and str(dv.get("host"))
+            in shared else None for dv in profile.devices]
+
+
+def cpu_shares(profile: Profile) -> list[float]:
+    """Per device, the share of its call time that is CPU work on its host: 1 / slow-down for an
+    emulated CPU device (it computes, then sleeps (k - 1) times as long), 0 for others."""
+    return [1.0 / max(float(dv.get("slowdown") or 1.0), 1.0) if dv.get("kind") == "cpu" else 0.0
+            for dv in profile.devices]
+
+
+def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
+                    delay_s: Sequence[float], schedule: str, microbatches: int,
+                    host: Sequence[int | None], share: Sequence[float],
+                    update_s: Sequence[float] | None = None, sync_s: float = 0.0,
+                    demand: Sequence[float] | None = None,
+                    capacity: Sequence[float] | None = None) -> tuple[float, list[float]]:
+    """The step period and per-stage busy time of a schedule whose stages share hosts.
+
+    Per stage k: forward / backward action durations when uncontended, ``delay_s[k]`` the link
+    delay to stage k + 1 (transfers overlap compute, as ``simulate(overlap_comm=True)``),
+    ``host[k]`` (None: shares with nobody), ``share[k]`` the CPU part of its time,
+    ``demand[k]`` the cores that part keeps busy (default 1) and ``capacity[h]`` host h's cores
+    (default 1: one process alone fills the host). Each stage
+    starts the step with its update (``update_s[k]``, shared like an action); the step ends
+    ``sync_s`` after the last action. With no shared host this equals ``simulate``'s result.
+    """
+    p, m = len(forward_s), microbatches
+    lists = actions(schedule, p, m)
+    delay = [float(c) for c in delay_s] + [0.0]
+    upd = [float(u) for u in update_s] if update_s is not None else [0.0] * p
+    end: dict[tuple[str, int, int], float] = {}
+    pos, free, busy = [0] * p, [0.0] * p, [0.0] * p
+    # running[k] = [start, cpu seconds left (uncontended), rest left, action or None (update)]
+    running: list[list | None] = [[0.0, share[k] * upd[k], (1 - share[k]) * upd[k], None]
+                                  for k in range(p)]
+    cores = [float(c) for c in demand] if demand is not None else [1.0] * p
+    cap = {h: (float(capacity[h]) if capacity is not None else 1.0) for h in host if h is not None}
+    now, remaining = 0.0, sum(len(a) for a in lists)
+    while remaining or any(r is not None for r in running):
+        pending = []
+        for k in range(p):
+            if running[k] is not None or pos[k] >= len(lists[k]):
+                continue
+            ready = _ready(lists[k][pos[k]], k, p, end, delay)
+            if ready is None:
+                continue
+            start = max(free[k], ready)
+            if start <= now + _EPS:
+                a = lists[k][pos[k]]
+                dur = float(forward_s[k] if a.kind == "F" else backward_s[k])
+                running[k] = [now, share[k] * dur, (1 - share[k]) * dur, a]
+            else:
+                pending.append(start)
+        load: dict[int, float] = {}  # cores the running CPU parts of each host ask for
+        for k, r in enumerate(running):
+            if r is not None and r[1] > _EPS and host[k] is not None:
+                load[host[k]] = load.get(host[k], 0.0) + cores[k]
+        rate = [min(1.0, cap[host[k]] / load[host[k]]) if running[k] is not None
+                and running[k][1] > _EPS and host[k] is not None else 1.0 for k in range(p)]
+        steps = [(r[1] / rate[k] if r[1] > _EPS else r[2]) for k, r in enumerate(running)
+                 if r is not None] + [s - now for s in pending]
+        if not steps:
+            raise RuntimeError("schedule deadlocked")  # cannot happen for gpipe / 1f1b
+        dt = max(min(steps), 0.0)
+        now += dt
+        for k, r in enumerate(running):
+            if r is None:
+                continue
+            if r[1] > _EPS:
+                r[1] -= dt * rate[k]
+            else:
+                r[2] -= dt
+            if r[1] <= _EPS and r[2] <= _EPS:
+                free[k] = now
+                if r[3] is not None:
+                    busy[k] += now - r[0]
+                    end[(r[3].kind, k, r[3].microbatch)] = now
+                    pos[k] += 1
+                    remaining -= 1
+                running[k] = None
+    return max(free) + float(sync_s), busy
+
+
+def _ready(a, k: int, p: int, end: dict, delay: list[float]) -> float | None:
+    """When action ``a`` of stage k may start as far as its input is concerned (None: unknown)."""
+    if a.kind == "F":
+        if k == 0:
+            return 0.0
+        dep = end.get(("F", k - 1, a.microbatch))
+        return None if dep is None else dep + delay[k - 1]
+    if k == p - 1:
+        return end.get(("F", k, a.microbatch))
+    dep = end.get(("B", k + 1, a.microbatch))
+    return None if dep is None else dep + delay[k]
+
+
+def stage_sharing(plan, profile: Profile) -> dict | None:
+    """``simulate_shared``'s host, share, demand and capacity for a plan's stages; None when no
+    two of its stages share a host."""
+    groups = host_groups(profile)
+    if groups is None:
+        return None
+    host = [groups[s.device] for s in plan.stages]
+    counts = {h: host.count(h) for h in host if h is not None}
+    if not any(c > 1 for c in counts.values()):
+        return None
+    shares, demand, capacity = cpu_shares(profile), cpu_demand(profile), host_capacity(profile)
+    return {"host": host, "share": [shares[s.device] for s in plan.stages],
+            "demand": [demand[s.device] for s in plan.stages], "capacity": capacity}
+
+
+def cpu_demand(profile: Profile) -> list[float]:
+    """Per device, the host cores its calls keep busy while computing (``cpu_cores``, measured
+    by the profiler as process CPU time / wall time of unslowed calls; 1 where unknown)."""
+    out = []
+    for dv in profile.devices:
+        c = dv.get("cpu_cores")
+        out.append(float(c) if isinstance(c, (int, float)) and c == c and c > 0 else 1.0)
+    return out
+
+
+def host_capacity(profile: Profile) -> list[float]:
+    """Per shared host (``host_groups`` index), its cores (``host_cores``), or, where unknown,
+    the most any of its devices' calls use (one process alone fills it)."""
+    groups = host_groups(profile) or []
+    demand = cpu_demand(profile)
+    cap: dict[int, float] = {}
+    for d, h in enumerate(groups):
+        if h is None:
+            continue
+        cores = profile.devices[d].get("host_cores")
+        value = float(cores) if isinstance(cores, (int, float)) and cores > 0 else demand[d]
+        cap[h] = max(cap.get(h, 0.0), value)
+    return [cap[h] for h in range(len(cap))]
+
+
+def sharing_effect(plan, profile: Profile) -> tuple[float, list[float]] | None:
+    """What host sharing adds to a plan's simulated step (seconds) and each stage's busy-time
+    ratio (shared / uncontended); None when none of its stages share a host."""
+    sharing = stage_sharing(plan, profile)
+    if sharing is None:
+        return None
+    fwd, bwd, link = stage_actions_s(plan, profile)
+    args = (fwd, bwd, link, plan.schedule, plan.microbatches)
+    kw = {"update_s": [s.update_s for s in plan.stages], "sync_s": float(profile.sync_s)}
+    alone, busy_alone = simulate_shared(*args, [None] * len(fwd), sharing["share"], **kw)
+    shared, busy_shared = simulate_shared(*args, **sharing, **kw)
+    return shared - alone, [b / a if a > 0 else 1.0 for a, b in zip(busy_alone, busy_shared)]
+
+
+MAX_SUBSET_DEVICES = 8  # devices on shared hosts up to which every subset of them is tried
+
+
+def best_subset(profile: Profile, base, plan_on: Callable[[Profile], object],
+                evaluate: Callable[[Profile, list], object]):
+    """The best of ``base`` and the plans on every proper subset of the shared hosts' devices.
+
+    The searches optimise T without the sharing penalty, which favours spreading work over
+    every device; on a shared host, leaving a slow device out can be faster because the others
+    then compete less. ``plan_on(restricted)`` plans a profile whose left-out devices hold no
+    memory; ``evaluate(profile, assignment)`` prices an assignment on the full profile. The
+    result is not exact under the model with sharing; its ``lower_bound_s`` is the analytic
+    optimum's (sharing only adds time: actions keep their order, so slowing one only delays).
+    """
+    groups = host_groups(profile)
+    if groups is None or base.strategy == "even":
+        return base
+    shared = [d for d, h in enumerate(groups) if h is not None]
+    effect = sharing_effect(base, profile)
+    floor = base.lower_bound_s if base.lower_bound_s is not None else (
+        base.step_time_s - (effect[0] if effect else 0.0))
+    best = base
+    if len(shared) <= MAX_SUBSET_DEVICES:
+        for r in range(1, len(shared)):
+            for dropped in itertools.combinations(shared, r):
+                devices = [dict(dv, memory_bytes=0) if d in dropped else dv
+                           for d, dv in enumerate(profile.devices)]
+                try:
+                    found = plan_on(dataclasses.replace(profile, devices=devices))
+                except ValueError:  # InfeasibleError: the rest cannot hold the model
+                    continue
+                cand = evaluate(profile, [(s.device, *s.units) for s in found.stages])
+                if cand.step_time_s < best.step_time_s * (1 - 1e-9):
+                    best = cand
+    best.exact, best.lower_bound_s = False, min(floor, best.step_time_s)
+    best.strategy = base.strategy
+    return best

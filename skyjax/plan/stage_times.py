@@ -1,0 +1,32 @@
+"""Per-stage action times of a plan on a profile: what the simulators replay.
+
+One forward and one backward action per stage (unit times, the device's call cost and the
+stage's message calls) and the one-way delay of each link; their sums give the cost model's t_k
+(:mod:`skyjax.plan.cost`). Shared by :mod:`skyjax.plan.simulate` and
+:mod:`skyjax.plan.sharing`.
+"""
+
+from __future__ import annotations
+
+from skyjax.plan.types import Plan
+from skyjax.profile.format import Profile
+
+
+def stage_actions_s(plan: Plan, profile: Profile) -> tuple[list[float], list[float],
+                                                           list[float]]:
+    """Per stage: one forward action, one backward action (unit times + the call cost + the
+    stage's message calls: in from the previous stage, out to the next) and one-way link delays
+    (latency + bytes / bandwidth, len p - 1). Their sums give the cost model's t_k."""
+    fwd, bwd, link = [], [], []
+    p = len(plan.stages)
+    for k, s in enumerate(plan.stages):
+        (a, b), d = s.units, s.device
+        msg = float(profile.message_s[d]) * ((k > 0) + (k < p - 1))
+        fwd.append(float(profile.forward_s[a:b, d].sum() + profile.forward_call_s[d]) + msg)
+        bwd.append(float(profile.backward_s[a:b, d].sum() + profile.backward_call_s[d]) + msg)
+        if k < p - 1:
+            e = plan.stages[k + 1].device
+            bw = float(profile.bandwidth_Bps[d, e])
+            out = float(profile.units[b - 1]["output_bytes"])
+            link.append(float(profile.latency_s[d, e]) + (out / bw if bw > 0 else float("inf")))
+    return fwd, bwd, link

@@ -1,0 +1,122 @@
+"""Processes sharing a host's cores (skyjax.plan.sharing): the processor-sharing simulation, the
+penalty it adds to T, the calibration that removes it, and the planner's device subsets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from skyjax import plan as plan_lib
+from skyjax.plan import replan, sharing
+from skyjax.plan.simulate import simulate, simulate_plan
+from tests.test_allocator import make_profile
+
+
+def _shared(profile, slowdowns, hosts=None):
+    """``profile`` with CPU device records of one process each on ``hosts`` (default: one)."""
+    hosts = hosts or ["h"] * len(slowdowns)
+    devices = [dict(dv, kind="cpu", slowdown=float(k), host=h, process_index=i)
+               for i, (dv, k, h) in enumerate(zip(profile.devices, slowdowns, hosts))]
+    return dataclasses.replace(profile, devices=devices)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_unshared_equals_simulate(schedule):
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        p, m = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        f, b = rng.uniform(0.1, 1, p), rng.uniform(0.1, 2, p)
+        c, u = rng.uniform(0, 0.3, p - 1), rng.uniform(0, 0.5, p)
+        want = simulate(f, b, c, schedule, m, update_s=u, sync_s=0.1)
+        got, busy = sharing.simulate_shared(f, b, c, schedule, m, [None] * p, [0.7] * p,
+                                            update_s=u, sync_s=0.1)
+        assert got == pytest.approx(want.step_time_s, abs=1e-9)
+        assert busy == pytest.approx(want.busy_s, abs=1e-9)
+
+
+def test_one_host_runs_the_total_work():
+    """Two stages of pure CPU work on one host: the host is never idle once both run and its
+    rate is one process's, so the step is the total work (32 s), not the pipeline's 18 s."""
+    args = ([1.0, 1.0], [1.0, 1.0], [0.0], "1f1b", 8)
+    alone, _ = sharing.simulate_shared(*args, [None, None], [1.0, 1.0])
+    shared, busy = sharing.simulate_shared(*args, [0, 0], [1.0, 1.0])
+    assert alone == pytest.approx(18.0) and shared == pytest.approx(32.0)
+    assert sum(busy) > 32.0  # each stage's actions stretch while the other computes
+    # No CPU part (e.g. an emulated device's sleep, a GPU): sharing costs nothing.
+    assert sharing.simulate_shared(*args, [0, 0], [0.0, 0.0])[0] == pytest.approx(18.0)
+    # Two cores, one busy per call: room for both. Each keeping 1.5 busy: 2/3 speed together.
+    assert sharing.simulate_shared(*args, [0, 0], [1.0, 1.0], demand=[1.0, 1.0],
+                                   capacity=[2.0])[0] == pytest.approx(18.0)
+    both = sharing.simulate_shared(*args, [0, 0], [1.0, 1.0], demand=[1.5, 1.5], capacity=[2.0])
+    assert 18.0 < both[0] < 32.0
+    # Different hosts: nothing shared either.
+    assert sharing.simulate_shared(*args, [0, 1], [1.0, 1.0])[0] == pytest.approx(18.0)
+
+
+def test_host_groups_need_two_processes_on_a_host():
+    prof = make_profile(np.ones((4, 3)))
+    assert sharing.host_groups(prof) is None  # no host recorded (older profiles)
+    assert sharing.host_groups(_shared(prof, (1, 2, 3), ["a", "b", "c"])) is None
+    assert sharing.host_groups(_shared(prof, (1, 2, 3), ["a", "b", "a"])) == [0, None, 0]
+    one_process = _shared(prof, (1, 1, 1))
+    one_process.devices = [dict(dv, process_index=0) for dv in one_process.devices]
+    assert sharing.host_groups(one_process) is None  # devices of one process: no sharing
+    assert sharing.cpu_shares(_shared(prof, (1, 2, 4))) == pytest.approx([1.0, 0.5, 0.25])
+    measured = _shared(prof, (1, 2, 3), ["a", "b", "a"])
+    for dv, cores in zip(measured.devices, (1.5, 1.2, 0.9)):
+        dv.update(cpu_cores=cores, host_cores=2)
+    assert sharing.cpu_demand(measured) == pytest.approx([1.5, 1.2, 0.9])
+    assert sharing.host_capacity(measured) == [2.0]
+    assert sharing.host_capacity(_shared(prof, (1, 2, 3))) == [1.0]  # unknown: one process
+
+
+def test_penalty_in_T_and_simulation():
+    """T and the simulated step carry the same penalty; a plan whose stages share no host has
+    none; the penalty is what the shared simulation adds."""
+    base = make_profile(np.full((6, 2), 0.1))
+    prof = _shared(base, (1, 1))
+    assignment = [(0, 0, 3), (1, 3, 6)]
+    plain = plan_lib.evaluate(base, assignment, "1f1b", 8)
+    shared = plan_lib.evaluate(prof, assignment, "1f1b", 8)
+    effect = sharing.sharing_effect(shared, prof)
+    assert effect[0] > 0.5 * plain.step_time_s
+    assert shared.step_time_s == pytest.approx(plain.step_time_s + effect[0])
+    assert simulate_plan(shared, prof).step_time_s == pytest.approx(
+        simulate_plan(plain, base).step_time_s + effect[0])
+    alone = plan_lib.evaluate(prof, [(0, 0, 6)], "1f1b", 8)
+    assert sharing.sharing_effect(alone, prof) is None
+    assert alone.step_time_s == pytest.approx(plan_lib.evaluate(base, [(0, 0, 6)], "1f1b",
+                                                                 8).step_time_s)
+
+
+def test_planner_leaves_out_a_device_when_sharing_makes_it_slower():
+    """Two equal CPU devices on one host: splitting halves each stage but both then run at
+    half speed (the host does the same work), and the link adds its delay; one device alone is
+    faster. On two hosts the split wins. The result is not exact; its bound stays below it."""
+    base = make_profile(np.full((6, 2), 0.1), latency=[[0.0, 0.01], [0.01, 0.0]])
+    on_one = plan_lib.plan(_shared(base, (1, 1)), "optimal", "1f1b", 4)
+    assert len(on_one.stages) == 1 and not on_one.exact
+    assert on_one.lower_bound_s <= on_one.step_time_s
+    on_two = plan_lib.plan(_shared(base, (1, 1), ["a", "b"]), "optimal", "1f1b", 4)
+    assert len(on_two.stages) == 2
+    # Slow devices mostly sleep: sharing costs little and the split is kept.
+    slow = make_profile(np.full((6, 2), 0.4), latency=[[0.0, 0.01], [0.01, 0.0]])
+    assert len(plan_lib.plan(_shared(slow, (4, 4)), "optimal", "1f1b", 4).stages) == 2
+    # Without subsets the searches alone keep both devices.
+    assert len(plan_lib.plan(_shared(base, (1, 1)), "optimal", "1f1b", 4,
+                             subsets=False).stages) == 2
+
+
+def test_calibration_corrects_the_device_not_the_contention():
+    """Measured busy times equal to the shared prediction leave the device factors at 1: the
+    contention is the model's, not the device's."""
+    prof = _shared(make_profile(np.full((6, 2), 0.1)), (1, 2))
+    plan = plan_lib.evaluate(prof, [(0, 0, 3), (1, 3, 6)], "1f1b", 8)
+    ratio = sharing.sharing_effect(plan, prof)[1]
+    assert max(ratio) > 1.2
+    busy = [s.compute_s * 8 * r for s, r in zip(plan.stages, ratio)]
+    fixed, factors = replan.corrected_profile(prof, plan, busy)
+    assert np.allclose(fixed.forward_s, prof.forward_s)
+    assert list(factors.values()) == pytest.approx([1.0, 1.0])
