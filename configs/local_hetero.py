@@ -16,8 +16,9 @@ def get_config():
     config.pipeline.microbatches = 4
     config.allocation.strategy = "optimal"
     config.allocation.granularity = "layer"
-    # Four emulated devices share this host's cores: the profile, timed device by device, does not
-    # see the contention a running pipeline has, so plan on times measured in the first steps.
+    # Four emulated devices share this host's cores: the cost model adds their contention
+    # (skyjax.plan.sharing); what the profile's timings still miss of the running pipeline is
+    # corrected from the first steps' measured times, then the plan of the corrected profile runs.
     config.allocation.calibrate_steps = 6
     config.cluster.mode = "distributed"
     config.cluster.num_devices = 4

@@ -308,10 +308,11 @@ def region_bound(t: Tables, upper: float = _INF, rounds: int = 4, split: int = 4
     """A lower bound on T over all plans (module doc), -inf where it does not apply (GPipe,
     m = 1, one link group, or too many); ``upper``: a known plan's T (B above
     (upper - W) / (m - 1) cannot hold the optimum)."""
+    m = t.microbatches
+    if t.schedule != "1f1b" or m == 1 or not np.isfinite(upper):
+        return -_INF
     gb = GroupBound(t)
-    m, g_n = t.microbatches, len(gb.groups) if gb.ok else 0
-    if t.schedule != "1f1b" or m == 1 or not 2 <= g_n <= MAX_SUBSET_GROUPS \
-            or not np.isfinite(upper):
+    if not gb.ok or not 2 <= len(gb.groups) <= MAX_SUBSET_GROUPS:
         return -_INF
     rb = RegionBound(gb)
     const = float((t.update_call + t.update_prefix[:, min(1, t.num_units)]).min()) + t.sync_s
