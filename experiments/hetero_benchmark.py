@@ -81,6 +81,22 @@ def ideal_step_s(profile, microbatches: int) -> float:
     return microbatches / speed.sum()
 
 
+def host_bound_s(profile, microbatches: int) -> float | None:
+    """Where the devices share one host's cores (``skyjax.plan.sharing``): no plan beats the
+    host doing all the CPU work at full capacity. Each unit's CPU work is its time x CPU share
+    x cores busy on the device where that is least; the step takes at least m x its sum / the
+    host's cores. None where no host is shared."""
+    import numpy as np
+
+    from skyjax.plan import sharing
+
+    if sharing.host_groups(profile) is None:
+        return None
+    work = np.asarray(profile.forward_s + profile.backward_s)  # [U, D]
+    cpu = work * np.array(sharing.cpu_shares(profile)) * np.array(sharing.cpu_demand(profile))
+    return microbatches * float(cpu.min(axis=1).sum()) / max(sharing.host_capacity(profile))
+
+
 # ----------------------------------------------------------------------------------- worker
 
 def worker(spec_path: str) -> None:
@@ -304,6 +320,14 @@ def report(result: dict, overhead: dict | None, args) -> None:
               f" of predicted); calibrated vs optimal: measured "
               f"{med['optimal'] / med['calibrated']:.3f}x")
     print(f"ideal step (perfect balance, no bubble, no comm): {result['ideal_s']:.4f} s")
+    from skyjax.profile.format import Profile
+
+    host = host_bound_s(Profile.from_json(result["profile"]), args.microbatches)
+    if host is not None:
+        bound = max(host, result["ideal_s"])
+        print(f"with the host's cores shared (all CPU work at the host's full capacity): "
+              f"{host:.4f} s; efficiency against max(ideal, that): " + ", ".join(
+                  f"{s} {bound / med[s]:.1%}" for s in result["plans"]))
     if overhead:
         print(f"\none-stage pipeline vs plain jitted step (m=1): {overhead['pipeline']:.4f} s vs "
               f"{overhead['plain']:.4f} s = {overhead['pipeline'] / overhead['plain']:.3f}x")

@@ -286,7 +286,9 @@ def test_distributed_path_through_a_transport(monkeypatch):
     prof = results[0]
     assert results[1] is None and results[2] is None
     assert prof.extra["profiler"]["link_probe"] == "transport"
-    assert np.all(prof.forward_s > 0) and prof.forward_s.shape == (4, 3)
+    # Call costs are taken out of unit times (clipped at 0: a tiny head may not exceed them).
+    assert prof.forward_s.shape == (4, 3) and np.all(prof.forward_s >= 0)
+    assert np.all(prof.forward_s[1:3] > 0)  # the layers
     total = (prof.forward_s + prof.backward_s).sum(axis=0)
     assert total[2] > 2 * max(total[0], total[1])  # the x3 device, timed alone
     order = sorted(spans.values())
