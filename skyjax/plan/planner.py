@@ -75,9 +75,7 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
         return out
     return best_subset(profile, out, lambda restricted: plan(
         restricted, strategy, schedule, microbatches, force_heuristic=force_heuristic,
-        subsets=False), lambda full, a: evaluate_tables(full, tables(full, schedule,
-                                                                     microbatches), a, strategy,
-                                                        False, None))
+        subsets=False), lambda a: evaluate_tables(profile, t, a, strategy, False, None))
 
 
 def _infeasible_message(profile: Profile, t: Tables) -> str:

@@ -203,13 +203,13 @@ MAX_SUBSET_DEVICES = 8  # devices on shared hosts up to which every subset of th
 
 
 def best_subset(profile: Profile, base, plan_on: Callable[[Profile], object],
-                evaluate: Callable[[Profile, list], object]):
+                evaluate: Callable[[list], object]):
     """The best of ``base`` and the plans on every proper subset of the shared hosts' devices.
 
     The searches optimise T without the sharing penalty, which favours spreading work over
     every device; on a shared host, leaving a slow device out can be faster because the others
     then compete less. ``plan_on(restricted)`` plans a profile whose left-out devices hold no
-    memory; ``evaluate(profile, assignment)`` prices an assignment on the full profile. The
+    memory; ``evaluate(assignment)`` prices an assignment on the full profile. The
     result is not exact under the model with sharing; its ``lower_bound_s`` is the analytic
     optimum's (sharing only adds time: actions keep their order, so slowing one only delays).
     """
@@ -221,7 +221,8 @@ def best_subset(profile: Profile, base, plan_on: Callable[[Profile], object],
     floor = base.lower_bound_s if base.lower_bound_s is not None else (
         base.step_time_s - (effect[0] if effect else 0.0))
     best = base
-    if len(shared) <= MAX_SUBSET_DEVICES:
+    # An exact plan that pays no penalty is at the analytic optimum, below every plan's T.
+    if len(shared) <= MAX_SUBSET_DEVICES and not (base.exact and effect is None):
         for r in range(1, len(shared)):
             for dropped in itertools.combinations(shared, r):
                 devices = [dict(dv, memory_bytes=0) if d in dropped else dv
@@ -230,7 +231,7 @@ def best_subset(profile: Profile, base, plan_on: Callable[[Profile], object],
                     found = plan_on(dataclasses.replace(profile, devices=devices))
                 except ValueError:  # InfeasibleError: the rest cannot hold the model
                     continue
-                cand = evaluate(profile, [(s.device, *s.units) for s in found.stages])
+                cand = evaluate([(s.device, *s.units) for s in found.stages])
                 if cand.step_time_s < best.step_time_s * (1 - 1e-9):
                     best = cand
     best.exact, best.lower_bound_s = False, min(floor, best.step_time_s)
