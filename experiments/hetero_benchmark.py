@@ -3,6 +3,7 @@
     python experiments/hetero_benchmark.py                      # 4 processes, slow-downs 1,2,3,6
     python experiments/hetero_benchmark.py --processes 3 --slowdowns 1,2,4 --steps 6
     python experiments/hetero_benchmark.py --shipped --granularity sublayer  # local_hetero as is
+    python experiments/hetero_benchmark.py --processes 2 --slowdowns 1,3 --bind_cores  # own cores
 
 N processes on this host under jax.distributed (configs/local_hetero.py, one stage per process,
 emulated slow-downs). The processes profile once, plan ``even`` and ``optimal`` from the same
@@ -351,6 +352,9 @@ def main() -> None:
     parser.add_argument("--skip_overhead", action="store_true")
     parser.add_argument("--shipped", action="store_true",
                         help="configs/local_hetero.py's model, batch and m as shipped")
+    parser.add_argument("--bind_cores", action="store_true",
+                        help="each process on its own cores (skyjax.launch --bind_cores): no "
+                             "shared cores, so no contention between the emulated devices")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     if len(args.slowdowns) != args.processes:
@@ -369,7 +373,7 @@ def main() -> None:
     env = {"SKYJAX_BENCH_SPEC": spec, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
     rc = launch([], args.processes, timeout_s=args.timeout, env=env,
                 module="experiments.hetero_benchmark", stdout=open(
-                    os.path.join(workdir, "workers.log"), "wb"))
+                    os.path.join(workdir, "workers.log"), "wb"), bind_cores=args.bind_cores)
     if rc:
         sys.exit(f"workers failed (exit {rc}); see {workdir}/workers.log")
     with open(os.path.join(workdir, "result.json")) as f:

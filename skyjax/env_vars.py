@@ -10,5 +10,6 @@ COORDINATOR = "SKYJAX_COORDINATOR"  # "host:port" of the jax.distributed coordin
 NUM_PROCESSES = "SKYJAX_NUM_PROCESSES"  # processes in the job
 PROCESS_ID = "SKYJAX_PROCESS_ID"  # this process's index
 LAUNCHER_PID = "SKYJAX_LAUNCHER_PID"  # the launcher's pid: a child exits if it is orphaned
+CPUS = "SKYJAX_CPUS"  # cores ("0,1") a launched child binds itself to (launch --bind_cores)
 TRANSFER_HOST = "SKYJAX_TRANSFER_HOST"  # address the point-to-point transfer server binds
 XLA_FLAGS = "XLA_FLAGS"

@@ -1,6 +1,6 @@
 """Localhost launcher: start N processes of a module under ``jax.distributed``.
 
-    python -m skyjax.launch --num_processes 4 [--timeout 600] [--max_restarts K] -- --config configs/local_hetero.py --workdir /tmp/w
+    python -m skyjax.launch --num_processes 4 [--timeout 600] [--max_restarts K] [--bind_cores] -- --config configs/local_hetero.py --workdir /tmp/w
 
 runs ``python -m skyjax.main <args after -->`` four times, with a coordinator on 127.0.0.1 at a free
 port, announced to each child through ``SKYJAX_COORDINATOR``, ``SKYJAX_NUM_PROCESSES`` and
@@ -17,6 +17,10 @@ at most K times: ``--config.cluster.num_devices`` and the per-device emulation (
 caps, regions) follow the surviving processes, their rows of the profile are re-used
 (``skyjax.survivors``), the job re-plans, and training resumes from the last committed
 checkpoint (``config.checkpoint.every``).
+
+``--bind_cores``: each child is bound to its own disjoint slice of the host's cores (set in the
+child before JAX starts), so that the processes stop sharing cores, as tasks bound by SLURM's
+``--cpu-bind=cores`` do; the profile records each process's cores (``devices[d]["cpus"]``).
 
 :func:`launch` is the same as a library function (tests and benchmarks use it).
 """
@@ -50,10 +54,26 @@ except Exception:
     pass
 if os.getppid() != int(os.environ[{launcher_pid!r}]):
     sys.exit("[launch] launcher died before this child started")
+if os.environ.get({cpus!r}):  # --bind_cores: before JAX starts (XLA sizes its threads by it)
+    os.sched_setaffinity(0, {{int(c) for c in os.environ[{cpus!r}].split(",")}})
 module = sys.argv[1]
 sys.argv = [module] + sys.argv[2:]
 runpy.run_module(module, run_name="__main__", alter_sys=True)
-""".format(launcher_pid=env_vars.LAUNCHER_PID)
+""".format(launcher_pid=env_vars.LAUNCHER_PID, cpus=env_vars.CPUS)
+
+
+def core_slices(num_processes: int, cores: Sequence[int] | None = None) -> list[list[int]]:
+    """Disjoint, contiguous, near-equal slices of ``cores`` (default: the cores this process may
+    run on), one per process: what ``--bind_cores`` binds each child to, as SLURM's
+    ``--cpu-bind=cores`` would, so that local processes stop sharing cores (the profile records
+    each one's cores; ``skyjax.plan.sharing`` then models no contention between them)."""
+    cores = sorted(os.sched_getaffinity(0) if cores is None else cores)
+    if len(cores) < num_processes:
+        raise ValueError(f"--bind_cores: {num_processes} processes but only {len(cores)} "
+                         f"core(s) to bind them to ({cores})")
+    q, r = divmod(len(cores), num_processes)
+    bounds = [k * q + min(k, r) for k in range(num_processes + 1)]
+    return [cores[bounds[k]:bounds[k + 1]] for k in range(num_processes)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -140,7 +160,7 @@ def _lost(codes: list[int | None]) -> list[int]:
 def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | None = None,
            env: Mapping[str, str] | None = None, module: str = "skyjax.main", *,
            grace_s: float = GRACE_S, stdout=None, coordinator_host: str = "127.0.0.1",
-           log=None, max_restarts: int = 0) -> int:
+           log=None, max_restarts: int = 0, bind_cores: bool = False) -> int:
     """Run ``python -m module *module_args`` in ``num_processes`` local processes.
 
     Returns 0 when every child exits with 0; otherwise the exit code of the first child to fail
@@ -148,8 +168,11 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
     ``env`` entries are added to (or override) this process's environment. ``stdout``: a binary
     stream for the prefixed output (default: this process's stdout). ``max_restarts``: start the
     job again on the surviving processes up to this many times (module docstring); ``timeout_s``
-    covers all attempts.
+    covers all attempts. ``bind_cores``: each child runs on its own slice of this process's
+    cores (:func:`core_slices`; fewer cores than processes is an error before any starts).
     """
+    if bind_cores:
+        core_slices(num_processes)  # one clear line now, not from inside an attempt
     if num_processes < 1:
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
     out = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
@@ -161,7 +184,8 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
     for attempt in range(max_restarts + 1):
         left = None if deadline is None else max(0.01, deadline - time.monotonic())
         rc, lost = _launch_once(args, n, left, env, module, grace_s=grace_s, out=out,
-                                coordinator_host=coordinator_host, log=log)
+                                coordinator_host=coordinator_host, log=log,
+                                bind_cores=bind_cores)
         if rc == 0 or rc == EXIT_TIMEOUT or lost is None:
             return rc
         survivors = [k for k in range(n) if k not in lost]
@@ -178,9 +202,11 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
 
 def _launch_once(module_args: Sequence[str], num_processes: int, timeout_s: float | None,
                  env: Mapping[str, str] | None, module: str, *, grace_s: float, out,
-                 coordinator_host: str, log) -> tuple[int, list[int] | None]:
+                 coordinator_host: str, log, bind_cores: bool = False
+                 ) -> tuple[int, list[int] | None]:
     """One attempt of :func:`launch`: its exit code and the processes lost (None when the
     launcher itself was interrupted)."""
+    slices = core_slices(num_processes) if bind_cores else None
     port = free_port(coordinator_host)
     repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     base_env = dict(os.environ)
@@ -209,6 +235,8 @@ def _launch_once(module_args: Sequence[str], num_processes: int, timeout_s: floa
     try:
         for k in range(num_processes):
             child_env = dict(base_env, **{env_vars.PROCESS_ID: str(k)})
+            if slices is not None:
+                child_env[env_vars.CPUS] = ",".join(map(str, slices[k]))
             procs.append(subprocess.Popen(
                 [sys.executable, "-c", _BOOTSTRAP, module, *module_args], env=child_env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -272,9 +300,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max_restarts", type=int, default=0,
                         help="when a process dies, restart the job on the survivors (from the "
                              "last checkpoint) up to this many times")
+    parser.add_argument("--bind_cores", action="store_true",
+                        help="bind each process to its own disjoint slice of this host's cores "
+                             "(as SLURM's --cpu-bind=cores): they stop sharing cores")
     args = parser.parse_args(own)
     return launch(rest, args.num_processes, args.timeout, module=args.module, grace_s=args.grace,
-                  max_restarts=args.max_restarts)
+                  max_restarts=args.max_restarts, bind_cores=args.bind_cores)
 
 
 if __name__ == "__main__":

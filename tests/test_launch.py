@@ -196,6 +196,22 @@ def test_restarts_are_bounded():
     assert text.count("restart 1/1") == 1 and "restart 2/" not in text, text
 
 
+def test_bind_cores_gives_each_process_its_own_cores():
+    from skyjax.launch import core_slices
+
+    assert core_slices(3, [4, 0, 1, 2, 3, 5, 6]) == [[0, 1, 2], [3, 4], [5, 6]]
+    with pytest.raises(ValueError, match="--bind_cores: 3 processes but only 2 core"):
+        core_slices(3, [0, 1])
+    mine = sorted(os.sched_getaffinity(0))
+    n = min(2, len(mine))
+    rc, out, _ = _launch("cores", n, bind_cores=True)
+    assert rc == 0, out
+    got = [eval(re.search(rf"cores of {k}: (\[[\d, ]*\])", out).group(1)) for k in range(n)]
+    assert got == core_slices(n, mine), out
+    rc, out, _ = _launch("cores", 1)  # not bound: the launcher's own cores
+    assert f"cores of 0: {mine}" in out, out
+
+
 # ------------------------------------------------------------------------- the children's code
 
 def _child(mode: str) -> None:
@@ -227,6 +243,8 @@ def _child(mode: str) -> None:
             time.sleep(1.5)
             sys.exit(75)  # skyjax.names.EXIT_PEER_LOST: "a peer was lost"
         print(f"attempt 2 of {n} args {' '.join(sys.argv[2:])}", flush=True)
+    elif mode == "cores":
+        print(f"cores of {k}: {sorted(os.sched_getaffinity(0))}", flush=True)
     elif mode == "exit7":
         if k == 1:
             print("exiting with 7", flush=True)

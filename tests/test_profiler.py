@@ -163,6 +163,9 @@ def test_memory_cap_in_profile_and_planner_avoids_device():
     assert prof.devices[1]["memory_bytes"] == 1
     assert prof.devices[1]["memory_source"] == "emulated"
     assert prof.devices[0]["memory_bytes"] > 1 and prof.devices[0]["memory_source"] == "host"
+    # The shared-host model's inputs: host, its cores, the cores this process may use.
+    assert prof.devices[0]["cpus"] == sorted(os.sched_getaffinity(0))
+    assert prof.devices[0]["host_cores"] == len(prof.devices[0]["cpus"])
     # Identical devices (same kind, no slow-down) are measured once: equal columns.
     assert np.array_equal(prof.forward_s[:, 0], prof.forward_s[:, 2])
     plan = plan_lib.plan(prof, "optimal", "1f1b", microbatches=2)

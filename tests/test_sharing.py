@@ -72,6 +72,22 @@ def test_host_groups_need_two_processes_on_a_host():
     assert sharing.host_capacity(_shared(prof, (1, 2, 3))) == [1.0]  # unknown: one process
 
 
+def test_processes_bound_to_disjoint_cores_share_nothing():
+    """Cores recorded per process (``launch --bind_cores``, SLURM binding): disjoint sets do not
+    share, overlapping ones do (transitively), and a group's capacity is its cores' union."""
+    prof = _shared(make_profile(np.ones((4, 4))), (1, 2, 3, 4))
+    for dv, cpus in zip(prof.devices, ([0, 1], [2, 3], [4, 5], [6, 7])):
+        dv.update(cpus=cpus, host_cores=len(cpus))
+    assert sharing.host_groups(prof) is None
+    assert sharing.stage_sharing(plan_lib.evaluate(prof, [(0, 0, 2), (1, 2, 4)], "1f1b", 4),
+                                 prof) is None
+    prof.devices[1]["cpus"] = [1, 2, 4]  # overlaps devices 0 and 2: one group of three
+    assert sharing.host_groups(prof) == [0, 0, 0, None]
+    assert sharing.host_capacity(prof) == [5.0]  # cores 0, 1, 2, 4, 5
+    prof.devices[3].pop("cpus")  # unknown cores: it may run anywhere on the host
+    assert sharing.host_groups(prof) == [0, 0, 0, 0]
+
+
 def test_penalty_in_T_and_simulation():
     """T and the simulated step carry the same penalty; a plan whose stages share no host has
     none; the penalty is what the shared simulation adds."""

@@ -37,19 +37,40 @@ _EPS = 1e-12
 
 
 def host_groups(profile: Profile) -> list[int | None] | None:
-    """Per device, the index of the host whose cores it shares with another process's CPU
-    device (None for a device that shares with nobody); None when no device shares. Devices
-    are CPU devices of distinct processes on the same host (``devices[d]["host"]``, recorded
-    by the profiler; older profiles have none and are taken as unshared)."""
-    keys: dict[str, set[int]] = {}
-    for dv in profile.devices:
-        if dv.get("host") and dv.get("kind") == "cpu":
-            keys.setdefault(str(dv["host"]), set()).add(int(dv.get("process_index", 0)))
-    shared = sorted(h for h, procs in keys.items() if len(procs) > 1)
+    """Per device, the index of the group of cores it shares with another process's CPU device
+    (None for a device that shares with nobody); None when no device shares. Devices are CPU
+    devices of distinct processes on the same host (``devices[d]["host"]``, recorded by the
+    profiler; older profiles have none and are taken as unshared) whose cores overlap: processes
+    bound to disjoint cores (``devices[d]["cpus"]``: ``skyjax.launch --bind_cores``, SLURM's
+    core binding) share nothing; where a device's cores are unknown it shares the whole host."""
+    devs = [(d, str(dv["host"]), _cpus(dv)) for d, dv in enumerate(profile.devices)
+            if dv.get("host") and dv.get("kind") == "cpu"]
+    parent = {d: d for d, _, _ in devs}
+
+    def root(d: int) -> int:
+        while parent[d] != d:
+            d = parent[d]
+        return d
+
+    for (a, ha, ca), (b, hb, cb) in itertools.combinations(devs, 2):
+        if ha == hb and (ca is None or cb is None or ca & cb):
+            parent[root(a)] = root(b)
+    procs: dict[int, set[int]] = {}
+    for d, _, _ in devs:
+        procs.setdefault(root(d), set()).add(int(profile.devices[d].get("process_index", 0)))
+    shared = sorted(r for r, ps in procs.items() if len(ps) > 1)
     if not shared:
         return None
-    return [shared.index(str(dv["host"])) if dv.get("kind") == "cpu" and str(dv.get("host"))
-            in shared else None for dv in profile.devices]
+    out: list[int | None] = [None] * len(profile.devices)
+    for d, _, _ in devs:
+        if root(d) in shared:
+            out[d] = shared.index(root(d))
+    return out
+
+
+def _cpus(device: dict) -> set[int] | None:
+    cpus = device.get("cpus")
+    return {int(c) for c in cpus} if isinstance(cpus, (list, tuple)) and cpus else None
 
 
 def cpu_shares(profile: Profile) -> list[float]:
@@ -171,18 +192,23 @@ def cpu_demand(profile: Profile) -> list[float]:
 
 
 def host_capacity(profile: Profile) -> list[float]:
-    """Per shared host (``host_groups`` index), its cores (``host_cores``), or, where unknown,
-    the most any of its devices' calls use (one process alone fills it)."""
+    """Per group of shared cores (``host_groups`` index), its cores: the union of its devices'
+    ``cpus`` where all are known, else their ``host_cores``, or, where unknown, the most any of
+    its devices' calls use (one process alone fills it)."""
     groups = host_groups(profile) or []
     demand = cpu_demand(profile)
     cap: dict[int, float] = {}
+    union: dict[int, set[int] | None] = {}
     for d, h in enumerate(groups):
         if h is None:
             continue
         cores = profile.devices[d].get("host_cores")
         value = float(cores) if isinstance(cores, (int, float)) and cores > 0 else demand[d]
         cap[h] = max(cap.get(h, 0.0), value)
-    return [cap[h] for h in range(len(cap))]
+        cpus = _cpus(profile.devices[d])
+        union[h] = None if cpus is None or union.get(h, set()) is None else union.get(
+            h, set()) | cpus
+    return [float(len(union[h])) if union.get(h) else cap[h] for h in range(len(cap))]
 
 
 def sharing_effect(plan, profile: Profile) -> tuple[float, list[float]] | None:

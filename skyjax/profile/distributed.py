@@ -28,7 +28,7 @@ from skyjax.profile import links, units
 from skyjax.profile.cache import cache_key, cache_path, in_use_path, try_load
 from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile, save_profile
-from skyjax.profile.measure import assemble, device_records, host_cores
+from skyjax.profile.measure import assemble, device_records, host_cores, host_cpus
 from skyjax.profile.options import Log, Options
 from skyjax.runtime import tags
 from skyjax.runtime.distributed import broadcast_json
@@ -80,7 +80,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
          "update_s": mine["update_s"][:, rank].tolist(),
          "overheads": {k: v[rank] for k, v in mine["overheads"].items()},
          "compile_s": mine["compile_s"], "memory": list(cluster.memory_bytes(rank)),
-         "host": socket.gethostname(), "host_cores": host_cores(),
+         "host": socket.gethostname(), "host_cores": host_cores(), "cpus": host_cpus(),
          "cpu_cores": mine["cpu_cores"][rank]}, tag_base)
     mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
     gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links}, tag)
@@ -106,6 +106,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         devices[g["rank"]]["memory_bytes"], devices[g["rank"]]["memory_source"] = g["memory"]
         # Which processes share a host's cores, and how many cores it has.
         devices[g["rank"]]["host"], devices[g["rank"]]["host_cores"] = g["host"], g["host_cores"]
+        devices[g["rank"]]["cpus"] = g["cpus"]
         cpu_cores[g["rank"]] = g["cpu_cores"]
     one_way: dict[str, list[float]] = {}
     for g in gathered_links:

@@ -41,8 +41,19 @@ def device_records(cluster: cluster_lib.Cluster) -> list[dict]:
         out.append({"name": spec.name, "memory_bytes": int(mem), "kind": spec.kind,
                     "slowdown": spec.slowdown, "region": spec.region,
                     "process_index": spec.process_index, "memory_source": source,
-                    "host": socket.gethostname(), "host_cores": host_cores()})
+                    "host": socket.gethostname(), "host_cores": host_cores(),
+                    "cpus": host_cpus()})
     return out
+
+
+def host_cpus() -> list[int] | None:
+    """The cores this process may run on (its CPU affinity), None where unknown: processes of
+    one host whose sets are disjoint (``skyjax.launch --bind_cores``, SLURM's core binding) do
+    not share cores (``skyjax.plan.sharing``)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
 
 
 def host_cores() -> int:
