@@ -3,7 +3,9 @@
 A bound above the optimum would let the planner call a poor plan exact or print a false gap, so
 each bound is checked on random small instances: random links (every device its own link group,
 so the crossing terms are exercised), regions of interchangeable links with slow links between
-them, memory that binds under 1F1B's in-flight levels, and the profile's fixed costs.
+them, memory that binds under 1F1B's in-flight levels, and the profile's fixed costs. The
+heuristic's GPipe interleaved orders (memory-bound blocks re-aligned by a slow device) are
+checked here too: they find a constructed optimum and never make a plan worse.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
+from skyjax.plan import order_search
 from skyjax.plan.group_bound import group_bound
 from skyjax.plan.region_bound import region_bound
-from tests.test_allocator import make_profile, random_profile
+from tests.test_allocator import check_plan_valid, make_profile, random_profile
 from tests.test_cost_overheads import brute_force, with_overheads
 
 
@@ -146,3 +149,51 @@ def test_region_bound_below_optimum():
         n += 1
     assert n >= 40 and stronger >= 1
     assert region_bound(plan_lib.tables(prof, "gpipe", 8), upper=want) == -math.inf
+
+
+def test_interleaved_order_realigns_memory_bound_blocks(monkeypatch):
+    """GPipe, memory binding by where a block starts (needs 1, 1, 2 repeating from unit 0 = B:
+    a fast device's 5 bytes hold 4 units from B or C, 3 from A): the optimum puts a slow
+    device holding one A between fast ones. With the order search off, only the interleaved
+    order (heuristic step 4) finds it; fast-first and slow-first orders miss it by > 10 %."""
+    assert order_search.interleaved([0, 1, 2, 3, 4], np.zeros(5, int),
+                                    np.array([1.0, 5, 2, 4, 3]), 0.4) == [0, 3, 2, 1, 4]
+    m = 16
+    need = np.array([1.0, 1.0, 2.0] * 6)[:17]
+    fwd = np.ones((17, 1)) * np.array([1.0] * 4 + [2.5] * 2)[None] / 3
+    prof = make_profile(fwd, state=np.zeros(17), act=need / m, out=np.ones(17),
+                        memory=np.array([5.0] * 4 + [2.0] * 2))
+    want = plan_lib.plan(prof, "optimal", "gpipe", m)
+    assert want.exact and len(want.stages) == 5
+    monkeypatch.setattr(order_search, "improve", lambda top, *a, **k: top)
+    got = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+    assert got.step_time_s == pytest.approx(want.step_time_s, rel=1e-9)
+    assert [s.units for s in got.stages][2] == (8, 9)
+    monkeypatch.setattr(order_search, "memory_bound", lambda *a: False)
+    without = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+    assert without.step_time_s > want.step_time_s * 1.1
+
+
+def test_interleaved_orders_never_worse(monkeypatch):
+    """With the interleaved-order step forced on every case, GPipe plans stay valid, >= the
+    brute-force optimum and <= the plans without it (random region cases)."""
+    rng = np.random.default_rng(21)
+    n = 0
+    for i in range(40):
+        d, u = int(rng.integers(3, 7)), int(rng.integers(4, 9))
+        prof = region_profile(rng, d, u, int(rng.integers(1, 3)))
+        m = (4, 8, 16)[i % 3]
+        want = brute_force(prof, "gpipe", m)
+        if math.isinf(want):
+            continue
+        monkeypatch.setattr(order_search, "memory_bound", lambda *a: False)
+        try:
+            without = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+        except plan_lib.InfeasibleError:
+            continue
+        monkeypatch.setattr(order_search, "memory_bound", lambda *a: True)
+        got = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+        check_plan_valid(prof, got)
+        assert want * (1 - 1e-9) <= got.step_time_s <= without.step_time_s * (1 + 1e-9), i
+        n += 1
+    assert n >= 20
