@@ -60,15 +60,15 @@ def bubble_bound_s(ideal_s: float, stages: int, microbatches: int) -> float:
     return ideal_s * (microbatches + stages - 1) / microbatches
 
 
-def calibrated_s(profile, plans: dict, busy: dict, comm: dict, step: dict, source: str) -> dict:
-    """Each plan's T on the profile corrected by the ``source`` plan's measured per-stage compute,
-    link waits and step period (``skyjax.plan.replan.corrected_profile``: calibration from
-    measured steps, as the ``dynamic`` strategy does while training)."""
+def calibrated_s(profile, plans: dict, busy: dict, comm: dict, source: str) -> dict:
+    """Each plan's T on the profile corrected by the ``source`` plan's measured per-stage compute
+    and link waits (``skyjax.plan.replan.corrected_profile``: calibration from measured steps,
+    as ``allocation.calibrate_steps`` and the ``dynamic`` strategy do while training)."""
     from skyjax import plan as plan_lib
     from skyjax.plan.replan import corrected_profile
 
     fixed, _ = corrected_profile(profile, plan_lib.Plan.from_json(plans[source]), busy[source],
-                                 comm[source], step[source])
+                                 comm[source])
     return {s: plan_lib.evaluate(fixed, [(st["device"], *st["units"]) for st in p["stages"]],
                                  p["schedule"], p["microbatches"]).step_time_s
             for s, p in plans.items()}
@@ -152,7 +152,7 @@ def worker(spec_path: str) -> None:
     calibrated = None
     if jax.process_index() == 0 and args.calibrate_steps:
         decision = replan.decide(profile, plans["even"], replan.stage_busy_s(cal["busy"]),
-                                 replan.stage_busy_s(cal["comm"]), statistics.median(cal["times"]))
+                                 replan.stage_busy_s(cal["comm"]))
         decision.candidate.strategy = "optimal"
         calibrated = decision.candidate.to_json()
         calibrated["calibration_profile"] = decision.profile.to_json()
@@ -191,8 +191,8 @@ def worker(spec_path: str) -> None:
                "calibrated": {src: calibrated_s(
                    profile, {s: p.to_json() for s, p in plans.items()},
                    {s: np.median(np.array(b), axis=0).tolist() for s, b in busy.items()},
-                   {s: np.median(np.array(c), axis=0).tolist() for s, c in comm.items()},
-                   {s: statistics.median(t) for s, t in times.items()}, src) for src in plans},
+                   {s: np.median(np.array(c), axis=0).tolist() for s, c in comm.items()}, src)
+                   for src in plans},
                "overheads": profile.to_json()["overheads"],
                "compare": {s: stage_comparison(p, profile, spans[s]) for s, p in plans.items()},
                "device_names": [d["name"] for d in profile.devices],
@@ -281,7 +281,7 @@ def report(result: dict, overhead: dict | None, args) -> None:
               f"{len(result['times'][s])}")
     print("(error = (measured - predicted) / measured; cal. even / cal. opt: predicted on the "
           "profile calibrated from the even / the optimal plan's measured steps (stage compute, "
-          "link waits, step period); the calibrated plan's 'predicted' is on the profile "
+          "link waits); the calibrated plan's 'predicted' is on the profile "
           "calibrated by the even steps before it ran (what allocation.calibrate_steps plans "
           "on); ideal / bubble: efficiency = ideal step / measured, without and with the "
           "(m + p - 1) / m fill and drain)")

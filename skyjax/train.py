@@ -164,7 +164,7 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
                 for split, r in evaluate_splits(executor, eval_sets, step + 1, out).items():
                     evals.append({"step": step + 1, "split": split, **r})
             if replanner is not None and step + 1 < t.steps:
-                replanner.observe(step, last, step_times[-1])
+                replanner.observe(step, last)
                 executor = replanner.maybe_switch(step, executor)
             checkpoint.after_step(saver, step, executor)
     finally:

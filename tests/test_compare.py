@@ -67,27 +67,25 @@ def test_calibration_from_measured_step():
     assert sum(s.comm_s for s in again.stages) * m == pytest.approx(sum(comm))
 
 
-def test_calibration_takes_the_rest_of_the_step_into_sync():
-    """With the measured step period, what the corrected compute and links leave of it becomes
-    sync_s: the plan it was measured on is then predicted at exactly that period, and another
-    plan pays the same per-step rest."""
+def test_calibration_keeps_the_per_step_sync():
+    """Compute and links are corrected, the per-step sync is not: what a measured period leaves
+    beyond them grows with a plan's stages, so the corrected profile keeps the profile's
+    sync_s, and a one-stage plan (no links) is re-predicted exactly from its measured compute."""
     from skyjax.plan.replan import corrected_profile
 
     prof, plan = _plan()
     m = plan.microbatches
     busy = [s.compute_s * m * 1.2 for s in plan.stages]
-    no_step, _ = corrected_profile(prof, plan, busy)
-    t_no = plan_lib.evaluate(no_step, [(s.device, *s.units) for s in plan.stages], "1f1b",
-                             m).step_time_s
-    fixed, _ = corrected_profile(prof, plan, busy, step_s=t_no + 0.7)
-    again = plan_lib.evaluate(fixed, [(s.device, *s.units) for s in plan.stages], "1f1b", m)
-    assert again.step_time_s == pytest.approx(t_no + 0.7)
-    assert fixed.sync_s == pytest.approx(prof.sync_s + 0.7)
-    other = [(plan.stages[0].device, 0, plan.stages[-1].units[1])]
-    assert (plan_lib.evaluate(fixed, other, "1f1b", m).step_time_s
-            - plan_lib.evaluate(no_step, other, "1f1b", m).step_time_s) == pytest.approx(0.7)
-    shorter, _ = corrected_profile(prof, plan, busy, step_s=1e-9)  # never below zero
-    assert shorter.sync_s == 0.0
+    fixed, _ = corrected_profile(prof, plan, busy, [0.5] * len(plan.stages))
+    assert fixed.sync_s == prof.sync_s
+    assert np.all(fixed.latency_s >= prof.latency_s)
+    one = plan_lib.evaluate(prof, [(plan.stages[0].device, 0, plan.stages[-1].units[1])],
+                            "1f1b", m)
+    fixed, _ = corrected_profile(prof, one, [one.stages[0].compute_s * m * 1.3])
+    again = plan_lib.evaluate(fixed, [(s.device, *s.units) for s in one.stages], "1f1b", m)
+    assert again.stages[0].compute_s == pytest.approx(one.stages[0].compute_s * 1.3)
+    assert again.step_time_s - one.step_time_s == pytest.approx(
+        (m - 1 + 1) * one.stages[0].compute_s * 0.3, rel=1e-6)
 
 
 def test_calibration_splits_a_per_action_host_cost_from_device_factors():

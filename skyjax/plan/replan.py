@@ -59,8 +59,7 @@ def stage_busy_s(per_step_busy: Sequence[Sequence[float]]) -> list[float]:
 
 
 def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
-                      comm_s: Sequence[float] | None = None, step_s: float | None = None
-                      ) -> tuple[Profile, dict[int, float]]:
+                      comm_s: Sequence[float] | None = None) -> tuple[Profile, dict[int, float]]:
     """``profile`` corrected by a plan's measured steps; also returns each used device's measured
     / predicted compute.
 
@@ -79,9 +78,9 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     ``skyjax.plan.compare``), every link's latency grows by the mean excess per message seen on
     the plan's links: what a message really costs in the running pipeline beyond the idle
     ping-pong probe (one host-wide figure, so that links the plan does not use are corrected
-    too). The rest: with ``step_s`` (the measured step period), what is left of it after the
-    corrected compute and links goes to ``sync_s``: the per-step cost outside the stages'
-    actions (collectives, metrics, host scheduling), which every plan pays once per step."""
+    too). ``sync_s`` stays the profile's: what a measured step period leaves after the corrected
+    compute and links (waits, calls after idle) grows with the plan's stages and messages, and
+    made a per-step constant it over-charged plans with fewer stages (docs/design.md)."""
     forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
     calls = {k: getattr(profile, k).copy() for k in ("forward_call_s", "backward_call_s")}
     actions = 2 * plan.microbatches  # a forward and a backward per micro-batch
@@ -111,10 +110,6 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
         latency = latency + extra * (1 - np.eye(len(latency)))
     fixed = dataclasses.replace(profile, forward_s=forward, backward_s=backward,
                                 latency_s=latency, **calls)
-    if step_s is not None and step_s > 0:
-        predicted = cost.evaluate(fixed, _assignment(plan), plan.schedule, plan.microbatches,
-                                  check=False).step_time_s
-        fixed.sync_s = max(0.0, float(profile.sync_s) + step_s - predicted)
     return fixed, factors
 
 
@@ -123,10 +118,10 @@ def _assignment(plan: Plan) -> list[tuple[int, int, int]]:
 
 
 def decide(profile: Profile, plan: Plan, busy_s: Sequence[float],
-           comm_s: Sequence[float] | None = None, step_s: float | None = None) -> Decision:
-    """Corrects the profile (compute; with ``comm_s`` and ``step_s`` also links and the per-step
-    rest: :func:`corrected_profile`) and compares the running plan with the best plan for it."""
-    fixed, factors = corrected_profile(profile, plan, busy_s, comm_s, step_s)
+           comm_s: Sequence[float] | None = None) -> Decision:
+    """Corrects the profile (compute; with ``comm_s`` also links: :func:`corrected_profile`)
+    and compares the running plan with the best plan for it."""
+    fixed, factors = corrected_profile(profile, plan, busy_s, comm_s)
     current = cost.evaluate(fixed, _assignment(plan), plan.schedule, plan.microbatches,
                             strategy=plan.strategy)
     candidate = planner.plan(fixed, "optimal", plan.schedule, plan.microbatches)

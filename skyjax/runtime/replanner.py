@@ -4,7 +4,6 @@ across processes, and rebuild the executor (units move with their optimizer stat
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import jax
@@ -60,20 +59,17 @@ class Replanner:
         self.namespace = namespace
         self.busy: list[list[float]] = []  # per observed step: each stage's compute
         self.comm: list[list[float]] = []  # ... each stage's link waits
-        self.step_s: list[float] = []  # ... the step's period
         self.history: list[dict] = []
         self._rebuilt_at = start_step
 
-    def observe(self, step: int, metrics: Any, step_s: float | None = None) -> None:
-        """Records a step's stage compute and link waits, and its period ``step_s`` (not a
-        compiling step: the first, or one after a switch)."""
+    def observe(self, step: int, metrics: Any) -> None:
+        """Records a step's stage compute and link waits (not a compiling step: the first, or
+        one after a switch)."""
         if (self.every or self.calibrate_at) and step > 0 and step != self._rebuilt_at \
                 and jax.process_index() == 0:
             self.busy.append(stage_busy(metrics))
             spans = [sp for r in metrics.results for sp in r.spans]
             self.comm.append(measured_comm(spans, len(self.plan.stages)))
-            if step_s is not None:
-                self.step_s.append(step_s)
 
     def maybe_switch(self, step: int, executor: Any) -> Any:
         """The executor to continue with after ``step`` (a rebuilt one if the plan changes)."""
@@ -84,8 +80,7 @@ class Replanner:
         if jax.process_index() == 0 and self.busy:
             decision = replan.decide(
                 self.profile, self.plan, replan.stage_busy_s(self.busy),
-                replan.stage_busy_s(self.comm),
-                statistics.median(self.step_s) if self.step_s else None)
+                replan.stage_busy_s(self.comm))
             decision.candidate.strategy = self.strategy
             switch = decision.switch(0.0 if calibrating else self.MIN_GAIN)
             info = {"step": step + 1, "calibration": calibrating, "switch": switch,
@@ -97,7 +92,7 @@ class Replanner:
                          info["factors"], "switching plans" if switch else "keeping the plan",
                          100 * decision.gain)
         info = distributed.broadcast_json(info, f"{self.namespace}/{step}")
-        self.busy, self.comm, self.step_s = [], [], []
+        self.busy, self.comm = [], []
         if info is None:
             return executor
         self.history.append(info)
