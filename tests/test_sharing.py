@@ -67,7 +67,10 @@ def test_host_groups_need_two_processes_on_a_host():
     measured = _shared(prof, (1, 2, 3), ["a", "b", "a"])
     for dv, cores in zip(measured.devices, (1.5, 1.2, 0.9)):
         dv.update(cpu_cores=cores, host_cores=2)
-    assert sharing.cpu_demand(measured) == pytest.approx([1.5, 1.2, 0.9])
+    # whole cores a call's threads need (its average use rounded up), at most the host's
+    assert sharing.cpu_demand(measured) == pytest.approx([2.0, 2.0, 1.0])
+    measured.devices[0]["cpu_cores"] = 3.4  # more than its process may use: the host's 2
+    assert sharing.cpu_demand(measured) == pytest.approx([2.0, 2.0, 1.0])
     assert sharing.host_capacity(measured) == [2.0]
     assert sharing.host_capacity(_shared(prof, (1, 2, 3))) == [1.0]  # unknown: one process
 

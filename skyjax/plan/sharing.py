@@ -13,8 +13,8 @@ cannot express that; this module models it.
 The model (docs/design.md, "Shared hosts"): each device d has a CPU share phi_d of its call
 time (an emulated CPU device slowed k times computes for 1/k of it and sleeps the rest; other
 kinds 0: their host time is dispatch, which the call costs already hold) and, while computing,
-keeps u_d of its host's C cores busy (``cpu_cores`` and ``host_cores``, both measured by the
-profiler). An action of (uncontended) duration t runs its CPU part phi_d t first, then the
+needs u_d of its host's C cores (``cpu_demand``: its measured average use ``cpu_cores`` rounded
+up to whole cores, at most ``host_cores``; both measured by the profiler). An action of (uncontended) duration t runs its CPU part phi_d t first, then the
 rest; while the CPU parts running on a host ask for D = sum u_j > C cores, each progresses at
 rate C / D (processor sharing). ``simulate_shared`` replays the schedule's action lists with
 this rule, event by event; the cost model adds to T what sharing adds to the simulated step
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import Callable, Sequence
 
 from skyjax.plan.schedules import actions
@@ -182,12 +183,23 @@ def stage_sharing(plan, profile: Profile) -> dict | None:
 
 
 def cpu_demand(profile: Profile) -> list[float]:
-    """Per device, the host cores its calls keep busy while computing (``cpu_cores``, measured
-    by the profiler as process CPU time / wall time of unslowed calls; 1 where unknown)."""
+    """Per device, the host cores its calls need while computing: the whole number of cores
+    its measured average use (``cpu_cores``: process CPU time / wall time of unslowed calls)
+    rounds up to, at most the cores its process may use (``host_cores``); 1 where unknown.
+    Not the average itself: XLA's parallel sections wait for their slowest thread, so a call
+    that keeps 1.3 of 2 cores busy on average still runs ~2x slower while another process
+    computes (1, 2, 3, 4 processes running the same call here: 1.0, 1.9, 2.7, 3.8x as long)."""
     out = []
     for dv in profile.devices:
         c = dv.get("cpu_cores")
-        out.append(float(c) if isinstance(c, (int, float)) and c == c and c > 0 else 1.0)
+        if not (isinstance(c, (int, float)) and c == c and c > 0):
+            out.append(1.0)
+            continue
+        cores = dv.get("host_cores")
+        need = float(math.ceil(float(c) - 0.05))  # ~1.0 measured for a one-thread call is 1
+        if isinstance(cores, (int, float)) and cores > 0:
+            need = min(need, float(cores))
+        out.append(max(need, 1.0))
     return out
 
 
