@@ -14,9 +14,10 @@ The model (docs/design.md, "Shared hosts"): each device d has a CPU share phi_d 
 time (an emulated CPU device slowed k times computes for 1/k of it and sleeps the rest; other
 kinds 0: their host time is dispatch, which the call costs already hold) and, while computing,
 needs u_d of its host's C cores (``cpu_demand``: its measured average use ``cpu_cores`` rounded
-up to whole cores, at most ``host_cores``; both measured by the profiler). An action of (uncontended) duration t runs its CPU part phi_d t first, then the
-rest; while the CPU parts running on a host ask for D = sum u_j > C cores, each progresses at
-rate C / D (processor sharing). ``simulate_shared`` replays the schedule's action lists with
+up to whole cores, at most ``host_cores``; both measured by the profiler). An action of
+(uncontended) duration t runs its CPU part phi_d t first, then the rest; while the CPU parts
+running on a host ask for D = sum u_j > C cores, each progresses at rate C / D (processor
+sharing). ``simulate_shared`` replays the schedule's action lists with
 this rule, event by event; the cost model adds to T what sharing adds to the simulated step
 (``sharing_effect``), so that where no host is shared nothing changes.
 
