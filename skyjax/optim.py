@@ -48,7 +48,8 @@ def global_sq_norm(tree: Any) -> jax.Array:
     """Sum of squares of all leaves (a stage's share of the global norm). Jitted: a stage calls
     it on its gradients every step, and op by op it would cost one dispatch per leaf (~10 ms a
     step for the demo model on CPU, more than its whole optimizer update)."""
-    return sum((jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)), jnp.zeros((), jnp.float32))
+    return sum((jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)),
+               jnp.zeros((), jnp.float32))
 
 
 def global_norm(tree: Any) -> jax.Array:

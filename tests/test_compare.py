@@ -85,7 +85,7 @@ def test_calibration_keeps_the_per_step_sync():
     again = plan_lib.evaluate(fixed, [(s.device, *s.units) for s in one.stages], "1f1b", m)
     assert again.stages[0].compute_s == pytest.approx(one.stages[0].compute_s * 1.3)
     assert again.step_time_s - one.step_time_s == pytest.approx(
-        (m - 1 + 1) * one.stages[0].compute_s * 0.3, rel=1e-6)
+        m * one.stages[0].compute_s * 0.3, rel=1e-6)
 
 
 def test_calibration_splits_a_per_action_host_cost_from_device_factors():

@@ -57,11 +57,9 @@ def host_cpus() -> list[int] | None:
 
 
 def host_cores() -> int:
-    """The cores this process may run on (its CPU affinity; all of them where unknown)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """How many cores this process may run on (:func:`host_cpus`; all of them where unknown)."""
+    cpus = host_cpus()
+    return len(cpus) if cpus else os.cpu_count() or 1
 
 
 def fixed_costs(measured: dict, meta: dict, n_units: int, n_devices: int) -> dict:
