@@ -247,6 +247,20 @@ def test_identical_classes_exact_and_fast():
     assert p.step_time_s < plan_lib.plan(prof, "even", "1f1b", 32).step_time_s * 1.001
 
 
+def test_classes_tell_fixed_costs_apart():
+    """Devices with equal unit times and memory but different call costs are not one class:
+    the exact DP prices a class by one device, so a split over both would look cheap."""
+    d = make_profile(np.ones((2, 2))).to_json()
+    d["update_s"] = [[0.0, 0.0]] * 2
+    d["overheads"] = {"forward_call_s": [0.0, 10.0], "backward_call_s": [0.0, 20.0],
+                      "update_call_s": [0.0, 0.0], "message_s": [0.0, 0.0], "sync_s": 0.0}
+    prof = Profile.from_json(d)
+    assert len(classes.device_classes(plan_lib.tables(prof))) == 2
+    p = plan_lib.plan(prof, "optimal", "1f1b", 8)
+    assert p.exact and [s.device for s in p.stages] == [0]
+    assert p.step_time_s == pytest.approx(6.0 * 8)
+
+
 def test_plan_json_roundtrip():
     prof = make_profile(np.ones((4, 2)))
     p = plan_lib.plan(prof, "optimal", "gpipe", 3)
@@ -260,6 +274,32 @@ def test_lower_bound_tight_for_single_fast_device():
     prof = make_profile(np.ones((4, 2)) * [1.0, 5.0])
     t = plan_lib.tables(prof, "gpipe", 1)
     assert plan_lib.lower_bound(t) == pytest.approx(12.0)
+
+
+def test_chain_dp_caps_independent():
+    """The chain DP's sum for a cap does not depend on the other caps run with it (the cap
+    search reuses a round's ends), and the plan rebuilt for a cap has that sum."""
+    from skyjax.plan.chain_dp import ChainDP
+    from tests.test_bounds import region_profile
+    rng = np.random.default_rng(5)
+    for i in range(12):
+        prof = region_profile(rng, int(rng.integers(2, 5)), int(rng.integers(2, 6)), 2)
+        t = plan_lib.tables(prof, ("1f1b", "gpipe")[i % 2], 4)
+        groups = classes.link_groups(t)
+        dp = ChainDP(t, list(rng.permutation(t.num_devices)), classes.labels(groups, t.num_devices),
+                     groups, classes.labels(classes.device_classes(t), t.num_devices))
+        s_inf = dp.run(np.array([np.inf]))[0]
+        if not np.isfinite(s_inf):
+            continue
+        caps = np.geomspace(s_inf / 20, s_inf, 6)
+        sums = dp.run(caps)
+        for j in range(len(caps)):
+            assert dp.run(caps[j:j + 1])[0] == sums[j]
+            sol = dp.reconstruct(caps[j])
+            assert (sol is None) == (sums[j] == np.inf)
+            if sol is not None:
+                assert sol.total == pytest.approx(sums[j], rel=1e-9)
+                assert sol.bottleneck <= caps[j] * (1 + 1e-9)
 
 
 def test_heuristic_with_coarsened_links(monkeypatch):

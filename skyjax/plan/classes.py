@@ -65,8 +65,11 @@ def _partition(keys: list[bytes], mats: Sequence[np.ndarray]) -> list[list[int]]
 
 
 def device_classes(t: Tables) -> list[list[int]]:
-    """Interchangeable devices: same times and memory, swap-invariant links."""
-    keys = [t.work[:, d].tobytes() + t.memory[d].tobytes() for d in range(t.num_devices)]
+    """Interchangeable devices: same times, fixed costs (calls, messages, updates) and memory,
+    swap-invariant links (the exact DP prices a class by one representative)."""
+    keys = [b"".join(np.asarray(x, float).tobytes() for x in (
+        t.work[:, d], t.memory[d], t.fixed[d], t.in_msg[d], t.update_call[d],
+        t.update_prefix[d])) for d in range(t.num_devices)]
     return _partition(keys, [t.latency, t.bandwidth])
 
 

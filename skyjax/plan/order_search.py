@@ -105,8 +105,8 @@ def _moves(order: list[int], class_of: np.ndarray, group_of: np.ndarray) -> Iter
 
 
 def screen(dp, top, m: int) -> bool:
-    """Whether an order's chain DP (``heuristic._ChainDP``) beats the incumbent cap search
-    ``top`` at five caps around its bottleneck (upper bounds on the order's best score)."""
+    """Whether an order's chain DP (:class:`skyjax.plan.chain_dp.ChainDP`) beats the incumbent
+    cap search ``top`` at five caps around its bottleneck (upper bounds on its best score)."""
     caps = top.cap * _SCREEN_CAPS if m > 1 and np.isfinite(top.cap) else np.array([np.inf])
     run = dp.run(caps)  # as _CapSearch scores
     quick = run + (m - 1) * caps if np.isfinite(caps).all() else run * m
@@ -128,8 +128,8 @@ def improve(top, make: Callable, class_of: np.ndarray, group_of: np.ndarray, m: 
             if budget <= 0:
                 break
             budget -= 1
-            if not screen(type(top.dp)(top.dp.t, trial, group_of, top.dp.groups, class_of),
-                          top, m):
+            if not screen(type(top.dp)(top.dp.t, trial, group_of, top.dp.groups, class_of,
+                                       top.dp.links), top, m):
                 continue
             cs = make(trial, top.score)
             if cs.feasible and cs.score < top.score * (1 - 1e-9):
