@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan import order_search
+from skyjax.plan import order_search, planner
 from skyjax.plan.group_bound import group_bound
 from skyjax.plan.region_bound import region_bound
 from tests.test_allocator import check_plan_valid, make_profile, random_profile
@@ -170,6 +170,8 @@ def test_interleaved_order_realigns_memory_bound_blocks(monkeypatch):
     assert got.step_time_s == pytest.approx(want.step_time_s, rel=1e-9)
     assert [s.units for s in got.stages][2] == (8, 9)
     monkeypatch.setattr(order_search, "memory_bound", lambda *a: False)
+    # the GPipe refinement (tests/test_refine.py) realigns these blocks too: off here
+    monkeypatch.setattr(planner, "refine_plan", lambda profile, t, sol, out: out)
     without = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
     assert without.step_time_s > want.step_time_s * 1.1
 

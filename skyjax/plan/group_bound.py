@@ -317,9 +317,19 @@ class GroupBound:
         return out
 
 
+_LAST: list = []  # [(tables, GroupBound)] of the last call: chain_bound reuses its B grid
+
+
+def last_group_bound(t: Tables) -> GroupBound:
+    """``group_bound``'s GroupBound when it last ran on these very tables (``b_grid``: its
+    final B points and term values [terms, points]), else a new one."""
+    return _LAST[0][1] if _LAST and _LAST[0][0] is t else GroupBound(t)
+
+
 def group_bound(t: Tables, upper: float = _INF) -> float:
     """A lower bound on T over all plans (module doc); ``upper``: a known plan's T."""
     gb = GroupBound(t)
+    _LAST[:] = [(t, gb)]
     if not gb.ok:
         return _INF
     m = t.microbatches
@@ -371,4 +381,5 @@ def _bound_over_b(gb: GroupBound, terms, floors: np.ndarray, m: int, lo: float,
         vals = np.concatenate([vals, evaluate(new)], axis=1)
         o = np.argsort(pts, kind="stable")
         pts, vals = pts[o], vals[:, o]
+    gb.b_grid = (pts, vals)
     return float(lows().min())

@@ -15,9 +15,10 @@ Which search: the exact DP over device classes when its size (``exact.exact_cost
 budget, giving ``exact: true``; otherwise the heuristic, whose plan carries ``lower_bound_s``,
 the larger of two relaxations (:mod:`skyjax.plan.bounds`: fractional;
 :mod:`skyjax.plan.group_bound`: region crossings, whole blocks, 1F1B in-flight levels, told the
-plan's T), and for 1F1B, while that gap exceeds ``REGION_GAP``, a third
-(:mod:`skyjax.plan.region_bound`: each region visited in one run); it is reported exact when it
-meets the bound.
+plan's T), and while that gap exceeds ``REGION_GAP`` a third: for 1F1B
+(:mod:`skyjax.plan.region_bound`: each region visited in one run), for GPipe
+(:mod:`skyjax.plan.chain_bound`: device kinds priced along an exact chain of blocks); it is
+reported exact when it meets the bound.
 
 Processes sharing a host's cores (:mod:`skyjax.plan.sharing`): T carries what their contention
 adds, which the searches do not see; the planner also plans every proper subset of those devices
@@ -34,10 +35,12 @@ from skyjax.names import STRATEGIES
 from skyjax.plan import exact as exact_search
 from skyjax.plan import heuristic
 from skyjax.plan.bounds import lower_bound, min_bottleneck
+from skyjax.plan.chain_bound import chain_bound
 from skyjax.plan.classes import device_classes
 from skyjax.plan.cost import Tables, evaluate_tables, tables
 from skyjax.plan.even import even_assignment
 from skyjax.plan.group_bound import group_bound
+from skyjax.plan.refine import refine_plan
 from skyjax.plan.region_bound import region_bound
 from skyjax.plan.sharing import best_subset
 from skyjax.plan.types import InfeasibleError, Plan
@@ -66,8 +69,10 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
     out = evaluate_tables(profile, t, sol.assignment, strategy, exact, None)
     if not exact:
         lb = max(lower_bound(t), group_bound(t, upper=out.step_time_s))
-        if out.step_time_s > lb * (1 + REGION_GAP):  # 1F1B, regions visited once (~0.2 s)
-            lb = max(lb, region_bound(t, upper=out.step_time_s))
+        if out.step_time_s > lb * (1 + REGION_GAP):  # GPipe: least sum at its bottleneck
+            out = refine_plan(profile, t, sol, out)
+        if out.step_time_s > lb * (1 + REGION_GAP):  # 1F1B: regions once; GPipe: chains
+            lb = max(lb, region_bound(t, out.step_time_s), chain_bound(t, out.step_time_s))
         out.lower_bound_s = min(lb, out.step_time_s)
         if out.step_time_s <= lb * (1 + 1e-9):
             out.exact, out.lower_bound_s = True, None

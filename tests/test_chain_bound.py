@@ -1,0 +1,120 @@
+"""chain_bound (GPipe: device kinds priced along an exact chain of blocks) never exceeds the
+brute-force optimum, and is stronger than group_bound where whole blocks and carriers matter.
+
+A bound above the optimum would let the planner call a poor plan exact or print a false gap, so
+it is checked on random small instances: regions of interchangeable links with slow links
+between them and memory that binds at m in flight, random links (every device its own link
+group, so up to five groups and their crossings), and the profile's fixed costs on a quarter.
+Each is checked with the optimum as the known plan (the planner's tightest use) and with a
+looser one, alone and after group_bound (which shares its B grid).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from skyjax import plan as plan_lib
+from skyjax.plan import chain_bound as chain_mod
+from skyjax.plan.chain_bound import PricedChain, _master, chain_bound
+from skyjax.plan.group_bound import GroupBound, group_bound
+from tests.test_allocator import random_profile
+from tests.test_bounds import region_profile
+from tests.test_cost_overheads import brute_force, with_overheads
+
+
+def _check(prof, m: int, case) -> tuple[bool, bool]:
+    """chain_bound <= the optimum (fresh, after group_bound, with a looser plan); whether the
+    instance was feasible and whether the bound beat group_bound."""
+    want = brute_force(prof, "gpipe", m)
+    if math.isinf(want):
+        return False, False
+    t = plan_lib.tables(prof, "gpipe", m)
+    fresh = chain_bound(t, upper=want)
+    assert fresh <= want * (1 + 1e-9), (case, fresh, want)
+    assert chain_bound(t, upper=want * 1.3) <= want * (1 + 1e-9), case
+    g = group_bound(t, upper=want)
+    shared = chain_bound(t, upper=want)  # reuses group_bound's grid
+    assert shared <= want * (1 + 1e-9), (case, shared, want)
+    return True, max(fresh, shared) > g * (1 + 1e-6)
+
+
+def test_chain_bound_below_optimum_regions():
+    rng = np.random.default_rng(31)
+    n = stronger = 0
+    for i in range(60):
+        d, u = int(rng.integers(2, 6)), int(rng.integers(3, 8))
+        prof = region_profile(rng, d, u, int(rng.integers(1, 4)))
+        if i % 4 == 0:
+            prof = with_overheads(prof, rng, 0.05)
+        ok, beat = _check(prof, (2, 4, 8)[i % 3], (i, d, u))
+        n, stronger = n + ok, stronger + beat
+    assert n >= 35 and stronger >= 1, (n, stronger)
+
+
+def test_chain_bound_below_optimum_random_links():
+    rng = np.random.default_rng(32)
+    n = 0
+    for i in range(50):
+        d, u = int(rng.integers(1, 6)), int(rng.integers(2, 7))
+        prof = random_profile(rng, d, u)
+        if i % 4 == 0:
+            prof = with_overheads(prof, rng, 0.1)
+        n += _check(prof, (2, 3, 8)[i % 3], (i, d, u))[0]
+    assert n >= 25
+
+
+def test_chain_dp_prices_are_valid_bounds():
+    """Any prices >= 0 give a bound <= the optimum's sum of stage times at its bottleneck
+    (weak duality), and the DP's own path accounts for its value exactly."""
+    rng = np.random.default_rng(33)
+    seen = 0
+    for i in range(30):
+        prof = region_profile(rng, int(rng.integers(3, 6)), int(rng.integers(3, 7)), 2)
+        want = brute_force(prof, "gpipe", 4)
+        t = plan_lib.tables(prof, "gpipe", 4)
+        gb = GroupBound(t)
+        if math.isinf(want) or not gb.ok or len(gb.groups) < 2:
+            continue
+        opt = plan_lib.plan(prof, "optimal", "gpipe", 4)
+        sums = sum(s.time_s for s in opt.stages)
+        if not opt.exact or abs(opt.step_time_s - want) > 1e-9 * want:
+            continue
+        if len({gb.groups[g][0] for g in range(len(gb.groups))}) < 2:
+            continue
+        dp = PricedChain(gb, opt.bottleneck_s * 1.5)
+        mus = rng.uniform(0, 2 * opt.bottleneck_s, (4, len(dp.n)))
+        val, counts, total, top = dp.price(mus, np.full(4, opt.bottleneck_s))
+        regions = {int(np.flatnonzero([s.device in g for g in gb.groups])[0]) for s in opt.stages}
+        if len(regions) == len(gb.groups):  # the optimum visits every group: it is a path
+            assert (val <= sums * (1 + 1e-9)).all(), (i, val, sums)
+        fin = np.isfinite(val)
+        assert np.allclose(val[fin], (total + ((counts - dp.n) * mus).sum(axis=1))[fin])
+        assert (top[fin] <= opt.bottleneck_s * (1 + 1e-9)).all()
+        seen += 1
+    assert seen >= 5
+
+
+def test_master_matches_a_hand_solved_lp():
+    """Two kinds, one device each, two paths: one uses kind 0 twice (sum 1), one uses kind 1
+    once (sum 3). The master mixes them half and half: value 2, where min(1 + mu_0, 3 - mu_0)
+    peaks (mu_0 = 1)."""
+    mu, value = _master(np.array([1.0, 3.0]), np.array([[2.0, 0.0], [0.0, 1.0]]),
+                        np.array([1.0, 1.0]), big=100.0)
+    assert value == pytest.approx(2.0)
+    assert mu == pytest.approx([1.0, 0.0])
+    mu, value = _master(np.array([1.0, 3.0]), np.array([[2.0, 0.0], [0.0, 1.0]]),
+                        np.array([1.0, 1.0]), big=100.0, box=(np.zeros(2), np.full(2, 0.5)))
+    assert (mu <= 0.5 + 1e-12).all()
+
+
+def test_chain_bound_applies_to_gpipe_only(monkeypatch):
+    rng = np.random.default_rng(34)
+    prof = region_profile(rng, 4, 5, 2)
+    for schedule, m in (("1f1b", 8), ("gpipe", 1)):
+        assert chain_bound(plan_lib.tables(prof, schedule, m), upper=1e9) == -math.inf
+    assert chain_bound(plan_lib.tables(prof, "gpipe", 4)) == -math.inf  # no known plan
+    monkeypatch.setattr(chain_mod, "MAX_CELLS", 0)  # too large a DP: no bound, no error
+    assert chain_bound(plan_lib.tables(prof, "gpipe", 4), upper=1e9) == -math.inf
