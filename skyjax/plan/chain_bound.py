@@ -118,12 +118,15 @@ class PricedChain:
         lim = (caps * (1 + _TOL))[None, :, None, None, None]
         cost = np.where(self.cost[:, None] <= lim, self.cost[:, None], _INF)  # [U, P, 2, C, L]
         cost = np.ascontiguousarray((cost[..., ::-1] + mu[None, :, None, :, None])[:, :, :, None])
+        # rounding is monotone, so min_c fl(f + x_c) = fl(f + min_c x_c): the kinds' least
+        # priced block per (end, length) first, then one add per length in the loop
+        least = np.ascontiguousarray(cost.min(axis=-2))  # [U, P, 2, 1, L]
         f = np.full((n_p, k + 1, lm + u + 1), _INF)  # f[:, j, lm + x]: unit x, j crossings
         f[:, 0, lm] = 0.0
         won = np.zeros((u, n_p, 2, k + 1))  # per end: best per (dj, source crossings)
         for e in range(1, u + 1):
-            prev = f[:, None, :, None, e: e + lm]  # [P, 1, K + 1, 1, L]: starts e - lm .. e - 1
-            best = won[e - 1] = (prev + cost[e - 1]).reshape(n_p, 2, k + 1, -1).min(axis=-1)
+            prev = f[:, None, :, e: e + lm]  # [P, 1, K + 1, L]: starts e - lm .. e - 1
+            best = won[e - 1] = (prev + least[e - 1]).min(axis=-1)
             col = f[:, :, lm + e]
             col[:, 0] = best[:, 0, 0]
             if k:
@@ -308,7 +311,7 @@ def chain_bound(t: Tables, upper: float = _INF) -> float:
         return upper
     def evaluate(b: np.ndarray) -> np.ndarray:
         caps = gb.capacities(b)
-        return np.stack([gb.sum_bound(x, b, caps) for _, x in terms])  # [terms, K]
+        return gb.sum_bounds([x for _, x in terms], b, caps)  # [terms, K]
 
     known = getattr(gb, "b_grid", None)  # group_bound's own B grid, refined where it is lowest
     if known is not None and known[0][0] <= lo and known[0][-1] >= hi:  # it covers [lo, hi]

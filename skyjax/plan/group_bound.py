@@ -262,18 +262,21 @@ class GroupBound:
                         for ends in self.carrier_ends]
         return self.time_capacity(b), carriers
 
-    def sum_bound(self, terms, b: np.ndarray, caps: tuple) -> np.ndarray:
-        """[K]: a lower bound on sum t_k over plans visiting S with bottleneck <= b (caps:
-        ``capacities(b)``)."""
-        devs, held, k, cross_sum, floor, other, free = terms
-        t = self.t
+    def sum_bounds(self, terms: list, b: np.ndarray, caps: tuple) -> np.ndarray:
+        """[len(terms), K]: ``sum_bound`` of each; its devices' parts computed once per set."""
+        cache: dict = {}
+        return np.stack([self.sum_bound(x, b, caps, cache) for x in terms]) if terms \
+            else np.zeros((0, len(b)))
+
+    def _per_devs(self, devs: np.ndarray, caps: tuple, cache: dict | None):
+        """The parts of ``sum_bound`` that depend only on the devices (memoised in cache)."""
+        key, cache = devs.tobytes(), {} if cache is None else cache
+        if key in cache:
+            return cache[key]
         (tcap, anyend), carriers = caps
-        # the tail group's work and the cheap ends' gains, at the least price (sigma >= 1)
         mem = self.memcap[devs, 0][None, :]
         gain = (np.maximum(np.minimum(anyend[:, devs], mem), 0.0)
                 - np.maximum(np.minimum(tcap[:, devs], mem), 0.0)).max(axis=1)
-        bonus = np.minimum(self.n_exempt * gain, self.total - held)
-        total = (self.total - held - bonus)[:, None]
         a = np.minimum(tcap[:, devs], self.memcap[devs, 0][None, :])
         lv = np.minimum(np.arange(1, len(devs) + 1), self.levels[-1]) - self.levels[0]
         if len(self.levels) > 1:  # 1F1B: rank j gets level min(m, j) (module doc)
@@ -284,38 +287,49 @@ class GroupBound:
             cap = a
         cap = np.maximum(cap, 0.0)
         cum = np.cumsum(cap, axis=1)
-        prev = cum - cap
+        most = -np.sort(-cap, axis=1) if len(self.levels) == 1 else cap
+        sig = self.sigma[devs]
+        keeps = []  # per carrier: (keep, what it cannot keep) (``_carrier_cost``)
+        for left in carriers:
+            keep = np.maximum(np.minimum(left[:, devs], mem), 0.0)
+            keeps.append((keep, np.maximum(cap - keep, 0.0)))
+        fix = float(self.t.fixed[devs].min()) if len(devs) else 0.0
+        out = cache[key] = (gain, cap, cum, cum - cap, np.cumsum(most, axis=1), sig, keeps, fix)
+        return out
+
+    def sum_bound(self, terms, b: np.ndarray, caps: tuple, cache: dict | None = None
+                  ) -> np.ndarray:
+        """[K]: a lower bound on sum t_k over plans visiting S with bottleneck <= b (caps:
+        ``capacities(b)``)."""
+        devs, held, k, cross_sum, floor, other, free = terms
+        gain, cap, cum, prev, cum_most, sig, keeps, fix = self._per_devs(devs, caps, cache)
+        # the tail group's work and the cheap ends' gains, at the least price (sigma >= 1)
+        bonus = np.minimum(self.n_exempt * gain, self.total - held)
+        total = (self.total - held - bonus)[:, None]
         x = np.clip(total - prev, 0.0, cap)
-        fill = x @ self.sigma[devs] + held + bonus
+        fill = x @ sig + held + bonus
         need = total[:, 0] * (1 - 1e-12)
         feasible = cum[:, -1] >= need
-        most = -np.sort(-cap, axis=1) if len(self.levels) == 1 else cap
-        p = 1 + (np.cumsum(most, axis=1) < need[:, None]).sum(axis=1) + (held > 0)
-        p = np.maximum(p, k + 1)
-        fix = float(t.fixed[devs].min()) if len(devs) else 0.0
+        p = np.maximum(1 + (cum_most < need[:, None]).sum(axis=1) + (held > 0), k + 1)
         extra = p * fix + cross_sum + other[np.minimum(np.maximum(p - 1 - k, 0), len(other) - 1)]
-        out = fill + extra + self._carrier_cost(devs, cap, x, carriers[: max(k - free, 0)])
+        out = fill + extra + self._carrier_cost(sig, x, keeps[: max(k - free, 0)])
         return np.where(feasible & (b >= floor), out, _INF)
 
-    def _carrier_cost(self, devs, cap, x, carriers) -> np.ndarray | float:
+    def _carrier_cost(self, sig, x, keeps) -> np.ndarray | float:
         """GPipe: the j-th crossing's stage (carrier) not at a cheap end, on some device of S,
         keeps at most its capacity at B less the cheapest such crossing, ending at a cut other
         than the j - 1 easiest (``carrier_ends``), so the work it cannot keep moves to a device
         no cheaper than the fill's marginal one: >= (sigma_marg - sigma_d) x loss_d, least over
         the devices that can carry at all (none: infeasible), summed over carriers (distinct
-        devices not required: a relaxation)."""
-        if not carriers:
+        devices not required: a relaxation). keeps: per carrier (its capacity, the loss)."""
+        if not keeps:
             return 0.0
-        sig = self.sigma[devs]
         marg = np.where(x > 0, sig[None, :], -_INF).max(axis=1, keepdims=True)
-        mem = self.memcap[devs, 0][None, :]
         out = 0.0
-        for left in carriers:
-            keep = np.maximum(np.minimum(left[:, devs], mem), 0.0)
-            cost = np.maximum(marg - sig[None, :], 0.0) * np.maximum(cap - keep, 0.0)
+        for keep, loss in keeps:
+            cost = np.maximum(marg - sig[None, :], 0.0) * loss
             out = out + np.where(keep > 0, cost, _INF).min(axis=1)
         return out
-
 
 _LAST: list = []  # [(tables, GroupBound)] of the last call: chain_bound reuses its B grid
 
@@ -340,7 +354,7 @@ def group_bound(t: Tables, upper: float = _INF) -> float:
     if not terms:
         return _INF
     inf_cap = gb.capacities(np.array([_INF]))
-    top = np.array([gb.sum_bound(x, np.array([_INF]), inf_cap)[0] for x in terms])
+    top = gb.sum_bounds(terms, np.array([_INF]), inf_cap)[:, 0]
     if m == 1 or not np.isfinite(top).any():
         return float(top.min()) + const
     floors = np.array([x[4] for x in terms])
@@ -362,8 +376,7 @@ def _bound_over_b(gb: GroupBound, terms, floors: np.ndarray, m: int, lo: float,
     [B_i, B_j] sum_S(B_j) + (m - 1) max(B_i, floor_S) is a bound (module doc)."""
 
     def evaluate(b: np.ndarray) -> np.ndarray:
-        tcap = gb.capacities(b)
-        return np.stack([gb.sum_bound(x, b, tcap) for x in terms])  # [S, K]
+        return gb.sum_bounds(terms, b, gb.capacities(b))  # [S, K]
 
     def lows() -> np.ndarray:
         left = np.maximum(pts[None, :-1], floors[:, None])

@@ -124,38 +124,43 @@ class RegionBound:
         reach = np.where(easy, cross + unit, _INF)
         return np.sort(np.argsort(reach, kind="stable")[: min(int(easy.sum()), MAX_EASY)] + 1)
 
-    def _caps(self, b: np.ndarray):
+    def _caps(self, b: np.ndarray, tcap: tuple | None = None):
         """Per group at caps b: non-carrier capacity [K, n] (running max over slower devices,
-        0 where only a cheap end fits), the cheap-end capacity, the carrier's [K, n]."""
-        gb = self.gb
-        tcap, anyend = gb.time_capacity(b)
+        0 where only a cheap end fits), the cheap-end capacity, the carrier's [K, n]; tcap:
+        ``time_capacity(b)`` if known. Carriers' capacities are shared by equal comm costs."""
+        gb, memo = self.gb, {}
+        tcap, anyend = gb.time_capacity(b) if tcap is None else tcap
         out = []
         for g, devs in enumerate(self.order):
             a = np.where(np.isfinite(anyend[:, devs]), np.maximum(tcap[:, devs], 0.0), -_INF)
             a = np.maximum.accumulate(a[:, ::-1], axis=1)[:, ::-1]
-            c_any, c, c_tail = (self._carrier(b, devs, ends, cost) for ends, cost in
+            c_any, c, c_tail = (self._carrier(b, devs, ends, cost, memo) for ends, cost in
                                 ((self.cross_any[g], self.c_cross),
                                  (self.cross_rest[g], self.c_rest),
                                  (self.cross_tail[g], self.c_cross)))
             out.append((a, anyend[:, devs], c, c_any, c_tail))
         return out
 
-    def _carrier(self, b: np.ndarray, devs: np.ndarray, ends: np.ndarray, least: float):
+    def _carrier(self, b: np.ndarray, devs: np.ndarray, ends: np.ndarray, least: float,
+                 memo: dict):
         """[K, n]: most reference work a carrier on each device holds, its block ending where
         ``ends`` (comm out per end) is finite."""
         gb = self.gb
         if gb.whole_blocks:
-            return gb.time_capacity(b, ends)[0][:, devs]
+            key = ends.tobytes()
+            if key not in memo:
+                memo[key] = gb.time_capacity(b, ends)[0]
+            return memo[key][:, devs]
         x = b[:, None] - gb.t.fixed[devs][None, :] - least
         return np.where(x >= 0, x / gb.sigma[devs][None, :], -_INF)
 
-    def bounds(self, b: np.ndarray, subsets: list[tuple[int, ...]]) -> np.ndarray:
+    def bounds(self, b: np.ndarray, subsets: list[tuple[int, ...]], tcap=None) -> np.ndarray:
         """[len(subsets), K]: a lower bound on sum t_k (the first stage's update and sync left
         out, as in ``GroupBound.sum_bound``) over plans that visit exactly the groups of each
         subset, each in one run, with every t_k <= b; inf where none can."""
         gb = self.gb
         k_n, lams = len(b), self.lams
-        caps = self._caps(b)
+        caps = self._caps(b, tcap)
         n_cheap = min(len(self.other), len(gb.groups) - 1)
         # runs[g][v]: [L + 1, P + 1, K, Lam]; v = 1: its carrier ends at a cheap end
         runs = [[self._runs(g, caps[g], lams, v) for v in range(1 + (n_cheap > 0))]
@@ -219,19 +224,28 @@ class RegionBound:
     def _extend(self, cur: np.ndarray, nxt: np.ndarray, runs: list, first: bool) -> None:
         """nxt = max(nxt, cur + a run of one more group in front): levels add up (capped)."""
         lc = self.lcap
-        for l0 in ([0] if first else range(1, lc + 1)):
-            for v, table in enumerate(runs if not first else runs[:1]):
-                for j in range(cur.shape[1] - v):
-                    if not np.isfinite(cur[l0, j]).any():
-                        continue
-                    row = table[l0] + cur[l0, j][None]  # [P + 1, K, Lam] (p stages, p >= 1)
-                    below = min(lc - l0 - 1, row.shape[0] - 1)  # runs ending under the cap
-                    dst = nxt[:, j + v]
-                    if below > 0:
-                        np.maximum(dst[l0 + 1: l0 + 1 + below], row[1: 1 + below],
-                                   out=dst[l0 + 1: l0 + 1 + below])
-                    if row.shape[0] > max(lc - l0, 1):
-                        np.maximum(dst[lc], row[max(lc - l0, 1):].max(axis=0), out=dst[lc])
+        if first:  # the pipeline's last run: l0 = 0, its carrier-free table only
+            for j in range(cur.shape[1]):
+                row = runs[0][0] + cur[0, j][None]  # [P + 1, K, Lam] (p stages, p >= 1)
+                below = min(lc - 1, row.shape[0] - 1)  # runs ending under the cap
+                dst = nxt[:, j]
+                if below > 0:
+                    np.maximum(dst[1: 1 + below], row[1: 1 + below], out=dst[1: 1 + below])
+                if row.shape[0] > max(lc, 1):
+                    np.maximum(dst[lc], row[max(lc, 1):].max(axis=0), out=dst[lc])
+            return
+        # all l0 = 1 .. lc at once: p stages after l0 reach level l0 + p, capped at lc
+        n_p = runs[0].shape[1]
+        top = (np.arange(1, lc + 1)[:, None] + np.arange(n_p)[None, :] >= lc)
+        top[:, 0] = False
+        for v, table in enumerate(runs):
+            for j in range(cur.shape[1] - v):
+                rows = table[1:] + cur[1:, j][:, None]  # [lc (l0 - 1), P + 1, K, Lam]
+                dst = nxt[:, j + v]
+                for p in range(1, min(n_p, lc - 1)):  # l0 = 1 .. lc - 1 - p, under the cap
+                    np.maximum(dst[1 + p: lc], rows[: lc - 1 - p, p], out=dst[1 + p: lc])
+                if top.any():
+                    np.maximum(dst[lc], rows[top].max(axis=0), out=dst[lc])
 
     def _runs(self, g: int, caps, lams: np.ndarray, cheap: int, rows=None) -> np.ndarray:
         """[L + 1, P + 1, K, Lam]: the most gain of a run of p stages in group g after L stages
@@ -250,28 +264,27 @@ class RegionBound:
         out = np.full((lc + 1, n + 1, k_n, len(lams)), -_INF)
         cost = min(self.fix[g] + self.c_intra[g], -_NEG)  # no intra link: no such stage
 
-        def gains(held: np.ndarray, less: float) -> np.ndarray:  # [K, n, Lam], _NEG: cannot
-            return np.where(np.isfinite(held)[:, :, None],
-                            price * np.maximum(held, 0.0)[:, :, None] - less, _NEG)
+        def gains(held: np.ndarray, less) -> np.ndarray:  # [R, K, n, Lam], _NEG: cannot
+            return np.where(np.isfinite(held)[..., None],
+                            price * np.maximum(held, 0.0)[..., None] - less, _NEG)
 
-        zero = np.zeros((k_n, 1, len(lams)))
-        for l0 in range(lc + 1) if rows is None else rows:
-            lv = l0 + np.arange(n)  # level - 2 of device j's stage, if none is taken out before
-            cum_a = np.concatenate([zero, np.cumsum(gains(np.minimum(a, mem[lv + 1][None]),
-                                                          cost), axis=1)], axis=1)
-            cum_b = np.concatenate([zero, np.cumsum(gains(np.minimum(a, mem[lv][None]), cost),
-                                                    axis=1)], axis=1)
-            if l0 == 0:  # the last stage: ending at the last unit
-                h, less = np.minimum(anyend, mem[0]), self.fix[g]
-            else:
-                h = np.minimum((carrier, c_any, c_tail)[cheap], mem[min(l0, len(mem) - 1)])
-                less = self.fix[g] + self.c_cross
-            sp = gains(h, less)  # [K, n, Lam]: the special stage on device c
-            after = np.maximum.accumulate(sp[:, ::-1], axis=1)[:, ::-1]  # c >= q
-            val = after + cum_a[:, :n]  # q = 0 .. n - 1
-            before = np.maximum.accumulate(sp + cum_a[:, :n] - cum_b[:, 1:], axis=1)  # c <= q
-            val[:, 1:] = np.maximum(val[:, 1:], before[:, :-1] + cum_b[:, 2:])
-            out[l0, 1:] = np.where(val > _NEG / 2, val, -_INF).transpose(1, 0, 2)
+        rows = np.arange(lc + 1) if rows is None else np.asarray(rows)
+        lv = rows[:, None] + np.arange(n)  # [R, n]: level - 2 of device j's stage (see above)
+        zero = np.zeros((len(rows), k_n, 1, len(lams)))
+        cum_a = np.concatenate([zero, np.cumsum(gains(np.minimum(
+            a[None], mem[lv + 1][:, None]), cost), axis=2)], axis=2)  # [R, K, n + 1, Lam]
+        cum_b = np.concatenate([zero, np.cumsum(gains(np.minimum(a[None], mem[lv][:, None]),
+                                                      cost), axis=2)], axis=2)
+        last = (rows == 0)[:, None, None]  # l0 = 0: the last stage, ending at the last unit
+        h = np.minimum(np.where(last, anyend[None], (carrier, c_any, c_tail)[cheap][None]),
+                       mem[np.where(rows == 0, 0, np.minimum(rows, len(mem) - 1))][:, None, None])
+        less = np.where(rows == 0, self.fix[g], self.fix[g] + self.c_cross)[:, None, None, None]
+        sp = gains(h, less)  # [R, K, n, Lam]: the special stage on device c
+        after = np.maximum.accumulate(sp[:, :, ::-1], axis=2)[:, :, ::-1]  # c >= q
+        val = after + cum_a[:, :, :n]  # q = 0 .. n - 1
+        before = np.maximum.accumulate(sp + cum_a[:, :, :n] - cum_b[:, :, 1:], axis=2)  # c <= q
+        val[:, :, 1:] = np.maximum(val[:, :, 1:], before[:, :, :-1] + cum_b[:, :, 2:])
+        out[rows, 1:] = np.where(val > _NEG / 2, val, -_INF).transpose(0, 2, 1, 3)
         return out
 
     def _bonus(self, caps, s: tuple[int, ...], lams: np.ndarray) -> np.ndarray:
@@ -327,10 +340,11 @@ def region_bound(t: Tables, upper: float = _INF, rounds: int = 4, split: int = 4
 
     def evaluate(b: np.ndarray) -> np.ndarray:  # [K]: least sum bound over all plans at B <= b
         caps = gb.capacities(b)
-        vals = [gb.sum_bound(x, b, caps) for x in single]
-        region = rb.bounds(b, multi)
+        cache: dict = {}  # sum_bound's parts per device set
+        vals = [gb.sum_bound(x, b, caps, cache) for x in single]
+        region = rb.bounds(b, multi, caps[0])
         for i, x in enumerate(revisit):
-            again = gb.sum_bound(x, b, caps) if x is not None else np.full(len(b), _INF)
+            again = gb.sum_bound(x, b, caps, cache) if x is not None else np.full(len(b), _INF)
             vals.append(np.minimum(again, region[i]))
         return np.min(vals, axis=0)
 
