@@ -151,6 +151,16 @@ def test_region_bound_below_optimum():
     assert region_bound(plan_lib.tables(prof, "gpipe", 8), upper=want) == -math.inf
 
 
+def realign_profile(m: int = 16):
+    """17 units whose memory needs repeat 1, 1, 2 (so a block's size depends on where it
+    starts), 4 fast devices with 5 bytes and 2 slow ones (x2.5) with 2: at GPipe m the optimum
+    puts a slow device holding one unit between fast ones (tests/test_refine.py uses it too)."""
+    need = np.array([1.0, 1.0, 2.0] * 6)[:17]
+    fwd = np.ones((17, 1)) * np.array([1.0] * 4 + [2.5] * 2)[None] / 3
+    return make_profile(fwd, state=np.zeros(17), act=need / m, out=np.ones(17),
+                        memory=np.array([5.0] * 4 + [2.0] * 2))
+
+
 def test_interleaved_order_realigns_memory_bound_blocks(monkeypatch):
     """GPipe, memory binding by where a block starts (needs 1, 1, 2 repeating from unit 0 = B:
     a fast device's 5 bytes hold 4 units from B or C, 3 from A): the optimum puts a slow
@@ -159,10 +169,7 @@ def test_interleaved_order_realigns_memory_bound_blocks(monkeypatch):
     assert order_search.interleaved([0, 1, 2, 3, 4], np.zeros(5, int),
                                     np.array([1.0, 5, 2, 4, 3]), 0.4) == [0, 3, 2, 1, 4]
     m = 16
-    need = np.array([1.0, 1.0, 2.0] * 6)[:17]
-    fwd = np.ones((17, 1)) * np.array([1.0] * 4 + [2.5] * 2)[None] / 3
-    prof = make_profile(fwd, state=np.zeros(17), act=need / m, out=np.ones(17),
-                        memory=np.array([5.0] * 4 + [2.0] * 2))
+    prof = realign_profile(m)
     want = plan_lib.plan(prof, "optimal", "gpipe", m)
     assert want.exact and len(want.stages) == 5
     monkeypatch.setattr(order_search, "improve", lambda top, *a, **k: top)

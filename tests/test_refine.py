@@ -19,8 +19,8 @@ from skyjax import plan as plan_lib
 from skyjax.plan import planner, refine as refine_mod
 from skyjax.plan.classes import link_groups
 from skyjax.plan.cost import Solution, check_assignment, stage_costs
-from tests.test_allocator import check_plan_valid, make_profile, random_profile
-from tests.test_bounds import region_profile
+from tests.test_allocator import check_plan_valid, random_profile
+from tests.test_bounds import realign_profile, region_profile
 from tests.test_cost_overheads import brute_force, with_overheads
 
 
@@ -190,10 +190,7 @@ def test_refine_realigns_memory_bound_blocks(monkeypatch):
     from skyjax.plan import order_search
 
     m = 16
-    need = np.array([1.0, 1.0, 2.0] * 6)[:17]
-    fwd = np.ones((17, 1)) * np.array([1.0] * 4 + [2.5] * 2)[None] / 3
-    prof = make_profile(fwd, state=np.zeros(17), act=need / m, out=np.ones(17),
-                        memory=np.array([5.0] * 4 + [2.0] * 2))
+    prof = realign_profile(m)
     want = plan_lib.plan(prof, "optimal", "gpipe", m)
     monkeypatch.setattr(order_search, "improve", lambda top, *a, **k: top)
     monkeypatch.setattr(order_search, "memory_bound", lambda *a: False)
