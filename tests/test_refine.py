@@ -210,3 +210,30 @@ def test_paper_case_gpipe32_improves():
     got = plan_lib.plan(paper_case(), "optimal", "gpipe", 32)
     assert got.step_time_s < 2.8735
     assert len({s.device for s in got.stages}) == len(got.stages)
+
+
+def test_least_sum_equals_brute_force_per_order():
+    """``least_sum`` (every region's span the whole model) is the exact least sum over plans
+    visiting the regions in a given order, each once, under a cap."""
+    rng = np.random.default_rng(8)
+    checked = 0
+    for i in range(40):
+        prof = region_profile(rng, int(rng.integers(2, 5)), int(rng.integers(3, 6)),
+                              int(rng.integers(1, 3)))
+        if i % 2:
+            prof = with_overheads(prof, rng, 0.05)
+        t = plan_lib.tables(prof, "gpipe", int(rng.choice([1, 4, 8])))
+        groups = link_groups(t)
+        for order in itertools.permutations(range(len(groups))):
+            plans = list(_plans(t, groups, list(order)))
+            if not plans:
+                assert refine_mod.least_sum(t, list(order), math.inf, groups) is None
+                continue
+            cap = float(rng.choice([s.bottleneck for s in plans])) * (1 + 1e-10)
+            got = refine_mod.least_sum(t, list(order), cap, groups)
+            want = _brute_sum(t, groups, list(order), cap)
+            assert got is not None and got.total == pytest.approx(want, rel=1e-9), (i, order)
+            assert got.bottleneck <= cap
+            check_assignment(t, got.assignment)
+            checked += 1
+    assert checked >= 30

@@ -52,7 +52,7 @@ import math
 import numpy as np
 
 from skyjax.plan.cost import Tables
-from skyjax.plan.group_bound import MAX_SUBSET_GROUPS, GroupBound, last_group_bound
+from skyjax.plan.group_bound import MAX_SUBSET_GROUPS, GroupBound
 
 _INF = math.inf
 MAX_CELLS = 400_000  # kinds x units x longest block (x 2 x prices per pass): else -inf
@@ -72,10 +72,10 @@ _TOL = 1e-12  # relative slack that only admits more paths (a lower bound stays 
 class PricedChain:
     """The least priced chain of blocks (module doc) at a cap B, for a batch of prices."""
 
-    def __init__(self, gb: GroupBound, hi: float):
+    def __init__(self, gb: GroupBound, hi: float, crossings: int | None = None):
         t = gb.t
         self.gb, u = gb, t.num_units
-        self.k = len(gb.groups) - 1
+        self.k = len(gb.groups) - 1 if crossings is None else crossings
         devs = np.concatenate(gb.groups)
         key = np.concatenate([t.prefix[devs], t.fixed[devs, None], t.in_msg[devs, None],
                               t.memory[devs, None]], axis=1)
@@ -83,8 +83,9 @@ class PricedChain:
         self.rep, self.n = devs[first], counts.astype(float)
         need = t.state_prefix + t.microbatches * t.act_prefix
         cut = np.arange(1, u + 1)  # block end e; the cut after it is e (index e - 1)
-        cross = (np.min([gb.cross[a, b] for a in range(self.k + 1) for b in range(self.k + 1)
-                         if a != b], axis=0) if self.k else np.full(u - 1, _INF))
+        g_n = len(gb.groups)
+        cross = (np.min([gb.cross[a, b] for a in range(g_n) for b in range(g_n) if a != b],
+                        axis=0) if self.k else np.full(u - 1, _INF))
         intra = gb.intra.min(axis=0)
         pre = t.prefix[self.rep]  # [C, U + 1]
         fixed, msg = t.fixed[self.rep, None], t.in_msg[self.rep, None]
@@ -291,13 +292,18 @@ class _Columns:
         return best[1], exact, best[0] if tries < MAX_TRIES else None, best[4]
 
 
-def chain_bound(t: Tables, upper: float = _INF) -> float:
+def chain_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None, *,
+                revisits: bool = False) -> float:
     """A lower bound on T over all plans (module doc), -inf where it does not apply (1F1B,
-    m = 1, no known plan, too many link groups, too large a DP); ``upper``: a known plan's T."""
+    m = 1, no known plan, too many link groups, too large a DP); ``upper``: a known plan's T.
+    ``gb``: a ``GroupBound(t)`` shared with the caller; once ``group_bound`` has run on it, its
+    B grid (``b_grid``) is refined here instead of a new one. ``revisits``: bound only the plans
+    that do not visit every group exactly once in one run (the chain then needs G crossings;
+    the plans left out are the ones ``refine.least_sum`` solves exactly)."""
     m = t.microbatches
     if t.schedule != "gpipe" or m == 1 or not np.isfinite(upper) or t.num_units < 2:
         return -_INF
-    gb = last_group_bound(t)
+    gb = GroupBound(t) if gb is None else gb
     if not gb.ok or not 1 <= len(gb.groups) <= MAX_SUBSET_GROUPS:
         return -_INF
     g_n = len(gb.groups)
@@ -313,14 +319,14 @@ def chain_bound(t: Tables, upper: float = _INF) -> float:
         caps = gb.capacities(b)
         return gb.sum_bounds([x for _, x in terms], b, caps)  # [terms, K]
 
-    known = getattr(gb, "b_grid", None)  # group_bound's own B grid, refined where it is lowest
+    known = gb.b_grid  # group_bound's own B grid, refined where it is lowest
     if known is not None and known[0][0] <= lo and known[0][-1] >= hi:  # it covers [lo, hi]
         grid, vals = known
     else:
         grid = np.geomspace(lo, hi, GRID)
         vals = evaluate(grid)
     pts = grid.copy()  # interval ends: the grid and where chain steps start
-    dp = PricedChain(gb, float(grid[-1]))  # every block that fits some cap tried
+    dp = PricedChain(gb, float(grid[-1]), g_n if revisits else None)  # every block that fits
     if not dp.ok:
         return -_INF
     cols = _Columns(gb, dp, upper - const - (m - 1) * lo)

@@ -75,6 +75,8 @@ class GroupBound:
 
     def __init__(self, t: Tables):
         self.t = t
+        # group_bound's final B points and term values [terms, points], for chain_bound
+        self.b_grid: tuple[np.ndarray, np.ndarray] | None = None
         m, u = t.microbatches, t.num_units
         state, act = np.diff(t.state_prefix), np.diff(t.act_prefix)
         levels = np.arange(1, min(m, t.num_devices) + 1) if t.schedule == "1f1b" else [m]
@@ -331,19 +333,10 @@ class GroupBound:
             out = out + np.where(keep > 0, cost, _INF).min(axis=1)
         return out
 
-_LAST: list = []  # [(tables, GroupBound)] of the last call: chain_bound reuses its B grid
-
-
-def last_group_bound(t: Tables) -> GroupBound:
-    """``group_bound``'s GroupBound when it last ran on these very tables (``b_grid``: its
-    final B points and term values [terms, points]), else a new one."""
-    return _LAST[0][1] if _LAST and _LAST[0][0] is t else GroupBound(t)
-
-
-def group_bound(t: Tables, upper: float = _INF) -> float:
-    """A lower bound on T over all plans (module doc); ``upper``: a known plan's T."""
-    gb = GroupBound(t)
-    _LAST[:] = [(t, gb)]
+def group_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None) -> float:
+    """A lower bound on T over all plans (module doc); ``upper``: a known plan's T. ``gb``: the
+    caller's ``GroupBound(t)``, to share with the other bounds (its ``b_grid`` is set here)."""
+    gb = GroupBound(t) if gb is None else gb
     if not gb.ok:
         return _INF
     m = t.microbatches

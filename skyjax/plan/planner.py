@@ -39,7 +39,7 @@ from skyjax.plan.chain_bound import chain_bound
 from skyjax.plan.classes import device_classes
 from skyjax.plan.cost import Tables, evaluate_tables, tables
 from skyjax.plan.even import even_assignment
-from skyjax.plan.group_bound import group_bound
+from skyjax.plan.group_bound import GroupBound, group_bound
 from skyjax.plan.refine import refine_plan
 from skyjax.plan.region_bound import region_bound
 from skyjax.plan.sharing import best_subset
@@ -68,11 +68,13 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
         raise InfeasibleError(_infeasible_message(profile, t))
     out = evaluate_tables(profile, t, sol.assignment, strategy, exact, None)
     if not exact:
-        lb = max(lower_bound(t), group_bound(t, upper=out.step_time_s))
+        gb = GroupBound(t)  # shared by the three bounds below (chain_bound refines its B grid)
+        lb = max(lower_bound(t), group_bound(t, out.step_time_s, gb))
         if out.step_time_s > lb * (1 + REGION_GAP):  # GPipe: least sum at its bottleneck
             out = refine_plan(profile, t, sol, out)
         if out.step_time_s > lb * (1 + REGION_GAP):  # 1F1B: regions once; GPipe: chains
-            lb = max(lb, region_bound(t, out.step_time_s), chain_bound(t, out.step_time_s))
+            lb = max(lb, region_bound(t, out.step_time_s, gb=gb),
+                     chain_bound(t, out.step_time_s, gb))
         out.lower_bound_s = min(lb, out.step_time_s)
         if out.step_time_s <= lb * (1 + 1e-9):
             out.exact, out.lower_bound_s = True, None

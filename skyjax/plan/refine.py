@@ -88,6 +88,28 @@ def refine(t: Tables, sol: Solution, groups: list[list[int]] | None = None) -> S
     return sol
 
 
+def least_sum(t: Tables, order: list[int], cap: float,
+              groups: list[list[int]] | None = None) -> Solution | None:
+    """The exact least-sum GPipe plan (sum of stage times plus the first stage's update) among
+    plans that visit the link groups in ``order``, each once and in one run, with every stage
+    time <= cap; None if there is none or a group has more than ``MAX_STATES`` count vectors.
+    The same DP as ``refine`` with every region's span the whole model (a proof tool: seconds
+    at paper scale per order, :mod:`experiments.gpipe_optimum`)."""
+    groups = link_groups(t) if groups is None else groups
+    kinds = [_kinds(t, groups[g]) for g in order]
+    if t.schedule != "gpipe" or not order or max(
+            math.prod(len(k) + 1 for k in ks) for ks in kinds) > MAX_STATES:
+        return None
+    u = t.num_units
+    cap = min(cap, np.finfo(float).max)  # an infinite cap: no inf - inf on unreachable links
+    found = _Search(t, list(order), groups, kinds, [0] * len(order) + [u], cap, slack=u).run()
+    if found is None:
+        return None
+    stages = stage_costs(t, found)
+    times = [s.time_s for s in stages]
+    return Solution(float(sum(times)) + stages[0].update_s, float(max(times)), found)
+
+
 def _kinds(t: Tables, devs: list[int]) -> list[list[int]]:
     """Devices of one group that are interchangeable (same rows everywhere the cost reads)."""
     out: dict[bytes, list[int]] = {}
@@ -114,12 +136,13 @@ class _Search:
     """The DP of the module doc; ``run`` returns an assignment or None."""
 
     def __init__(self, t: Tables, order: list[int], groups: list[list[int]],
-                 kinds: list[list[list[int]]], bounds: list[int], cap: float):
+                 kinds: list[list[list[int]]], bounds: list[int], cap: float,
+                 slack: int = SLACK):
         self.t, self.order, self.kinds, self.cap = t, order, kinds, cap
         self.need = t.state_prefix + t.microbatches * t.act_prefix
         u, n_r = t.num_units, len(order)
-        self.span = [(0 if r == 0 else max(bounds[r] - SLACK, 1),
-                      u if r == n_r - 1 else min(bounds[r + 1] + SLACK, u - 1))
+        self.span = [(0 if r == 0 else max(bounds[r] - slack, 1),
+                      u if r == n_r - 1 else min(bounds[r + 1] + slack, u - 1))
                      for r in range(n_r)]
         self.intra = [_link(t, groups[g], groups[g]) for g in order]
         nolink = np.full(u + 1, _INF)

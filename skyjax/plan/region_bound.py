@@ -317,14 +317,16 @@ class RegionBound:
         return max(float(order[:k].sum()) - k * self.c_cross, 0.0)
 
 
-def region_bound(t: Tables, upper: float = _INF, rounds: int = 4, split: int = 4) -> float:
+def region_bound(t: Tables, upper: float = _INF, rounds: int = 4, split: int = 4,
+                 gb: GroupBound | None = None) -> float:
     """A lower bound on T over all plans (module doc), -inf where it does not apply (GPipe,
     m = 1, one link group, or too many); ``upper``: a known plan's T (B above
-    (upper - W) / (m - 1) cannot hold the optimum)."""
+    (upper - W) / (m - 1) cannot hold the optimum); ``gb``: a ``GroupBound(t)`` shared with
+    the caller."""
     m = t.microbatches
     if t.schedule != "1f1b" or m == 1 or not np.isfinite(upper):
         return -_INF
-    gb = GroupBound(t)
+    gb = GroupBound(t) if gb is None else gb
     if not gb.ok or not 2 <= len(gb.groups) <= MAX_SUBSET_GROUPS:
         return -_INF
     rb = RegionBound(gb)
