@@ -214,3 +214,18 @@ def test_chain_with_g_crossings_holds_every_revisiting_plan():
         assert val <= best[0] * (1 + 1e-9), (i, val, best)
         seen += 1
     assert seen >= 15, seen
+
+
+def test_revisits_bound_with_one_group_is_the_known_plan():
+    """One link group: every plan visits it once, in one run, so no plan is left for the
+    revisits bound; it returns the known plan's T (not an error, not -inf)."""
+    rng = np.random.default_rng(37)
+    for _ in range(50):
+        t = plan_lib.tables(region_profile(rng, 3, 4, 1), "gpipe", 4)
+        gb = GroupBound(t)
+        if gb.ok and len(gb.groups) == 1:
+            break
+    assert len(gb.groups) == 1
+    assert chain_bound(t, upper=5.0, revisits=True) == 5.0
+    dp = PricedChain(gb, 10.0, crossings=1)
+    assert dp.price(np.zeros((1, len(dp.n))), np.array([10.0]))[0][0] == math.inf

@@ -85,7 +85,7 @@ class PricedChain:
         cut = np.arange(1, u + 1)  # block end e; the cut after it is e (index e - 1)
         g_n = len(gb.groups)
         cross = (np.min([gb.cross[a, b] for a in range(g_n) for b in range(g_n) if a != b],
-                        axis=0) if self.k else np.full(u - 1, _INF))
+                        axis=0) if self.k and g_n > 1 else np.full(u - 1, _INF))
         intra = gb.intra.min(axis=0)
         pre = t.prefix[self.rep]  # [C, U + 1]
         fixed, msg = t.fixed[self.rep, None], t.in_msg[self.rep, None]
@@ -307,6 +307,8 @@ def chain_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None, *,
     if not gb.ok or not 1 <= len(gb.groups) <= MAX_SUBSET_GROUPS:
         return -_INF
     g_n = len(gb.groups)
+    if revisits and g_n == 1:
+        return upper  # one group: every plan visits it once, in one run
     const = float((t.update_call + t.update_prefix[:, 1]).min()) + t.sync_s
     terms = [(len(s) == g_n, x) for s in gb.subsets() for x in gb.cases(s, len(s) == g_n)]
     full = np.array([f for f, _ in terms])
