@@ -244,7 +244,9 @@ def test_link_probes_measure_emulated_links():
     assert raw["path"] == "LocalTransport"
     assert lat[0, 2] == pytest.approx(0.004, rel=0.3) and lat[2, 1] == lat[0, 2]
     assert bw[0, 2] == pytest.approx(2e8, rel=0.3)
-    assert lat[0, 1] < 0.002 and bw[0, 1] > 1e9  # same region: real device-to-device copy
+    # same region: a real device-to-device copy, far faster than the emulated link (ratios: on
+    # this shared 2-core host a 2 MiB copy has measured as low as 0.76 GB/s)
+    assert lat[0, 1] < lat[0, 2] / 2 and bw[0, 1] > 2 * bw[0, 2]
     assert lat[1, 0] == lat[0, 1]
 
 
