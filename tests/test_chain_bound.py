@@ -125,23 +125,23 @@ def test_chain_bound_applies_to_gpipe_only(monkeypatch):
 
 
 def _all_plans(t):
-    """Every plan (devices in order, cuts) as (T, whether it visits every link group exactly
-    once in one run)."""
-    from tests.test_refine import _solution, _step
+    """Every plan that fits memory and links (devices in order, cuts) as (its Solution, its
+    crossings, whether it visits every link group exactly once in one run)."""
+    from tests.test_refine import _solution
 
     groups = link_groups(t)
     group_of = {d: i for i, g in enumerate(groups) for d in g}
     u = t.num_units
     for n in range(1, min(u, t.num_devices) + 1):
         for devs in itertools.permutations(range(t.num_devices), n):
-            runs = [g for j, g in enumerate(group_of[d] for d in devs)
-                    if j == 0 or group_of[devs[j - 1]] != g]
-            once = len(runs) == len(set(runs)) == len(groups)
+            seq = [group_of[d] for d in devs]
+            crossings = sum(a != b for a, b in zip(seq, seq[1:]))
+            once = crossings + 1 == len(set(seq)) == len(groups)
             for cuts in itertools.combinations(range(1, u), n - 1):
                 bounds = (0,) + cuts + (u,)
                 sol = _solution(t, list(zip(devs, bounds, bounds[1:])))
                 if sol is not None:
-                    yield _step(t, sol), once
+                    yield sol, crossings, once
 
 
 def test_revisits_bound_and_the_once_each_walk_bracket_the_optimum():
@@ -149,6 +149,7 @@ def test_revisits_bound_and_the_once_each_walk_bracket_the_optimum():
     and ``experiments.gpipe_optimum``'s walk over caps returns the least T of those that do;
     so together they bound the optimum (brute force over every plan)."""
     from experiments.gpipe_optimum import once_each_optimum
+    from tests.test_refine import _step
 
     rng = np.random.default_rng(35)
     n = 0
@@ -160,7 +161,7 @@ def test_revisits_bound_and_the_once_each_walk_bracket_the_optimum():
         t = plan_lib.tables(prof, "gpipe", (2, 4, 8)[i % 3])
         if len(link_groups(t)) < 2:
             continue
-        plans = list(_all_plans(t))
+        plans = [(_step(t, sol), o) for sol, _, o in _all_plans(t)]
         once = min((x for x, o in plans if o), default=math.inf)
         other = min((x for x, o in plans if not o), default=math.inf)
         if not math.isfinite(min(once, other)):
@@ -180,8 +181,6 @@ def test_chain_with_g_crossings_holds_every_revisiting_plan():
     """With G crossings required, the unpriced chain DP at a revisiting plan's bottleneck is at
     most that plan's sum of stage times (the plan is one of its paths); revisits with exactly G
     crossings are the common case here, so requiring one more would fail this."""
-    from skyjax.plan.cost import stage_costs
-
     rng = np.random.default_rng(36)
     seen = 0
     for i in range(60):
@@ -190,28 +189,14 @@ def test_chain_with_g_crossings_holds_every_revisiting_plan():
         gb = GroupBound(t)
         if not gb.ok or len(gb.groups) != 2:
             continue
-        group_of = {d: g for g, devs in enumerate(gb.groups) for d in devs}
-        best = None
-        u = t.num_units
-        usable = sorted(group_of)  # devices that can hold some unit
-        for n in range(3, min(u, len(usable)) + 1):
-            for devs in itertools.permutations(usable, n):
-                runs = sum(group_of[a] != group_of[b] for a, b in zip(devs, devs[1:]))
-                if runs < 2:
-                    continue
-                for cuts in itertools.combinations(range(1, u), n - 1):
-                    bounds = (0,) + cuts + (u,)
-                    st = stage_costs(t, list(zip(devs, bounds, bounds[1:])))
-                    if any(s.memory_bytes > t.memory[s.device] for s in st):
-                        continue
-                    times = [s.time_s for s in st]
-                    if math.isfinite(sum(times)) and (best is None or sum(times) < best[0]):
-                        best = (sum(times), max(times))
-        if best is None:
+        assert not t.update_call.any() and not t.update_prefix.any()  # total = sum t_k
+        revisits = [sol for sol, crossings, _ in _all_plans(t) if crossings >= 2]
+        if not revisits:
             continue
-        dp = PricedChain(gb, best[1] * 1.5, crossings=len(gb.groups))
-        val = dp.price(np.zeros((1, len(dp.n))), np.array([best[1]]))[0][0]
-        assert val <= best[0] * (1 + 1e-9), (i, val, best)
+        best = min(revisits, key=lambda sol: sol.total)
+        dp = PricedChain(gb, best.bottleneck * 1.5, crossings=len(gb.groups))
+        val = dp.price(np.zeros((1, len(dp.n))), np.array([best.bottleneck]))[0][0]
+        assert val <= best.total * (1 + 1e-9), (i, val, best)
         seen += 1
     assert seen >= 15, seen
 

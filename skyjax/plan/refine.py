@@ -71,19 +71,10 @@ def refine(t: Tables, sol: Solution, groups: list[list[int]] | None = None) -> S
         if not order or order[-1] != g:
             order.append(g)
             starts.append(int(a))
-    kinds = [_kinds(t, groups[g]) for g in order]
-    if max(math.prod(len(k) + 1 for k in ks) for ks in kinds) > MAX_STATES:
-        return sol
-    found = _Search(t, order, groups, kinds, starts + [t.num_units],
-                    sol.bottleneck * (1 + 1e-10)).run()
-    if found is None:
-        return sol
-    check_assignment(t, found)
-    stages = stage_costs(t, found)
-    times = [s.time_s for s in stages]
-    new = Solution(float(sum(times)) + stages[0].update_s, float(max(times)), found)
+    new = _least(t, order, groups, starts + [t.num_units], sol.bottleneck * (1 + 1e-10))
     m1 = t.microbatches - 1
-    if new.total + m1 * new.bottleneck < (sol.total + m1 * sol.bottleneck) * (1 - 1e-12):
+    if new is not None and (new.total + m1 * new.bottleneck
+                            < (sol.total + m1 * sol.bottleneck) * (1 - 1e-12)):
         return new
     return sol
 
@@ -95,16 +86,25 @@ def least_sum(t: Tables, order: list[int], cap: float,
     time <= cap; None if there is none or a group has more than ``MAX_STATES`` count vectors.
     The same DP as ``refine`` with every region's span the whole model (a proof tool: seconds
     at paper scale per order, :mod:`experiments.gpipe_optimum`)."""
-    groups = link_groups(t) if groups is None else groups
-    kinds = [_kinds(t, groups[g]) for g in order]
-    if t.schedule != "gpipe" or not order or max(
-            math.prod(len(k) + 1 for k in ks) for ks in kinds) > MAX_STATES:
+    if t.schedule != "gpipe" or not order:
         return None
+    groups = link_groups(t) if groups is None else groups
     u = t.num_units
     cap = min(cap, np.finfo(float).max)  # an infinite cap: no inf - inf on unreachable links
-    found = _Search(t, list(order), groups, kinds, [0] * len(order) + [u], cap, slack=u).run()
+    return _least(t, list(order), groups, [0] * len(order) + [u], cap, slack=u)
+
+
+def _least(t: Tables, order: list[int], groups: list[list[int]], bounds: list[int], cap: float,
+           slack: int = SLACK) -> Solution | None:
+    """The DP's plan (region spans: ``bounds`` +- slack) priced by the cost model; None where
+    it finds none or a region has more than ``MAX_STATES`` count vectors."""
+    kinds = [_kinds(t, groups[g]) for g in order]
+    if max(math.prod(len(k) + 1 for k in ks) for ks in kinds) > MAX_STATES:
+        return None
+    found = _Search(t, order, groups, kinds, bounds, cap, slack).run()
     if found is None:
         return None
+    check_assignment(t, found)
     stages = stage_costs(t, found)
     times = [s.time_s for s in stages]
     return Solution(float(sum(times)) + stages[0].update_s, float(max(times)), found)
