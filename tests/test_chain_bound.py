@@ -19,7 +19,8 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.plan import chain_bound as chain_mod
-from skyjax.plan.chain_bound import PricedChain, _master, chain_bound
+from skyjax.plan.chain_bound import PricedChain, chain_bound
+from skyjax.plan.master_lp import master_prices
 from skyjax.plan.classes import link_groups
 from skyjax.plan.group_bound import GroupBound, group_bound
 from tests.test_allocator import random_profile
@@ -105,11 +106,11 @@ def test_master_matches_a_hand_solved_lp():
     """Two kinds, one device each, two paths: one uses kind 0 twice (sum 1), one uses kind 1
     once (sum 3). The master mixes them half and half: value 2, where min(1 + mu_0, 3 - mu_0)
     peaks (mu_0 = 1)."""
-    mu, value = _master(np.array([1.0, 3.0]), np.array([[2.0, 0.0], [0.0, 1.0]]),
+    mu, value = master_prices(np.array([1.0, 3.0]), np.array([[2.0, 0.0], [0.0, 1.0]]),
                         np.array([1.0, 1.0]), big=100.0)
     assert value == pytest.approx(2.0)
     assert mu == pytest.approx([1.0, 0.0])
-    mu, value = _master(np.array([1.0, 3.0]), np.array([[2.0, 0.0], [0.0, 1.0]]),
+    mu, value = master_prices(np.array([1.0, 3.0]), np.array([[2.0, 0.0], [0.0, 1.0]]),
                         np.array([1.0, 1.0]), big=100.0, box=(np.zeros(2), np.full(2, 0.5)))
     assert (mu <= 0.5 + 1e-12).all()
 

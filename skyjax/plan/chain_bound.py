@@ -21,7 +21,7 @@ kind each stage uses (and links to their least per cut). It is a proof, not an e
       sum_k t_k >= sum_k r_k >= sum_k (r_k + mu_{c_k}) - mu . N >= DP_mu(B) - mu . N,
   with r_k the relaxed stage times and DP_mu(B) the least priced path (exact, ``PricedChain``).
   So the prices need not be optimal: they come from a few rounds of column generation (a tiny
-  simplex on the paths found, ``_master``), and every priced DP gives a valid bound.
+  simplex on the paths found, :mod:`skyjax.plan.master_lp`), and every priced DP gives a valid bound.
 * Over B: a plan whose bottleneck lies in [B_i, B_j] has T >= s(B_j) + (m - 1) B_i + update
   floor + sync, for any valid sum bound s at cap B_j (a plan with bottleneck <= B_j is feasible
   there). The DP's best path at B_j has some largest stage b*; with the same prices its value
@@ -53,6 +53,8 @@ import numpy as np
 
 from skyjax.plan.cost import Tables
 from skyjax.plan.group_bound import MAX_SUBSET_GROUPS, GroupBound
+from skyjax.plan.master_lp import master_prices
+from skyjax.plan.once_bound import OnceEach
 
 _INF = math.inf
 MAX_CELLS = 400_000  # kinds x units x longest block (x 2 x prices per pass): else -inf
@@ -66,6 +68,7 @@ REACH = 0.01  # a new chain cap: the furthest interval end within this factor
 SCAN, WIDTH = 12, 1  # intervals looked at per round, most caps or splits per round
 GRID, SPLIT = 33, 4  # group terms: first grid over [lo, hi], pieces per refinement
 RENTS = 6  # starting prices tried at the first cap
+MAX_ONCE = 4  # caps at which the once-each bound (once_bound) is tried, while below the goal
 _TOL = 1e-12  # relative slack that only admits more paths (a lower bound stays valid)
 
 
@@ -159,51 +162,6 @@ class PricedChain:
         return counts, total, top
 
 
-def _master(costs: np.ndarray, cols: np.ndarray, n: np.ndarray, big: float,
-            box: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, float]:
-    """Prices from the restricted master max_mu min_p cost_p + mu . (cols_p - n) over the
-    paths found, mu in box [l, u] (default [0, inf)), by a small dense simplex on its dual:
-    min sum_p x_p cost'_p + w . (u - l), sum_p x_p cols_p - w <= n, sum_p x_p = 1, x, w >= 0,
-    with cost'_p = cost_p + l . (cols_p - n) and a column using every device at cost ``big`` (a
-    sum above which the bound is decided; the master is always feasible). Returns the prices
-    (l + the duals of the count rows) and the master's value. Any prices give a valid bound,
-    so the iteration cap only costs tightness."""
-    c_n, p_n = len(n), len(costs)
-    low, up = box if box is not None else (np.zeros(c_n), np.full(c_n, _INF))
-    fin = np.isfinite(up)
-    a = np.zeros((c_n + 1, p_n + 2 * c_n + 1))
-    a[:c_n, :p_n], a[c_n, :p_n] = cols.T, 1.0
-    a[:c_n, p_n: p_n + c_n] = np.eye(c_n)  # slacks
-    a[:c_n, p_n + c_n: p_n + 2 * c_n] = -np.eye(c_n)  # w: the box's upper side
-    a[:c_n, -1], a[c_n, -1] = n, 1.0
-    c = np.concatenate([costs + (cols - n) @ low, np.zeros(c_n),
-                        np.where(fin, up - low, 0.0), [big]])
-    keep = np.concatenate([np.ones(p_n + c_n, bool), fin, [True]])
-    a, c = a[:, keep], c[keep]
-    rhs = np.concatenate([n, [1.0]])
-    basis = [p_n + i for i in range(c_n)] + [a.shape[1] - 1]
-    y, x = np.zeros(c_n + 1), rhs
-    tol = 1e-12 * max(1.0, abs(big))
-    for _ in range(8 * a.shape[1]):
-        bm = a[:, basis]
-        try:
-            x = np.linalg.solve(bm, rhs)
-            y = np.linalg.solve(bm.T, c[basis])
-        except np.linalg.LinAlgError:
-            break
-        red = c - a.T @ y
-        q = int(np.argmin(red))
-        if red[q] >= -tol:
-            break
-        d = np.linalg.solve(bm, a[:, q])
-        pos = d > 1e-12
-        if not pos.any():
-            break
-        ratio = np.where(pos, x / np.where(pos, d, 1.0), _INF)
-        basis[int(np.argmin(ratio))] = q
-    return np.minimum(low + np.maximum(-y[:c_n], 0.0), up), float(c[basis] @ x)
-
-
 def _rents(gb: GroupBound, dp: PricedChain, cap: float) -> np.ndarray:
     """Starting prices [P, C]: at a marginal price lam (reference seconds), a device of kind c
     saves (lam - sigma_c)^+ x the reference work it holds at cap (``group_bound``'s fill)."""
@@ -232,7 +190,7 @@ class _Columns:
         ok = self.tops <= cap * (1 + _TOL)  # paths feasible at this cap
         if not ok.any():
             return np.zeros(len(self.dp.n)), _INF
-        return _master(self.costs[ok], self.cols[ok], self.dp.n, self.big, box)
+        return master_prices(self.costs[ok], self.cols[ok], self.dp.n, self.big, box)
 
     def candidates(self, cap: float) -> np.ndarray:
         """Prices to try at cap: the master's within boxes of a few radii around the best
@@ -279,6 +237,12 @@ class _Columns:
             if done:
                 return
 
+    def prices(self, b: float, n: int = RENTS) -> np.ndarray:
+        """[P, C]: the prices of the n evaluations at the caps nearest to b (any prices give
+        a valid bound; near caps, good ones), or ``_rents`` at b if none."""
+        near = sorted(self.evals, key=lambda x: abs(math.log(x[0] / b)))[:n]
+        return np.stack([x[3] for x in near]) if near else _rents(self.gb, self.dp, b)
+
     def at(self, b: float) -> tuple[float, bool, float | None, float]:
         """The best chain bound known at b (an evaluation at a cap >= b), whether it holds at
         b exactly (its path's largest stage <= b), its cap while passes there are left, and
@@ -293,13 +257,16 @@ class _Columns:
 
 
 def chain_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None, *,
-                revisits: bool = False) -> float:
+                revisits: bool = False, goal: float | None = None) -> float:
     """A lower bound on T over all plans (module doc), -inf where it does not apply (1F1B,
     m = 1, no known plan, too many link groups, too large a DP); ``upper``: a known plan's T.
     ``gb``: a ``GroupBound(t)`` shared with the caller; once ``group_bound`` has run on it, its
     B grid (``b_grid``) is refined here instead of a new one. ``revisits``: bound only the plans
     that do not visit every group exactly once in one run (the chain then needs G crossings;
-    the plans left out are the ones ``refine.least_sum`` solves exactly)."""
+    the plans left out are the ones ``refine.least_sum`` solves exactly). ``goal``: where the
+    chain leaves plans visiting every group below it (the planner: T / 1.01), those that visit
+    each once are bounded apart (``once_bound``) and the others by the chain with G crossings,
+    at up to ``MAX_ONCE`` caps."""
     m = t.microbatches
     if t.schedule != "gpipe" or m == 1 or not np.isfinite(upper) or t.num_units < 2:
         return -_INF
@@ -332,6 +299,14 @@ def chain_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None, *,
     if not dp.ok:
         return -_INF
     cols = _Columns(gb, dp, upper - const - (m - 1) * lo)
+    seps: list[tuple[float, float, float]] = []  # (cap, once-each term, G-crossings chain)
+
+    def apart(b: np.ndarray) -> np.ndarray:
+        """Per interval end b, plans visiting every group: the lesser of the best once-each
+        term and the best G-crossings chain at caps >= b (-inf where none)."""
+        best = [max([x[i] for x in seps if x[0] >= e], default=-_INF) for i in (1, 2)
+                for e in b]
+        return np.minimum(best[:len(b)], best[len(b):])
 
     def lows():
         """Per interval [a, b] of pts: the bound on T - const; the full-set group terms', the
@@ -341,6 +316,8 @@ def chain_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None, *,
         g = np.searchsorted(grid, b, "left")  # group terms at grid[g] >= b
         per = vals[:, g] + (m - 1) * np.maximum(a[None], floors[:, None])
         chain = np.array([cols.at(x)[0] for x in b]) + (m - 1) * a
+        if seps:
+            chain = np.maximum(chain, apart(b) + (m - 1) * a)
 
         def part(sel: np.ndarray) -> np.ndarray:  # a bound at any grid point >= b holds too
             if not sel.any():
@@ -396,5 +373,24 @@ def chain_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None, *,
             o = np.argsort(grid, kind="stable")
             grid, vals = grid[o], vals[:, o]
             pts = np.unique(np.concatenate([pts, new]))
+    once = OnceEach(t, gb.groups) if goal is not None and not revisits and g_n > 1 else None
+    rev = None
+    for _ in range(MAX_ONCE if once is not None and once.ok else 0):
+        low, _, _, other, _ = lows()
+        weak = np.flatnonzero(low + const < goal)
+        if not len(weak) or (other[weak] + const < goal).any():
+            break  # at the goal, or plans visiting fewer groups limit it
+        cap = float(pts[weak.max() + 1])
+        if any(x[0] == cap for x in seps):
+            break
+        rev = PricedChain(gb, float(grid[-1]), g_n) if rev is None else rev
+        if not rev.ok:
+            break
+        mus = cols.prices(cap)
+        rev_v = float(rev.price(mus, np.full(len(mus), cap))[0].max())
+        a_min = float(pts[weak[pts[weak + 1] <= cap]].min())  # the lowest it should lift
+        enough = goal - t.sync_s - (m - 1) * a_min
+        once_v = once.least_sum(cap * (1 + 1e-9), enough * (1 + 1e-9)) + t.sync_s - const
+        seps.append((cap, once_v, rev_v))
     low = float(lows()[0].min()) + const
     return min(low, upper) if not math.isnan(low) else -_INF

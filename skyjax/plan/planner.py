@@ -74,7 +74,8 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
             out = refine_plan(profile, t, sol, out)
         if out.step_time_s > lb * (1 + REGION_GAP):  # 1F1B: regions once; GPipe: chains
             lb = max(lb, region_bound(t, out.step_time_s, gb=gb),
-                     chain_bound(t, out.step_time_s, gb))
+                     chain_bound(t, out.step_time_s, gb,
+                                 goal=out.step_time_s / (1 + max(REGION_GAP, 0.0))))
         out.lower_bound_s = min(lb, out.step_time_s)
         if out.step_time_s <= lb * (1 + 1e-9):
             out.exact, out.lower_bound_s = True, None

@@ -137,8 +137,10 @@ class _Search:
 
     def __init__(self, t: Tables, order: list[int], groups: list[list[int]],
                  kinds: list[list[list[int]]], bounds: list[int], cap: float,
-                 slack: int = SLACK):
+                 slack: int = SLACK, free: list[set[int]] | None = None):
         self.t, self.order, self.kinds, self.cap = t, order, kinds, cap
+        self.free = free if free is not None else [set() for _ in order]  # unlimited kinds
+        self.cut: np.ndarray | None = None  # [U + 1]: entries at a cut >= this are dropped
         self.need = t.state_prefix + t.microbatches * t.act_prefix
         u, n_r = t.num_units, len(order)
         self.span = [(0 if r == 0 else max(bounds[r] - slack, 1),
@@ -187,55 +189,71 @@ class _Search:
             return None
         return self._walk_back()
 
-    def _region(self, r: int, arrive: np.ndarray) -> np.ndarray:
+    def _region(self, r: int, arrive: np.ndarray, first: bool | None = None) -> np.ndarray:
         """Fill region r's table f[unit, state] from the arrivals; returns the next region's
         arrivals. Layer by layer (stages used in the region); a layer's entries that a state
         with fewer devices of every kind matches or beats are dropped (it can finish the same
-        way), which leaves a few starts per state."""
+        way), which leaves a few starts per state. ``first``: the region holds the plan's first
+        stage (default: r = 0). ``arrive`` [U + 1, B] runs B arrival vectors at once (columns
+        state * B + j; returns [U + 1, B]; the table kept for the walk back needs B = 1)."""
         t, ks, (lo, hi) = self.t, self.kinds[r], self.span[r]
-        cnt = np.array([len(k) for k in ks])
-        stride = np.cumprod(np.concatenate([[1], cnt[:-1] + 1]))
+        first = r == 0 if first is None else first
+        free = sorted(self.free[r])  # unlimited: not in the state, any number per layer
+        arr = arrive.reshape(t.num_units + 1, -1)
+        n_b = arr.shape[1]
+        cnt = np.array([0 if c in free else len(k) for c, k in enumerate(ks)])
+        stride = np.cumprod(np.concatenate([[1], cnt[:-1] + 1])) * n_b  # in columns
         n_s = int(np.prod(cnt + 1))
-        digit = (np.arange(n_s)[:, None] // stride[None, :]) % (cnt[None, :] + 1)
+        digit = np.repeat((np.arange(n_s)[:, None] // (stride[None, :] // n_b))
+                          % (cnt[None, :] + 1), n_b, axis=0)  # per column
         layer = digit.sum(axis=1)
-        f = np.full((hi - lo + 1, n_s), _INF)
-        f[:, 0] = arrive[lo:hi + 1]
+        f = np.full((hi - lo + 1, n_s * n_b), _INF)
+        f[:, :n_b] = arr[lo:hi + 1]
         best_le = f.copy()  # least f over states <= this one (componentwise)
-        nxt = np.full(t.num_units + 1, _INF)
+        nxt = np.full((t.num_units + 1, n_b), _INF)
         ends = np.arange(lo + 1, hi + 1)
         links = [self._ends(r, c, link, ends) for link in (self.intra[r], self.out[r])
                  for c in range(len(ks))]
-        for k in range(int(cnt.sum())):
+        longest = [int(max((ends - links[i][1]).max(), (ends - links[len(ks) + i][1]).max()))
+                   for i in range(len(ks))]  # per kind: the longest window of starts
+        if first:  # the plan's first stage starts at unit 0
+            for c in range(len(ks)):
+                to = stride[c] if c not in free else 0
+                f[1:, to:to + n_b] = np.minimum(f[1:, to:to + n_b], self._first(
+                    r, c, self.intra[r], ends)[:, None])
+                sel = np.isfinite(self.out[r][ends])
+                nxt[ends[sel]] = np.minimum(nxt[ends[sel]], self._first(
+                    r, c, self.out[r], ends[sel])[:, None])
+        for k in range(int(cnt.sum()) + 1):
             here = np.flatnonzero(layer == k)
             fh = f[:, here]
+            if free:  # close the layer under stages on unlimited kinds
+                fh = self._close(r, free, fh, links, longest)
+            if self.cut is not None:
+                fh[fh >= self.cut[lo:hi + 1, None]] = _INF
             if k > 0:
                 below = np.full(fh.shape, _INF)
                 for c in range(len(ks)):
                     has = np.flatnonzero(digit[here, c] > 0)
                     below[:, has] = np.minimum(below[:, has], best_le[:, here[has] - stride[c]])
                 fh[fh >= below] = _INF
-                f[:, here] = fh
                 best_le[:, here] = np.minimum(fh, below)
+            f[:, here] = fh
             live = np.isfinite(fh)
             if not live.any():
                 break
-            if r == 0 and k == 0:  # the plan's first stage starts at unit 0
-                for c in range(len(ks)):
-                    f[1:, stride[c]] = self._first(r, c, self.intra[r], ends)
-                    sel = np.isfinite(self.out[r][ends])
-                    nxt[ends[sel]] = np.minimum(nxt[ends[sel]],
-                                                self._first(r, c, self.out[r], ends[sel]))
-                continue
             for c in range(len(ks)):
-                ok = (digit[here, c] < cnt[c]) & live.any(axis=0)
+                ok = ((digit[here, c] < cnt[c]) | (c in free)) & live.any(axis=0)
                 if not ok.any():
                     continue
                 src = here[ok]
                 rows = np.flatnonzero(live[:, ok].any(axis=1))
                 ca, cb = int(rows[0]), int(rows[-1])
                 g = f[ca:cb + 1, src] - t.prefix[self._rep(r, c), lo + ca:lo + cb + 1, None]
-                table = _SparseMin(g)
+                table = _SparseMin(g, longest[c])
                 for tgt, (cost, least) in ((True, links[c]), (False, links[len(ks) + c])):
+                    if tgt and c in free:
+                        continue  # done by _close
                     a0 = np.maximum(least[ca:], lo + ca) - lo - ca
                     a1 = np.minimum(ends[ca:] - 1, lo + cb) - lo - ca
                     ok_b = np.flatnonzero(a0 <= a1)
@@ -246,11 +264,47 @@ class _Search:
                     if tgt:
                         cur = f[i0 + 1:i1 + 1, src + stride[c]]
                         f[i0 + 1:i1 + 1, src + stride[c]] = np.minimum(cur, val)
-                    else:
-                        nxt[i0 + lo + 1:i1 + lo + 1] = np.minimum(nxt[i0 + lo + 1:i1 + lo + 1],
-                                                                  val.min(axis=1))
+                        continue
+                    out = nxt[i0 + lo + 1:i1 + lo + 1]
+                    for j in range(n_b):  # the region's last stage: least over states
+                        mine = src % n_b == j
+                        if mine.any():
+                            out[:, j] = np.minimum(out[:, j], val[:, mine].min(axis=1))
         self.f.append(f)
-        return nxt
+        return nxt if arrive.ndim == 2 else nxt[:, 0]
+
+    def _close(self, r: int, free: list[int], fh: np.ndarray, links: list,
+               longest: list[int]) -> np.ndarray:
+        """fh [rows, cols] with stages on the unlimited kinds (intra links) appended, in any
+        mix, up to as many in a row as the region has such devices (no plan has more), or
+        until no entry improves. Columns are independent (the state does not change) and a
+        round only needs the starts the last round improved, so each round works on those."""
+        lo = self.span[r][0]
+        cols = np.flatnonzero(np.isfinite(fh).any(axis=0))
+        reach = max(longest[c] for c in free)
+        r0 = 0  # rows before r0 did not change in the last round
+        for _ in range(sum(len(self.kinds[r][c]) for c in free)):
+            if not len(cols):
+                break
+            fin = np.flatnonzero(np.isfinite(fh[r0:, cols]).any(axis=1))
+            r1 = min(r0 + int(fin[-1]) + reach + 1, fh.shape[0])  # rows a stage can reach
+            sub = fh[r0:r1, cols]
+            ends = np.arange(lo + r0 + 1, lo + r1)
+            val = np.full((len(ends), len(cols)), _INF)
+            for c in free:
+                cost, least = links[c]
+                p = self.t.prefix[self._rep(r, c), lo + r0:lo + r1, None]
+                got = _SparseMin(sub - p, longest[c]).query(
+                    np.maximum(least[r0:r1 - 1], lo + r0) - lo - r0, ends - 1 - lo - r0)
+                val = np.minimum(val, got + cost[r0:r1 - 1, None])
+            better = val < sub[1:]
+            if not better.any():
+                break
+            fh[r0 + 1:r1, cols] = np.where(better, val, sub[1:])
+            moved = better.any(axis=0)
+            r0 = r0 + 1 + int(np.flatnonzero(better.any(axis=1))[0])
+            cols = cols[moved]
+        return fh
 
     def _ends(self, r: int, c: int, link: np.ndarray, ends: np.ndarray):
         """Per end b: a stage's time on kind c less -P_c[a], and its least start a."""
@@ -309,10 +363,10 @@ class _Search:
 class _SparseMin:
     """Range minima over the rows of g [n, cols], for many ranges at once (sparse table)."""
 
-    def __init__(self, g: np.ndarray):
+    def __init__(self, g: np.ndarray, longest: int | None = None):
         n, h = g.shape[0], 1
-        depth = max(int(n).bit_length(), 1)
-        self.levels = np.full((depth,) + g.shape, _INF)
+        depth = max(int(min(n, n if longest is None else max(longest, 1))).bit_length(), 1)
+        self.levels = np.empty((depth,) + g.shape)  # level j: rows [0, n - 2^j] only
         self.levels[0] = g
         for j in range(1, depth):
             self.levels[j, :n - 2 * h + 1] = np.minimum(self.levels[j - 1, :n - 2 * h + 1],
@@ -320,7 +374,8 @@ class _SparseMin:
             h *= 2
 
     def query(self, a0: np.ndarray, a1: np.ndarray) -> np.ndarray:
-        """[len(a0), cols]: min of g[a0:a1 + 1] per range (inf where empty)."""
+        """[len(a0), cols]: min of g[a0:a1 + 1] per range (inf where empty); ranges no longer
+        than the ``longest`` the table was built for."""
         length = np.maximum(a1 - a0 + 1, 1)
         lvl = np.log2(length).astype(np.int64)
         out = np.minimum(self.levels[lvl, np.minimum(a0, a1)],
