@@ -20,9 +20,9 @@ import pytest
 from skyjax import plan as plan_lib
 from skyjax.plan import chain_bound as chain_mod
 from skyjax.plan.chain_bound import PricedChain, chain_bound
-from skyjax.plan.master_lp import master_prices
 from skyjax.plan.classes import link_groups
 from skyjax.plan.group_bound import GroupBound, group_bound
+from skyjax.plan.master_lp import master_prices
 from tests.test_allocator import random_profile
 from tests.test_bounds import region_profile
 from tests.test_cost_overheads import brute_force, with_overheads
@@ -38,6 +38,8 @@ def _check(prof, m: int, case) -> tuple[bool, bool]:
     fresh = chain_bound(t, upper=want)
     assert fresh <= want * (1 + 1e-9), (case, fresh, want)
     assert chain_bound(t, upper=want * 1.3) <= want * (1 + 1e-9), case
+    apart = chain_bound(t, upper=want, goal=want)  # once-each plans bounded apart throughout
+    assert apart <= want * (1 + 1e-9), (case, apart, want)
     gb = GroupBound(t)
     g = group_bound(t, upper=want, gb=gb)
     assert gb.b_grid is not None, case
@@ -107,11 +109,12 @@ def test_master_matches_a_hand_solved_lp():
     once (sum 3). The master mixes them half and half: value 2, where min(1 + mu_0, 3 - mu_0)
     peaks (mu_0 = 1)."""
     mu, value = master_prices(np.array([1.0, 3.0]), np.array([[2.0, 0.0], [0.0, 1.0]]),
-                        np.array([1.0, 1.0]), big=100.0)
+                              np.array([1.0, 1.0]), big=100.0)
     assert value == pytest.approx(2.0)
     assert mu == pytest.approx([1.0, 0.0])
     mu, value = master_prices(np.array([1.0, 3.0]), np.array([[2.0, 0.0], [0.0, 1.0]]),
-                        np.array([1.0, 1.0]), big=100.0, box=(np.zeros(2), np.full(2, 0.5)))
+                              np.array([1.0, 1.0]), big=100.0,
+                              box=(np.zeros(2), np.full(2, 0.5)))
     assert (mu <= 0.5 + 1e-12).all()
 
 

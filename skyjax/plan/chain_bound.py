@@ -21,7 +21,8 @@ kind each stage uses (and links to their least per cut). It is a proof, not an e
       sum_k t_k >= sum_k r_k >= sum_k (r_k + mu_{c_k}) - mu . N >= DP_mu(B) - mu . N,
   with r_k the relaxed stage times and DP_mu(B) the least priced path (exact, ``PricedChain``).
   So the prices need not be optimal: they come from a few rounds of column generation (a tiny
-  simplex on the paths found, :mod:`skyjax.plan.master_lp`), and every priced DP gives a valid bound.
+  simplex on the paths found, :mod:`skyjax.plan.master_lp`), and every priced DP gives a valid
+  bound.
 * Over B: a plan whose bottleneck lies in [B_i, B_j] has T >= s(B_j) + (m - 1) B_i + update
   floor + sync, for any valid sum bound s at cap B_j (a plan with bottleneck <= B_j is feasible
   there). The DP's best path at B_j has some largest stage b*; with the same prices its value
@@ -38,11 +39,17 @@ kind each stage uses (and links to their least per cut). It is a proof, not an e
   Which interval, cap or prices are tried only changes how tight the result is, never whether
   it is a bound.
 
+* Apart (with a ``goal``, the planner's T / 1.01): pooling kinds over regions is this
+  relaxation's ceiling (paper case, GPipe m = 32, T 2.873: 2.835 after ~15 passes; the chain's
+  LP ends at 2.8375). So after the first cap's rounds (``ONCE_AFTER`` passes), while intervals
+  stay below the goal, plans visiting every group are split: those visiting each group once,
+  in one run, get ``once_bound``'s least sum at the highest such interval's right end, those
+  that do not the chain with G crossings (same DP, best prices known); the lesser of the two
+  holds there and left of it, up to ``MAX_ONCE`` caps. The B&B then stops once every interval
+  reaches the goal. Paper case: two caps, 2.835 -> 2.8445 (T / 1.01), ~0.3 s of ~1 s.
+
 1F1B is left out (a stage's memory depends on its place from the pipeline's end; region_bound
-covers it). Paper case, GPipe m = 32 (T 2.873): 2.828 -> 2.835, ~0.25 s, about 15 passes of
-~15 ms. That is this relaxation's ceiling there: the chain's LP ends at 2.8375 (plans with
-bottleneck in [0.04937, 0.04953)), and the group terms at their floor (B = 0.04804, where the
-chain's LP is weaker) give 2.835. Checked against brute force in tests/test_chain_bound.py.
+covers it). Checked against brute force in tests/test_chain_bound.py and tests/test_once_bound.py.
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ SCAN, WIDTH = 12, 1  # intervals looked at per round, most caps or splits per ro
 GRID, SPLIT = 33, 4  # group terms: first grid over [lo, hi], pieces per refinement
 RENTS = 6  # starting prices tried at the first cap
 MAX_ONCE = 4  # caps at which the once-each bound (once_bound) is tried, while below the goal
+ONCE_AFTER = 4  # chain passes before it (then the chain goes on only where still below)
 _TOL = 1e-12  # relative slack that only admits more paths (a lower bound stays valid)
 
 
@@ -328,8 +336,38 @@ def chain_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None, *,
         group, other = part(full), part(~full)
         return np.minimum(np.maximum(group, chain), other), group, chain, other, grid[g] > b
 
+    once = OnceEach(t, gb.groups) if goal is not None and not revisits and g_n > 1 else None
+
+    def lift_apart() -> None:
+        """Below the goal, plans visiting every group: once-each (``once_bound``) and G
+        crossings bounded apart, at the highest cap left below it, then the next."""
+        rev = None
+        for _ in range(MAX_ONCE):
+            low, _, _, other, _ = lows()
+            weak = np.flatnonzero(low + const < goal)
+            if not len(weak) or (other[weak] + const < goal).any():
+                return  # at the goal, or plans visiting fewer groups limit it
+            cap = float(pts[weak.max() + 1])
+            if any(x[0] == cap for x in seps):
+                return
+            rev = PricedChain(gb, float(grid[-1]), g_n) if rev is None else rev
+            if not rev.ok:
+                return
+            mus = cols.prices(cap)
+            rev_v = float(rev.price(mus, np.full(len(mus), cap))[0].max())
+            a_min = float(pts[weak[pts[weak + 1] <= cap]].min())  # the lowest it should lift
+            enough = goal - t.sync_s - (m - 1) * a_min
+            once_v = once.least_sum(cap * (1 + 1e-9), enough * (1 + 1e-9)) + t.sync_s - const
+            seps.append((cap, once_v, rev_v))
+
+    pending = once is not None and once.ok
     for _ in range(MAX_ROUNDS):
+        if pending and cols.passes >= ONCE_AFTER:
+            lift_apart()
+            pending = False
         low, group, chain, other, loose = lows()
+        if goal is not None and low.min() + const >= goal:
+            break  # the caller needs no more
         caps, split = [], []
         for i in np.argsort(low, kind="stable")[:SCAN]:
             a, b = pts[i], pts[i + 1]
@@ -373,24 +411,7 @@ def chain_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None, *,
             o = np.argsort(grid, kind="stable")
             grid, vals = grid[o], vals[:, o]
             pts = np.unique(np.concatenate([pts, new]))
-    once = OnceEach(t, gb.groups) if goal is not None and not revisits and g_n > 1 else None
-    rev = None
-    for _ in range(MAX_ONCE if once is not None and once.ok else 0):
-        low, _, _, other, _ = lows()
-        weak = np.flatnonzero(low + const < goal)
-        if not len(weak) or (other[weak] + const < goal).any():
-            break  # at the goal, or plans visiting fewer groups limit it
-        cap = float(pts[weak.max() + 1])
-        if any(x[0] == cap for x in seps):
-            break
-        rev = PricedChain(gb, float(grid[-1]), g_n) if rev is None else rev
-        if not rev.ok:
-            break
-        mus = cols.prices(cap)
-        rev_v = float(rev.price(mus, np.full(len(mus), cap))[0].max())
-        a_min = float(pts[weak[pts[weak + 1] <= cap]].min())  # the lowest it should lift
-        enough = goal - t.sync_s - (m - 1) * a_min
-        once_v = once.least_sum(cap * (1 + 1e-9), enough * (1 + 1e-9)) + t.sync_s - const
-        seps.append((cap, once_v, rev_v))
+    if pending:
+        lift_apart()
     low = float(lows()[0].min()) + const
     return min(low, upper) if not math.isnan(low) else -_INF

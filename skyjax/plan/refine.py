@@ -133,14 +133,16 @@ def _link(t: Tables, a: list[int], b: list[int]) -> np.ndarray:
 
 
 class _Search:
-    """The DP of the module doc; ``run`` returns an assignment or None."""
+    """The DP of the module doc; ``run`` returns an assignment or None. For bounds
+    (:mod:`skyjax.plan.once_bound`), not plans: ``free`` kinds per region are unlimited (out of
+    the state, closed over within a layer) and ``cut`` drops entries at or above it."""
 
     def __init__(self, t: Tables, order: list[int], groups: list[list[int]],
                  kinds: list[list[list[int]]], bounds: list[int], cap: float,
                  slack: int = SLACK, free: list[set[int]] | None = None):
         self.t, self.order, self.kinds, self.cap = t, order, kinds, cap
         self.free = free if free is not None else [set() for _ in order]  # unlimited kinds
-        self.cut: np.ndarray | None = None  # [U + 1]: entries at a cut >= this are dropped
+        self.cut: np.ndarray | None = None  # [U + 1, B]: entries at a cut >= this are dropped
         self.need = t.state_prefix + t.microbatches * t.act_prefix
         u, n_r = t.num_units, len(order)
         self.span = [(0 if r == 0 else max(bounds[r] - slack, 1),
@@ -227,16 +229,17 @@ class _Search:
         for k in range(int(cnt.sum()) + 1):
             here = np.flatnonzero(layer == k)
             fh = f[:, here]
-            if free:  # close the layer under stages on unlimited kinds
-                fh = self._close(r, free, fh, links, longest)
-            if self.cut is not None:
-                fh[fh >= self.cut[lo:hi + 1, None]] = _INF
+            below = np.full(fh.shape, _INF)  # least f of the states below (componentwise)
             if k > 0:
-                below = np.full(fh.shape, _INF)
                 for c in range(len(ks)):
                     has = np.flatnonzero(digit[here, c] > 0)
                     below[:, has] = np.minimum(below[:, has], best_le[:, here[has] - stride[c]])
-                fh[fh >= below] = _INF
+            if self.cut is not None:  # a state below can finish as this one: drop it too
+                below = np.minimum(below, self.cut[lo:hi + 1][:, here % n_b])
+            fh[fh >= below] = _INF
+            if free:  # close the layer under stages on unlimited kinds
+                fh = self._close(r, free, fh, links, longest, below)
+            if k > 0:
                 best_le[:, here] = np.minimum(fh, below)
             f[:, here] = fh
             live = np.isfinite(fh)
@@ -274,7 +277,7 @@ class _Search:
         return nxt if arrive.ndim == 2 else nxt[:, 0]
 
     def _close(self, r: int, free: list[int], fh: np.ndarray, links: list,
-               longest: list[int]) -> np.ndarray:
+               longest: list[int], below: np.ndarray) -> np.ndarray:
         """fh [rows, cols] with stages on the unlimited kinds (intra links) appended, in any
         mix, up to as many in a row as the region has such devices (no plan has more), or
         until no entry improves. Columns are independent (the state does not change) and a
@@ -297,7 +300,7 @@ class _Search:
                 got = _SparseMin(sub - p, longest[c]).query(
                     np.maximum(least[r0:r1 - 1], lo + r0) - lo - r0, ends - 1 - lo - r0)
                 val = np.minimum(val, got + cost[r0:r1 - 1, None])
-            better = val < sub[1:]
+            better = val < np.minimum(sub[1:], below[r0 + 1:r1, cols])
             if not better.any():
                 break
             fh[r0 + 1:r1, cols] = np.where(better, val, sub[1:])
