@@ -80,6 +80,7 @@ class OnceEach:
         dropped: module doc)."""
         g_n, u = len(self.groups), self.t.num_units
         held = self._held(cap)
+        self._searches: dict = {}  # (group, next group) -> its _Search at this cap
         work: dict = {}  # groups still open -> least work of the units from each cut on
 
         def cut(seen: frozenset) -> np.ndarray:  # a region's entries at or above are dropped
@@ -110,26 +111,33 @@ class OnceEach:
             layer = nxt
         return min([float(a[u]) for a in layer.values()] + [enough])
 
-    def _held(self, cap: float) -> dict[int, int]:
+    def _held(self, cap: float) -> tuple[dict[int, int], int]:
         """Per device, the most units one of its blocks can hold within cap and memory (its
-        calls and links, which only shorten blocks, left out)."""
-        t = self.t
+        calls and links, which only shorten blocks, left out) among blocks that hold neither
+        the first nor the last unit; and the most any device gains on those with one that
+        does (at most two blocks of a plan do)."""
+        t, u = self.t, self.t.num_units
         need = t.state_prefix + t.microbatches * t.act_prefix
-        b = np.arange(1, t.num_units + 1)
-        out = {}
+        b = np.arange(1, u + 1)
+        held, gain = {}, 0
         for d in self.alpha:
             lo_t = np.searchsorted(t.prefix[d], t.prefix[d, b] + t.fixed[d] - cap, "left")
             lo_m = np.searchsorted(need, need[b] - t.memory[d], "left")
-            out[d] = int(np.max(b - np.maximum(lo_t, lo_m), initial=0))
-        return out
+            lo = np.maximum(lo_t, lo_m)
+            inner = (lo >= 1) & (b <= u - 1)
+            held[d] = int(np.max((b - lo)[inner], initial=0))
+            gain = max(gain, int(np.max(b - lo, initial=0)) - held[d])
+        return held, gain
 
-    def _least_work(self, devs: list[int], held: dict[int, int]) -> np.ndarray:
+    def _least_work(self, devs: list[int], held: tuple[dict[int, int], int]) -> np.ndarray:
         """[U + 1]: per cut b, the least work of the units from b on over the devices devs,
-        each holding at most ``held`` units (the largest unit weights on the least alphas: a
-        rearrangement bound, blocks not kept contiguous); inf where they cannot hold them."""
-        u = self.t.num_units
-        order = sorted(devs, key=lambda d: self.alpha[d])
-        slots = np.repeat([self.alpha[d] for d in order], [held[d] for d in order])[:u]
+        each holding at most its ``held`` units, two of them more by the gain (the largest
+        unit weights on the least alphas: a rearrangement bound, blocks not kept contiguous);
+        inf where they cannot hold them."""
+        u, (most, gain) = self.t.num_units, held
+        alphas = [self.alpha[d] for d in devs]
+        slots = np.sort(np.concatenate([np.repeat(alphas, [most[d] for d in devs]),
+                                        np.full(2 * gain, min(alphas, default=0.0))]))[:u]
         if self._tails is None:  # omega of the units from each cut on, largest first; at
             # most TAIL_CUTS cuts (the least work left does not grow with the cut, so the next
             # cut's value holds for the ones before it)
@@ -150,15 +158,19 @@ class OnceEach:
         for j, hs in enumerate(nexts):
             for h in hs:
                 order = [g] if h is None else [g, h]
-                search = _Search(self.t, order, self.groups, [self.kinds[x] for x in order],
-                                 [0] * len(order) + [u], min(cap, np.finfo(float).max),
-                                 slack=u, free=[self.free[x] for x in order])
+                if (g, h) not in self._searches:
+                    self._searches[(g, h)] = _Search(
+                        self.t, order, self.groups, [self.kinds[x] for x in order],
+                        [0] * len(order) + [u], min(cap, np.finfo(float).max), slack=u,
+                        free=[self.free[x] for x in order])
+                search = self._searches[(g, h)]
                 key = search.out[0].tobytes()
                 runs.setdefault(key, (search, {}))[1].setdefault(j, []).append(h)
         for search, cols in runs.values():
             idx = sorted(cols)
             search.cut = cut[:, idx]
             res = search._region(0, arrive[:, idx], first)
+            search.f.clear()  # kept for refine's walk back only
             for i, j in enumerate(idx):
                 for h in cols[j]:
                     out[j][h] = res[:, i]

@@ -154,6 +154,7 @@ class _Search:
         self.out = [_link(t, groups[g], groups[order[r + 1]]) if r + 1 < n_r else nolink
                     for r, g in enumerate(order)]
         self.f: list[np.ndarray] = []
+        self._links: dict[int, tuple[list, list[int]]] = {}  # per region, for _region
 
     def _rep(self, r: int, c: int) -> int:
         return self.kinds[r][c][0]
@@ -214,10 +215,13 @@ class _Search:
         best_le = f.copy()  # least f over states <= this one (componentwise)
         nxt = np.full((t.num_units + 1, n_b), _INF)
         ends = np.arange(lo + 1, hi + 1)
-        links = [self._ends(r, c, link, ends) for link in (self.intra[r], self.out[r])
-                 for c in range(len(ks))]
-        longest = [int(max((ends - links[i][1]).max(), (ends - links[len(ks) + i][1]).max()))
-                   for i in range(len(ks))]  # per kind: the longest window of starts
+        if r not in self._links:  # per kind and link: cost less -P_c[a], least start
+            links = [self._ends(r, c, link, ends) for link in (self.intra[r], self.out[r])
+                     for c in range(len(ks))]
+            longest = [int(max((ends - links[i][1]).max(), (ends - links[len(ks) + i][1]).max()))
+                       for i in range(len(ks))]  # per kind: the longest window of starts
+            self._links[r] = links, longest
+        links, longest = self._links[r]
         if first:  # the plan's first stage starts at unit 0
             for c in range(len(ks)):
                 to = stride[c] if c not in free else 0
@@ -283,14 +287,16 @@ class _Search:
         until no entry improves. Columns are independent (the state does not change) and a
         round only needs the starts the last round improved, so each round works on those."""
         lo = self.span[r][0]
-        cols = np.flatnonzero(np.isfinite(fh).any(axis=0))
+        fin = np.isfinite(fh)
+        cols, rows = np.flatnonzero(fin.any(axis=0)), np.flatnonzero(fin.any(axis=1))
+        if not len(cols):
+            return fh
         reach = max(longest[c] for c in free)
-        r0 = 0  # rows before r0 did not change in the last round
+        r0, last = 0, int(rows[-1])  # rows before r0 did not change in the last round
         for _ in range(sum(len(self.kinds[r][c]) for c in free)):
             if not len(cols):
                 break
-            fin = np.flatnonzero(np.isfinite(fh[r0:, cols]).any(axis=1))
-            r1 = min(r0 + int(fin[-1]) + reach + 1, fh.shape[0])  # rows a stage can reach
+            r1 = min(last + reach + 1, fh.shape[0])  # rows a stage can reach
             sub = fh[r0:r1, cols]
             ends = np.arange(lo + r0 + 1, lo + r1)
             val = np.full((len(ends), len(cols)), _INF)
@@ -304,9 +310,9 @@ class _Search:
             if not better.any():
                 break
             fh[r0 + 1:r1, cols] = np.where(better, val, sub[1:])
-            moved = better.any(axis=0)
-            r0 = r0 + 1 + int(np.flatnonzero(better.any(axis=1))[0])
-            cols = cols[moved]
+            moved = np.flatnonzero(better.any(axis=1))
+            r0, last = r0 + 1 + int(moved[0]), max(last, r0 + 1 + int(moved[-1]))
+            cols = cols[better.any(axis=0)]
         return fh
 
     def _ends(self, r: int, c: int, link: np.ndarray, ends: np.ndarray):
