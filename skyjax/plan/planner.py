@@ -47,6 +47,7 @@ from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
 
 REGION_GAP = 0.01  # try region_bound only while the plan is this far above the other bounds
+GOAL_GAP = 0.009  # chain_bound's goal: a gap just inside REGION_GAP (its last step lands on it)
 
 
 def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
@@ -75,7 +76,7 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
         if out.step_time_s > lb * (1 + REGION_GAP):  # 1F1B: regions once; GPipe: chains
             lb = max(lb, region_bound(t, out.step_time_s, gb=gb),
                      chain_bound(t, out.step_time_s, gb,
-                                 goal=out.step_time_s / (1 + max(REGION_GAP, 0.0))))
+                                 goal=out.step_time_s / (1 + min(GOAL_GAP, max(REGION_GAP, 0)))))
         out.lower_bound_s = min(lb, out.step_time_s)
         if out.step_time_s <= lb * (1 + 1e-9):
             out.exact, out.lower_bound_s = True, None
