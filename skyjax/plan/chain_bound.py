@@ -39,14 +39,14 @@ kind each stage uses (and links to their least per cut). It is a proof, not an e
   Which interval, cap or prices are tried only changes how tight the result is, never whether
   it is a bound.
 
-* Apart (with a ``goal``, the planner's T / 1.01): pooling kinds over regions is this
+* Apart (with a ``goal``, the planner's T / 1.009): pooling kinds over regions is this
   relaxation's ceiling (paper case, GPipe m = 32, T 2.873: 2.835 after ~15 passes; the chain's
   LP ends at 2.8375). So after the first cap's rounds (``ONCE_AFTER`` passes), while intervals
   stay below the goal, plans visiting every group are split: those visiting each group once,
   in one run, get ``once_bound``'s least sum at the highest such interval's right end, those
   that do not the chain with G crossings (same DP, best prices known); the lesser of the two
   holds there and left of it, up to ``MAX_ONCE`` caps. The B&B then stops once every interval
-  reaches the goal. Paper case: two caps, 2.835 -> 2.8445 (T / 1.01), ~0.3 s of ~1 s.
+  reaches the goal. Paper case: two caps, 2.835 -> 2.847 (T / 1.009), ~0.3 s of ~1 s.
 
 1F1B is left out (a stage's memory depends on its place from the pipeline's end; region_bound
 covers it). Checked against brute force in tests/test_chain_bound.py and tests/test_once_bound.py.
@@ -272,7 +272,7 @@ def chain_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None, *,
     B grid (``b_grid``) is refined here instead of a new one. ``revisits``: bound only the plans
     that do not visit every group exactly once in one run (the chain then needs G crossings;
     the plans left out are the ones ``refine.least_sum`` solves exactly). ``goal``: where the
-    chain leaves plans visiting every group below it (the planner: T / 1.01), those that visit
+    chain leaves plans visiting every group below it (the planner: T / 1.009), those that visit
     each once are bounded apart (``once_bound``) and the others by the chain with G crossings,
     at up to ``MAX_ONCE`` caps."""
     m = t.microbatches
