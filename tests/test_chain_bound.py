@@ -148,6 +148,20 @@ def _all_plans(t):
                     yield sol, crossings, once
 
 
+def region_tables(seed: int, count: int, devices: tuple[int, int], units: tuple[int, int]):
+    """(rng, GPipe tables) of random region instances (2 or 3 regions, a third with call
+    costs, m = 2, 4, 8 in turn) with at least two link groups."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        prof = region_profile(rng, int(rng.integers(*devices)), int(rng.integers(*units)),
+                              int(rng.integers(2, 4)))
+        if i % 3 == 0:
+            prof = with_overheads(prof, rng, 0.05)
+        t = plan_lib.tables(prof, "gpipe", (2, 4, 8)[i % 3])
+        if len(link_groups(t)) >= 2:
+            yield rng, t
+
+
 def test_revisits_bound_and_the_once_each_walk_bracket_the_optimum():
     """``chain_bound(revisits=True)`` is below every plan that does not visit each group once,
     and ``experiments.gpipe_optimum``'s walk over caps returns the least T of those that do;
@@ -155,16 +169,8 @@ def test_revisits_bound_and_the_once_each_walk_bracket_the_optimum():
     from experiments.gpipe_optimum import once_each_optimum
     from tests.test_refine import _step
 
-    rng = np.random.default_rng(35)
     n = 0
-    for i in range(80):
-        prof = region_profile(rng, int(rng.integers(2, 5)), int(rng.integers(3, 6)),
-                              int(rng.integers(2, 4)))
-        if i % 3 == 0:
-            prof = with_overheads(prof, rng, 0.05)
-        t = plan_lib.tables(prof, "gpipe", (2, 4, 8)[i % 3])
-        if len(link_groups(t)) < 2:
-            continue
+    for i, (_, t) in enumerate(region_tables(35, 80, (2, 5), (3, 6))):
         plans = [(_step(t, sol), o) for sol, _, o in _all_plans(t)]
         once = min((x for x, o in plans if o), default=math.inf)
         other = min((x for x, o in plans if not o), default=math.inf)

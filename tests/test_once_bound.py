@@ -18,22 +18,14 @@ from skyjax import plan as plan_lib
 from skyjax.plan.classes import link_groups
 from skyjax.plan.once_bound import OnceEach
 from tests.test_bounds import region_profile
-from tests.test_chain_bound import _all_plans
+from tests.test_chain_bound import _all_plans, region_tables
 from tests.test_cost_overheads import with_overheads
 
 
 def _instances(seed: int, count: int):
-    """(tables, once-each plans as (sum, bottleneck)) of random region instances with at least
-    two link groups and one once-each plan."""
-    rng = np.random.default_rng(seed)
-    for i in range(count):
-        prof = region_profile(rng, int(rng.integers(2, 6)), int(rng.integers(3, 7)),
-                              int(rng.integers(2, 4)))
-        if i % 3 == 0:
-            prof = with_overheads(prof, rng, 0.05)
-        t = plan_lib.tables(prof, "gpipe", (2, 4, 8)[i % 3])
-        if len(link_groups(t)) < 2:
-            continue
+    """(rng, tables, once-each plans as (sum, bottleneck)) of random region instances with at
+    least two link groups and one once-each plan."""
+    for rng, t in region_tables(seed, count, (2, 6), (3, 7)):
         once = [(sol.total, sol.bottleneck) for sol, _, o in _all_plans(t) if o]
         if once:
             yield rng, t, once
