@@ -312,9 +312,9 @@ def chain_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None, *,
     def apart(b: np.ndarray) -> np.ndarray:
         """Per interval end b, plans visiting every group: the lesser of the best once-each
         term and the best G-crossings chain at caps >= b (-inf where none)."""
-        best = [max([x[i] for x in seps if x[0] >= e], default=-_INF) for i in (1, 2)
-                for e in b]
-        return np.minimum(best[:len(b)], best[len(b):])
+        once = [max([x[1] for x in seps if x[0] >= e], default=-_INF) for e in b]
+        rev = [max([x[2] for x in seps if x[0] >= e], default=-_INF) for e in b]
+        return np.minimum(once, rev)
 
     def lows():
         """Per interval [a, b] of pts: the bound on T - const; the full-set group terms', the

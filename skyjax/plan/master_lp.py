@@ -12,7 +12,7 @@ _INF = math.inf
 
 
 def master_prices(costs: np.ndarray, cols: np.ndarray, n: np.ndarray, big: float,
-            box: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, float]:
+                  box: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, float]:
     """Prices from the restricted master max_mu min_p cost_p + mu . (cols_p - n) over the
     paths found, mu in box [l, u] (default [0, inf)), by a small dense simplex on its dual:
     min sum_p x_p cost'_p + w . (u - l), sum_p x_p cols_p - w <= n, sum_p x_p = 1, x, w >= 0,

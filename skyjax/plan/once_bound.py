@@ -80,7 +80,7 @@ class OnceEach:
         dropped: module doc)."""
         g_n, u = len(self.groups), self.t.num_units
         held = self._held(cap)
-        self._searches: dict = {}  # (group, next group) -> its _Search at this cap
+        searches: dict = {}  # (group, next group) -> its _Search at this cap
         work: dict = {}  # groups still open -> least work of the units from each cut on
 
         def cut(seen: frozenset) -> np.ndarray:  # a region's entries at or above are dropped
@@ -103,7 +103,8 @@ class OnceEach:
                 rest = [[h for h in range(g_n) if h not in seen and h != g] or [None]
                         for seen, _, _ in mine]
                 outs = self._pass(g, np.stack([a for _, a, _ in mine], axis=1), rest, cap,
-                                  depth == 0, np.stack([c for _, _, c in mine], axis=1))
+                                  depth == 0, np.stack([c for _, _, c in mine], axis=1),
+                                  searches)
                 for (seen, _, _), hs, out in zip(mine, rest, outs):
                     for h in hs:
                         key = (seen | {g}, h)
@@ -149,21 +150,22 @@ class OnceEach:
         return per[np.searchsorted(at, np.arange(u + 1), "left")]
 
     def _pass(self, g: int, arrive: np.ndarray, nexts: list[list], cap: float,
-              first: bool, cut: np.ndarray) -> list[dict]:
+              first: bool, cut: np.ndarray, searches: dict) -> list[dict]:
         """Region g's DP from each column of the arrivals [U + 1, B], once per distinct link
-        to the next groups (None: g is last): per column, the arrivals at each next group."""
+        to the next groups (None: g is last): per column, the arrivals at each next group.
+        ``searches``: the _Search per (group, next group) at this cap, reused across depths."""
         u = self.t.num_units
         out: list[dict] = [{} for _ in nexts]
         runs: dict = {}  # link key -> (search, columns that need it)
         for j, hs in enumerate(nexts):
             for h in hs:
                 order = [g] if h is None else [g, h]
-                if (g, h) not in self._searches:
-                    self._searches[(g, h)] = _Search(
+                if (g, h) not in searches:
+                    searches[(g, h)] = _Search(
                         self.t, order, self.groups, [self.kinds[x] for x in order],
                         [0] * len(order) + [u], min(cap, np.finfo(float).max), slack=u,
                         free=[self.free[x] for x in order])
-                search = self._searches[(g, h)]
+                search = searches[(g, h)]
                 key = search.out[0].tobytes()
                 runs.setdefault(key, (search, {}))[1].setdefault(j, []).append(h)
         for search, cols in runs.values():
@@ -180,7 +182,8 @@ class OnceEach:
 def _split(t: Tables, kinds: list[list[int]], budget: int) -> tuple[list[list[int]], set[int]]:
     """A group's kinds and which of them are unlimited: the slowest, until the others have at
     most ``budget`` count vectors; an unlimited kind that another unlimited one dominates is
-    dropped (its stages are never better)."""
+    merged into it (its stages are never better; its devices still count for the run-length
+    cap)."""
     order = sorted(range(len(kinds)), key=lambda c: -t.prefix[kinds[c][0], -1])
     free: set[int] = set()
     for c in order:
