@@ -32,3 +32,45 @@ def test_report_ratios_compose_to_the_error():
     assert drift * fusion * idle * rest == pytest.approx(36 / 24, abs=2e-3)
     assert cells[4] == "+33.3%"  # (36 - 24) / 36
     assert "dev1" in row and "1.0/30.0" in row
+
+
+@pytest.mark.slow
+def test_probing_a_running_pipeline_times_it_and_leaves_training_state_alone():
+    """after_block and units_times on the stages of a real (local) pipeline: every figure is a
+    positive time, the pipeline's figure is the median of the stage's spans, and the stage's
+    parameters, optimizer state and gradient sums are untouched (none deleted by donation)."""
+    import types
+
+    import jax
+    import numpy as np
+    import optax
+
+    from skyjax.profile.chain import sample_microbatch
+    from tests.test_runtime_local import BATCH, CFG, SEQ, executor, fresh_chain, make_batch
+
+    blocks, m = [(0, 2), (2, 5)], 2
+    chain = fresh_chain()
+    ex = executor(chain, blocks, "1f1b", m, optax.adam(1e-2))
+    metrics = ex.train_step(0, make_batch(0))
+    spans = [[(s.stage, s.kind, s.microbatch, s.start, s.end)
+              for r in metrics.results for s in r.spans]]
+    n = len(chain)
+    profile = types.SimpleNamespace(forward_s=np.full((n, 2), 1e-3),
+                                    backward_s=np.full((n, 2), 2e-3),
+                                    forward_call_s=None, backward_call_s=None)
+    sample = sample_microbatch(CFG, BATCH // m, SEQ)
+    snapshot = lambda st: jax.tree.map(np.array, (st.params, st.opt_state, st.grads))  # noqa: E731
+    for k, stage in enumerate(ex.stages):
+        before = snapshot(stage.state)
+        got = stage_probe.after_block(stage, spans)
+        mine = [s for s in spans[0] if s[0] == k]
+        assert got["pipeline"] == pytest.approx(
+            [float(np.median([e - s for _, kind, _, s, e in mine if kind == x])) for x in "FB"])
+        for key in ("block_now", "idle_now"):
+            assert all(0 < t < 10 for t in got[key]), (key, got)
+        units = stage_probe.units_times(stage, blocks[k], chain, profile, sample, k, repeats=3)
+        a, b = blocks[k]
+        assert units["profile"] == pytest.approx([1e-3 * (b - a), 2e-3 * (b - a)])
+        assert all(0 < t < 10 for t in units["units_now"])
+        jax.tree.map(np.testing.assert_array_equal, snapshot(stage.state), before)
+    ex.close()
