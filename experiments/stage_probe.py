@@ -17,14 +17,18 @@ back to back and after idle gaps; once after all steps, the units:
 and sets them beside the profile's prediction (taken before the steps) and the stage's actions
 in the pipeline (median over the measured steps). Per forward + backward of one micro-batch:
 
-- drift = units now / profile: how much the host's speed changed since it was profiled;
+- drift = units now / profile: how much the host's speed (or the load on it while profiling)
+  changed since it was profiled;
 - fusion = block now / units now: the fused stage against the model's sum of its units;
-- idle = idle now / block now: what the idle time before an action costs it (caches refilled
-  after other work, here other tenants of the host, used them);
+- idle = idle now / block now: what the idle time before an action costs it (here a gap spent
+  busy-waiting costs as much as one asleep: caches refilled after other work used them, not
+  the core's sleep states);
 - rest = in the pipeline / idle now: what else running amid the other stages adds (transfers
   in flight, the order of the actions).
 
-Their product is the from-profile error of the stage's compute (in pipeline / profile).
+Their product is, up to taking medians over rounds, the stage's compute in the pipeline over
+its prediction. The model has a term for none of the four yet; calibration from measured steps
+(``allocation.calibrate_steps``) absorbs them.
 """
 
 from __future__ import annotations
