@@ -27,8 +27,9 @@ in the pipeline (median over the measured steps). Per forward + backward of one 
   in flight, the order of the actions).
 
 Their product is, up to taking medians over rounds, the stage's compute in the pipeline over
-its prediction. The model has a term for none of the four yet; calibration from measured steps
-(``allocation.calibrate_steps``) absorbs them.
+its prediction. The model has a term for idle (calls after idle, ``skyjax.plan.wake_cost``;
+the profile column leaves it out, as it is the per-action figure); calibration from measured
+steps (``allocation.calibrate_steps``) absorbs the others.
 """
 
 from __future__ import annotations

@@ -99,13 +99,13 @@ def test_penalty_in_T_and_simulation():
     assignment = [(0, 0, 3), (1, 3, 6)]
     plain = plan_lib.evaluate(base, assignment, "1f1b", 8)
     shared = plan_lib.evaluate(prof, assignment, "1f1b", 8)
-    effect = sharing.sharing_effect(shared, prof)
+    effect = sharing.replay_effect(shared, prof)
     assert effect[0] > 0.5 * plain.step_time_s
     assert shared.step_time_s == pytest.approx(plain.step_time_s + effect[0])
     assert simulate_plan(shared, prof).step_time_s == pytest.approx(
         simulate_plan(plain, base).step_time_s + effect[0])
     alone = plan_lib.evaluate(prof, [(0, 0, 6)], "1f1b", 8)
-    assert sharing.sharing_effect(alone, prof) is None
+    assert sharing.replay_effect(alone, prof) is None
     assert alone.step_time_s == pytest.approx(plan_lib.evaluate(base, [(0, 0, 6)], "1f1b",
                                                                  8).step_time_s)
 
@@ -133,7 +133,7 @@ def test_calibration_corrects_the_device_not_the_contention():
     contention is the model's, not the device's."""
     prof = _shared(make_profile(np.full((6, 2), 0.1)), (1, 2))
     plan = plan_lib.evaluate(prof, [(0, 0, 3), (1, 3, 6)], "1f1b", 8)
-    ratio = sharing.sharing_effect(plan, prof)[1]
+    ratio = sharing.replay_effect(plan, prof)[1]
     assert max(ratio) > 1.2
     busy = [s.compute_s * 8 * r for s, r in zip(plan.stages, ratio)]
     fixed, factors = replan.corrected_profile(prof, plan, busy)

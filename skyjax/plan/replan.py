@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from skyjax.plan import cost, planner
-from skyjax.plan.sharing import sharing_effect
+from skyjax.plan.sharing import replay_effect
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
@@ -84,7 +84,7 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
     calls = {k: getattr(profile, k).copy() for k in ("forward_call_s", "backward_call_s")}
     actions = 2 * plan.microbatches  # a forward and a backward per micro-batch
-    effect = sharing_effect(plan, profile)  # on shared hosts, the busy time sharing predicts
+    effect = replay_effect(plan, profile)  # the busy time sharing and calls after idle predict
     ratio = effect[1] if effect is not None else [1.0] * len(plan.stages)
     pairs = [(st, st.compute_s * plan.microbatches * r, measured)
              for st, measured, r in zip(plan.stages, busy_s, ratio)

@@ -19,7 +19,8 @@ up to whole cores, at most ``host_cores``; both measured by the profiler). An ac
 running on a host ask for D = sum u_j > C cores, each progresses at rate C / D (processor
 sharing). ``simulate_shared`` replays the schedule's action lists with
 this rule, event by event; the cost model adds to T what sharing adds to the simulated step
-(``sharing_effect``), so that where no host is shared nothing changes.
+(``replay_effect``, which also adds the calls after idle of ``skyjax.plan.wake_cost``), so
+that where no host is shared and no call pays after idle nothing changes.
 
 Pure functions over profile data; no JAX.
 """
@@ -33,6 +34,7 @@ from typing import Callable, Sequence
 
 from skyjax.plan.schedules import actions
 from skyjax.plan.stage_times import stage_actions_s
+from skyjax.plan.wake_cost import Table, sleep_share, wake_extra, wake_table
 from skyjax.profile.format import Profile
 
 _EPS = 1e-12
@@ -87,7 +89,9 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
                     host: Sequence[int | None], share: Sequence[float],
                     update_s: Sequence[float] | None = None, sync_s: float = 0.0,
                     demand: Sequence[float] | None = None,
-                    capacity: Sequence[float] | None = None) -> tuple[float, list[float]]:
+                    capacity: Sequence[float] | None = None,
+                    wake: Sequence[Table | None] | None = None,
+                    sleep: Sequence[float] | None = None) -> tuple[float, list[float]]:
     """The step period and per-stage busy time of a schedule whose stages share hosts.
 
     Per stage k: forward / backward action durations when uncontended, ``delay_s[k]`` the link
@@ -96,7 +100,10 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
     ``demand[k]`` the cores that part keeps busy (default 1) and ``capacity[h]`` host h's cores
     (default 1: one process alone fills the host). Each stage
     starts the step with its update (``update_s[k]``, shared like an action); the step ends
-    ``sync_s`` after the last action. With no shared host this equals ``simulate``'s result.
+    ``sync_s`` after the last action. ``wake[k]`` (``skyjax.plan.wake_cost``): an action
+    takes that much longer after its stage idled (the wait since its previous action ended,
+    plus ``sleep[k]`` x that action's time: an emulated slow device's sleep), as CPU work where
+    the stage has any. With no shared host and no wake costs this equals ``simulate``'s result.
     """
     p, m = len(forward_s), microbatches
     lists = actions(schedule, p, m)
@@ -109,6 +116,9 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
                                   for k in range(p)]
     cores = [float(c) for c in demand] if demand is not None else [1.0] * p
     cap = {h: (float(capacity[h]) if capacity is not None else 1.0) for h in host if h is not None}
+    wake = list(wake) if wake is not None else [None] * p
+    sleep = [float(x) for x in sleep] if sleep is not None else [0.0] * p
+    slept = [0.0] * p  # of the stage's previous action (none after the update)
     now, remaining = 0.0, sum(len(a) for a in lists)
     while remaining or any(r is not None for r in running):
         pending = []
@@ -122,7 +132,10 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
             if start <= now + _EPS:
                 a = lists[k][pos[k]]
                 dur = float(forward_s[k] if a.kind == "F" else backward_s[k])
-                running[k] = [now, share[k] * dur, (1 - share[k]) * dur, a]
+                extra = wake_extra(wake[k], now - free[k] + slept[k])
+                slept[k] = sleep[k] * dur
+                cpu = share[k] * dur + (extra if share[k] > 0 else 0.0)
+                running[k] = [now, cpu, dur + extra - cpu, a]
             else:
                 pending.append(start)
         load: dict[int, float] = {}  # cores the running CPU parts of each host ask for
@@ -224,18 +237,25 @@ def host_capacity(profile: Profile) -> list[float]:
     return [float(len(union[h])) if union.get(h) else cap[h] for h in range(len(cap))]
 
 
-def sharing_effect(plan, profile: Profile) -> tuple[float, list[float]] | None:
-    """What host sharing adds to a plan's simulated step (seconds) and each stage's busy-time
-    ratio (shared / uncontended); None when none of its stages share a host."""
+def replay_effect(plan, profile: Profile) -> tuple[float, list[float]] | None:
+    """What host sharing and calls after idle (``skyjax.plan.wake_cost``) add to a plan's
+    simulated step (seconds), and each stage's busy-time ratio (replayed / without them);
+    None when neither applies to its stages."""
     sharing = stage_sharing(plan, profile)
-    if sharing is None:
+    devices = [profile.devices[s.device] for s in plan.stages]
+    wake = [wake_table(dv) for dv in devices]
+    if sharing is None and all(w is None for w in wake):
         return None
     fwd, bwd, link = stage_actions_s(plan, profile)
     args = (fwd, bwd, link, plan.schedule, plan.microbatches)
     kw = {"update_s": [s.update_s for s in plan.stages], "sync_s": float(profile.sync_s)}
-    alone, busy_alone = simulate_shared(*args, [None] * len(fwd), sharing["share"], **kw)
-    shared, busy_shared = simulate_shared(*args, **sharing, **kw)
-    return shared - alone, [b / a if a > 0 else 1.0 for a, b in zip(busy_alone, busy_shared)]
+    shares = cpu_shares(profile)
+    share = sharing["share"] if sharing else [shares[s.device] for s in plan.stages]
+    alone, busy_alone = simulate_shared(*args, [None] * len(fwd), share, **kw)
+    replay = sharing or {"host": [None] * len(fwd), "share": share}
+    full, busy_full = simulate_shared(*args, **replay, **kw, wake=wake,
+                                      sleep=[sleep_share(dv) for dv in devices])
+    return full - alone, [b / a if a > 0 else 1.0 for a, b in zip(busy_alone, busy_full)]
 
 
 MAX_SUBSET_DEVICES = 8  # devices on shared hosts up to which every subset of them is tried
@@ -256,7 +276,7 @@ def best_subset(profile: Profile, base, plan_on: Callable[[Profile], object],
     if groups is None or base.strategy == "even":
         return base
     shared = [d for d, h in enumerate(groups) if h is not None]
-    effect = sharing_effect(base, profile)
+    effect = replay_effect(base, profile)
     floor = base.lower_bound_s if base.lower_bound_s is not None else (
         base.step_time_s - (effect[0] if effect else 0.0))
     best = base

@@ -32,7 +32,7 @@ import dataclasses
 from typing import Sequence
 
 from skyjax.plan.schedules import actions, inflight_peaks
-from skyjax.plan.sharing import sharing_effect
+from skyjax.plan.sharing import replay_effect
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
@@ -121,13 +121,14 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
 def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True) -> SimResult:
     """Simulate a plan on its profile (:func:`stage_actions_s`), with each stage's update
     and the synchronisation at the step boundary; where its stages share a host's cores, the
-    step time also carries what that adds (:func:`skyjax.plan.sharing.sharing_effect`)."""
+    step time also carries what that adds, and what calls after idle add
+    (:func:`skyjax.plan.sharing.replay_effect`)."""
     fwd, bwd, link = stage_actions_s(plan, profile)
     names = [profile.devices[s.device]["name"] for s in plan.stages]
     out = simulate(fwd, bwd, link, plan.schedule, plan.microbatches, overlap_comm=overlap_comm,
                    names=names, update_s=[s.update_s for s in plan.stages],
                    sync_s=float(profile.sync_s))
-    effect = sharing_effect(plan, profile)  # what host sharing adds (the trace shows none of it)
+    effect = replay_effect(plan, profile)  # sharing, calls after idle (not in the trace)
     if effect is not None:
         out.step_time_s += effect[0]
         out.busy_s = [b * r for b, r in zip(out.busy_s, effect[1])]

@@ -81,7 +81,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
          "overheads": {k: v[rank] for k, v in mine["overheads"].items()},
          "compile_s": mine["compile_s"], "memory": list(cluster.memory_bytes(rank)),
          "host": socket.gethostname(), "host_cores": host_cores(), "cpus": host_cpus(),
-         "cpu_cores": mine["cpu_cores"][rank]}, tag_base)
+         "cpu_cores": mine["cpu_cores"][rank], "wake_s": mine["wake_s"][rank]}, tag_base)
     mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
     gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links}, tag)
     transport.barrier(tag + 1)
@@ -95,6 +95,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     upd = np.zeros((len(spec.names), n))
     over = {k: [0.0] * n for k in gathered[0]["overheads"]}
     cpu_cores = [float("nan")] * n
+    wake: list = [None] * n
     for g in gathered:
         fwd[:, g["rank"]] = g["forward_s"]
         bwd[:, g["rank"]] = g["backward_s"]
@@ -108,13 +109,14 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         devices[g["rank"]]["host"], devices[g["rank"]]["host_cores"] = g["host"], g["host_cores"]
         devices[g["rank"]]["cpus"] = g["cpus"]
         cpu_cores[g["rank"]] = g["cpu_cores"]
+        wake[g["rank"]] = g["wake_s"]
     one_way: dict[str, list[float]] = {}
     for g in gathered_links:
         one_way.update(g["one_way"])
     lat, bw = links.link_matrices(n, options.link_sizes, one_way)
     measured = {"units": gathered[0]["units"], "forward_s": fwd, "backward_s": bwd,
                 "compile_s": compile_s, "devices": devices, "update_s": upd, "overheads": over,
-                "cpu_cores": cpu_cores}
+                "cpu_cores": cpu_cores, "wake_s": wake}
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,
                     lat, bw, {"link_probe": "transport", "link_one_way_s": one_way,
                               "units_s": unit_s, "compile_s": compile_s,

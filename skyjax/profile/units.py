@@ -34,6 +34,7 @@ from skyjax.models import bert
 from skyjax.profile.chain import ChainSpec
 from skyjax.profile.options import Log, Options, robust_time
 from skyjax.profile.report import fmt_s
+from skyjax.profile.wake import measure_wake
 from skyjax.tree import tree_avals, tree_nbytes
 
 
@@ -274,6 +275,7 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     n_chain = len(spec.chain)
     measured: dict[tuple, tuple[int, _UnitResult]] = {}
     per_chain: list[tuple[int, _UnitResult]] = []  # (representative chain index, result)
+    inputs: dict[int, Any] = {}  # carry into each measured unit
     compile_s = 0.0
     total = len(spec.names)
     for i, unit in enumerate(spec.chain):
@@ -286,6 +288,7 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
             result = _measure_unit(unit, is_last, carry, labels, targets, options, optimizer)
             rep_i = i
             measured[sig] = (i, result)
+            inputs[i] = carry
             compile_s += result.compile_s
             stands = spec.rep.count(i)
             note = f", stands for {stands} units" if stands > 1 else ""
@@ -330,6 +333,11 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     for _, result in measured.values():
         cpu_wall += np.array([result.cpu_wall[k] for k in range(len(reps))])
     cores = [float(c / w) if w > 0 else float("nan") for c, w in cpu_wall]
+    # calls after idle, on the longest unit (the largest working set): skyjax.profile.wake
+    longest, _ = max(measured.values(), key=lambda x: x[1].forward_s[0] + x[1].backward_s[0])
+    wake = measure_wake(spec.chain[longest], longest == n_chain - 1, inputs[longest], labels,
+                        targets)
     return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s,
             "update_s": upd, "overheads": overheads,
-            "cpu_cores": [cores[k] if k >= 0 else float("nan") for k in cls]}
+            "cpu_cores": [cores[k] if k >= 0 else float("nan") for k in cls],
+            "wake_s": [wake[k] if k >= 0 else None for k in cls]}

@@ -1,0 +1,71 @@
+"""What a call costs after its device idled: the part of a stage's time the back-to-back unit
+timings do not see.
+
+A pipeline stage that waits for its neighbours starts its next action after an idle gap, and on
+a CPU host that action runs slower: the data it works on left the caches while other work ran
+(here a gap spent busy-waiting costs as much as one asleep, so it is not the core's sleep
+states; ``experiments/idle_gap.py``, ``experiments/stage_probe.py``). The profiler times every
+unit back to back, so this module measures the difference apart: per device, one representative
+unit (the profile's longest, the largest working set) as a one-unit stage, its forward and
+backward back to back and after each of ``GAPS_S`` of idle, interleaved so that drift hits all
+alike. The extra seconds per action at each gap are ``devices[d]["wake_s"]`` in profile.json
+(``[[gap_s, extra_s], ...]``); the cost model adds them per action from the gap it predicts
+(``skyjax.plan.wake_cost``). On an accelerator the extra is ~0.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from skyjax import cluster as cluster_lib
+from skyjax.models import bert
+
+GAPS_S = (0.005, 0.03)  # idle gaps measured (the extra is interpolated between, 0 at no gap)
+
+
+def measure_wake(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
+                 targets: list[tuple[Any, float]], repeats: int = 4) -> list[list[list[float]]]:
+    """Per target ``(jax device, slowdown)``: ``[[gap_s, extra_s], ...]`` for ``GAPS_S``, the
+    extra of one action (forward and backward averaged) after that gap over back to back;
+    the fastest half of ``repeats`` of each is kept, as for the unit times."""
+    from skyjax.profile.options import robust_time
+    from skyjax.profile.units import device_params
+    from skyjax.runtime.stage import StageProgram
+
+    prog = StageProgram([unit], is_last=is_last, microbatches=1, optimizer=None, train=True)
+    out = []
+    for dev, slowdown in targets:
+        params = device_params(unit.params, dev)
+        c = jax.device_put(carry, dev)
+        rng = jax.device_put(jax.random.PRNGKey(0), dev)
+        lab = jax.device_put(labels, dev) if is_last else None
+        grads = jax.tree.map(jnp.zeros_like, params)
+        res_out, res = cluster_lib.block(prog.forward(params, c, rng, lab))
+        ct = None if is_last else {k: jnp.ones_like(v) for k, v in res_out.items()
+                                   if jnp.issubdtype(v.dtype, jnp.floating)}
+        grads, _ = cluster_lib.block(prog.backward(params, res, ct, grads))
+        # Through the emulation once first: its first call of a program is not slowed down,
+        # which would make the back-to-back figure of a slowed device too fast.
+        (_, res), _ = cluster_lib.timed_call(prog.forward, params, c, rng, lab, slowdown=slowdown)
+        (grads, _), _ = cluster_lib.timed_call(prog.backward, params, res, ct, grads,
+                                               slowdown=slowdown)
+        times: dict[float, list[float]] = {g: [] for g in (0.0,) + GAPS_S}
+        for _ in range(repeats):
+            for gap in times:
+                cluster_lib.block(prog.forward(params, c, rng, lab))  # warm, as profiled
+                time.sleep(gap)
+                (_, res), tf = cluster_lib.timed_call(prog.forward, params, c, rng, lab,
+                                                      slowdown=slowdown)
+                grads, _ = cluster_lib.block(prog.backward(params, res, ct, grads))
+                time.sleep(gap)
+                (grads, _), tb = cluster_lib.timed_call(prog.backward, params, res, ct, grads,
+                                                        slowdown=slowdown)
+                times[gap].append(tf + tb)
+        base = robust_time(times[0.0])
+        out.append([[g, max((robust_time(times[g]) - base) / 2, 0.0)] for g in GAPS_S])
+    return out

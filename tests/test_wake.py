@@ -1,0 +1,84 @@
+"""Calls after idle: the profiler's wake costs (skyjax.profile.wake) and the cost model's term
+for them (skyjax.plan.wake_cost through skyjax.plan.sharing's replay)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from skyjax import plan as plan_lib
+from skyjax.plan import sharing
+from skyjax.plan.simulate import simulate_plan
+from skyjax.plan.wake_cost import sleep_share, wake_extra, wake_table
+from tests.test_allocator import make_profile
+
+
+def test_wake_table_interpolates_from_zero_and_holds_beyond_the_last_gap():
+    table = wake_table({"wake_s": [[0.03, 0.003], [0.005, 0.001]]})
+    assert wake_extra(table, 0.0) == 0.0
+    assert wake_extra(table, 0.0025) == pytest.approx(0.0005)
+    assert wake_extra(table, 0.0175) == pytest.approx(0.002)
+    assert wake_extra(table, 1.0) == pytest.approx(0.003)
+    for bad in ({}, {"wake_s": None}, {"wake_s": [[0.01, 0.0]]}, {"wake_s": [[0.01, -1.0]]},
+                {"wake_s": [[0.01]]}, {"wake_s": "x"}):
+        assert wake_table(bad) is None, bad
+    assert sleep_share({"kind": "cpu", "slowdown": 4.0}) == 0.75
+    assert sleep_share({"kind": "gpu", "slowdown": 4.0}) == 0.0
+    assert sleep_share({"kind": "cpu"}) == 0.0
+
+
+def test_replay_adds_the_wake_cost_of_each_gap():
+    """GPipe, 2 stages, m = 1, every action 1 s: F0 [0, 1), F1 [1, 2), B1 [2, 3), B0 [3, 4)."""
+    args = ([1.0, 1.0], [1.0, 1.0], [0.0], "gpipe", 1, [None, None], [1.0, 1.0])
+    assert sharing.simulate_shared(*args)[0] == pytest.approx(4.0)
+    half = wake_table({"wake_s": [[1.0, 0.5]]})
+    # stage 1 idles 1 s before F1 (+0.5), none before B1; stage 0 has no wake cost
+    t, busy = sharing.simulate_shared(*args, wake=[None, half])
+    assert t == pytest.approx(4.5) and busy == pytest.approx([2.0, 2.5])
+    # stage 0 idles 2.5 s before B0: the last measured gap's extra holds beyond it
+    assert sharing.simulate_shared(*args, wake=[half, half])[0] == pytest.approx(5.0)
+    # stage 1 slowed 2x: half of F1 was its emulated sleep, so B1 follows 0.5 s of idle
+    t, busy = sharing.simulate_shared(*args, wake=[None, half], sleep=[0.0, 0.5])
+    assert t == pytest.approx(4.75) and busy == pytest.approx([2.0, 2.75])
+
+
+def _with_wake(profile, pairs):
+    devices = [dict(dv, kind="cpu", wake_s=p) for dv, p in zip(profile.devices, pairs)]
+    return dataclasses.replace(profile, devices=devices)
+
+
+def test_wake_costs_in_T_and_the_simulated_step_and_no_longer_exact():
+    base = make_profile(np.array([[0.1, 0.3]] * 6))
+    prof = _with_wake(base, [[[0.01, 0.02]], [[0.01, 0.02]]])
+    assignment = [(0, 0, 4), (1, 4, 6)]
+    plain = plan_lib.evaluate(base, assignment, "1f1b", 4)
+    waking = plan_lib.evaluate(prof, assignment, "1f1b", 4)
+    effect = sharing.replay_effect(waking, prof)
+    assert effect[0] > 0 and waking.step_time_s == pytest.approx(plain.step_time_s + effect[0])
+    assert simulate_plan(waking, prof).step_time_s == pytest.approx(waking.step_time_s)
+    assert max(effect[1]) > 1.0  # a stage's busy time grows by its actions' wake costs
+    # the search optimises T without the term: an exact plan's T is then only a bound
+    best = plan_lib.plan(base, "optimal", "1f1b", 4)
+    assert best.exact
+    again = plan_lib.plan(prof, "optimal", "1f1b", 4)
+    assert not again.exact and again.lower_bound_s == pytest.approx(best.step_time_s)
+    assert again.step_time_s > best.step_time_s
+    # no wake costs (or all zero): nothing changes
+    zero = _with_wake(base, [[[0.01, 0.0]], None])
+    assert sharing.replay_effect(plan_lib.evaluate(zero, assignment, "1f1b", 4), zero) is None
+
+
+def test_profiler_measures_wake_costs_per_device():
+    from tests.test_profiler import measure, tiny_config
+    from skyjax.profile.options import Options
+    from skyjax.profile.wake import GAPS_S
+
+    prof = measure(tiny_config(2, slowdowns=(1.0, 2.0)), options=Options(repeats=3,
+                                                                         link_repeats=2))
+    for dv in prof.devices:
+        pairs = np.asarray(dv["wake_s"])
+        assert pairs.shape == (len(GAPS_S), 2) and np.allclose(pairs[:, 0], GAPS_S)
+        assert np.all(np.isfinite(pairs[:, 1])) and np.all(pairs[:, 1] >= 0), pairs
+        assert np.all(pairs[:, 1] < 0.1)  # far below a gap's length on a tiny model
