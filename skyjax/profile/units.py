@@ -335,8 +335,9 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     cores = [float(c / w) if w > 0 else float("nan") for c, w in cpu_wall]
     # calls after idle, on the longest unit (the largest working set): skyjax.profile.wake
     longest, _ = max(measured.values(), key=lambda x: x[1].forward_s[0] + x[1].backward_s[0])
-    wake = measure_wake(spec.chain[longest], longest == n_chain - 1, inputs[longest], labels,
-                        targets)
+    unit = spec.chain[longest]
+    wake = measure_wake(unit, longest == n_chain - 1, inputs[longest], labels, targets,
+                        lambda dev: device_params(unit.params, dev))
     return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s,
             "update_s": upd, "overheads": overheads,
             "cpu_cores": [cores[k] if k >= 0 else float("nan") for k in cls],

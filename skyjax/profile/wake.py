@@ -16,7 +16,7 @@ alike. The extra seconds per action at each gap are ``devices[d]["wake_s"]`` in 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,18 +29,19 @@ GAPS_S = (0.005, 0.03)  # idle gaps measured (the extra is interpolated between,
 
 
 def measure_wake(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
-                 targets: list[tuple[Any, float]], repeats: int = 4) -> list[list[list[float]]]:
+                 targets: list[tuple[Any, float]], params_on: Callable[[Any], list],
+                 repeats: int = 4) -> list[list[list[float]]]:
     """Per target ``(jax device, slowdown)``: ``[[gap_s, extra_s], ...]`` for ``GAPS_S``, the
     extra of one action (forward and backward averaged) after that gap over back to back;
-    the fastest half of ``repeats`` of each is kept, as for the unit times."""
+    the fastest half of ``repeats`` of each is kept, as for the unit times. ``params_on(dev)``:
+    ``[unit's params]`` on a device (``skyjax.profile.units.device_params``)."""
     from skyjax.profile.options import robust_time
-    from skyjax.profile.units import device_params
     from skyjax.runtime.stage import StageProgram
 
     prog = StageProgram([unit], is_last=is_last, microbatches=1, optimizer=None, train=True)
     out = []
     for dev, slowdown in targets:
-        params = device_params(unit.params, dev)
+        params = params_on(dev)
         c = jax.device_put(carry, dev)
         rng = jax.device_put(jax.random.PRNGKey(0), dev)
         lab = jax.device_put(labels, dev) if is_last else None
