@@ -11,7 +11,7 @@ import pytest
 from skyjax import plan as plan_lib
 from skyjax.plan import sharing
 from skyjax.plan.simulate import simulate_plan
-from skyjax.plan.wake_cost import sleep_share, wake_extra, wake_table
+from skyjax.plan.wake_cost import wake_extra, wake_table
 from tests.test_allocator import make_profile
 
 
@@ -24,9 +24,6 @@ def test_wake_table_interpolates_from_zero_and_holds_beyond_the_last_gap():
     for bad in ({}, {"wake_s": None}, {"wake_s": [[0.01, 0.0]]}, {"wake_s": [[0.01, -1.0]]},
                 {"wake_s": [[0.01]]}, {"wake_s": "x"}):
         assert wake_table(bad) is None, bad
-    assert sleep_share({"kind": "cpu", "slowdown": 4.0}) == 0.75
-    assert sleep_share({"kind": "gpu", "slowdown": 4.0}) == 0.0
-    assert sleep_share({"kind": "cpu"}) == 0.0
 
 
 def test_replay_adds_the_wake_cost_of_each_gap():
@@ -39,9 +36,14 @@ def test_replay_adds_the_wake_cost_of_each_gap():
     assert t == pytest.approx(4.5) and busy == pytest.approx([2.0, 2.5])
     # stage 0 idles 2.5 s before B0: the last measured gap's extra holds beyond it
     assert sharing.simulate_shared(*args, wake=[half, half])[0] == pytest.approx(5.0)
-    # stage 1 slowed 2x: half of F1 was its emulated sleep, so B1 follows 0.5 s of idle
-    t, busy = sharing.simulate_shared(*args, wake=[None, half], sleep=[0.0, 0.5])
+    # stage 1 slowed 2x (CPU work half of its time): half of F1 was its emulated sleep, so B1
+    # follows 0.5 s of idle
+    slowed = args[:-1] + ([1.0, 0.5],)
+    t, busy = sharing.simulate_shared(*slowed, wake=[None, half])
     assert t == pytest.approx(4.75) and busy == pytest.approx([2.0, 2.75])
+    # a device that is not a CPU (no CPU share) sleeps in none of its time
+    t, busy = sharing.simulate_shared(*args[:-1], [1.0, 0.0], wake=[None, half])
+    assert t == pytest.approx(4.5) and busy == pytest.approx([2.0, 2.5])
 
 
 def _with_wake(profile, pairs):

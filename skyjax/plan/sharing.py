@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 from skyjax.plan.schedules import actions
 from skyjax.plan.stage_times import stage_actions_s
-from skyjax.plan.wake_cost import Table, sleep_share, wake_extra, wake_table
+from skyjax.plan.wake_cost import Table, wake_extra, wake_table
 from skyjax.profile.format import Profile
 
 _EPS = 1e-12
@@ -90,8 +90,7 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
                     update_s: Sequence[float] | None = None, sync_s: float = 0.0,
                     demand: Sequence[float] | None = None,
                     capacity: Sequence[float] | None = None,
-                    wake: Sequence[Table | None] | None = None,
-                    sleep: Sequence[float] | None = None) -> tuple[float, list[float]]:
+                    wake: Sequence[Table | None] | None = None) -> tuple[float, list[float]]:
     """The step period and per-stage busy time of a schedule whose stages share hosts.
 
     Per stage k: forward / backward action durations when uncontended, ``delay_s[k]`` the link
@@ -102,8 +101,8 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
     starts the step with its update (``update_s[k]``, shared like an action); the step ends
     ``sync_s`` after the last action. ``wake[k]`` (``skyjax.plan.wake_cost``): an action
     takes that much longer after its stage idled (the wait since its previous action ended,
-    plus ``sleep[k]`` x that action's time: an emulated slow device's sleep), as CPU work where
-    the stage has any. With no shared host and no wake costs this equals ``simulate``'s result.
+    plus that action's part that is not CPU work where the stage has any: an emulated slow
+    device's sleep), as CPU work where the stage has any. With no shared host and no wake costs this equals ``simulate``'s result.
     """
     p, m = len(forward_s), microbatches
     lists = actions(schedule, p, m)
@@ -117,7 +116,6 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
     cores = [float(c) for c in demand] if demand is not None else [1.0] * p
     cap = {h: (float(capacity[h]) if capacity is not None else 1.0) for h in host if h is not None}
     wake = list(wake) if wake is not None else [None] * p
-    sleep = [float(x) for x in sleep] if sleep is not None else [0.0] * p
     slept = [0.0] * p  # of the stage's previous action (none after the update)
     now, remaining = 0.0, sum(len(a) for a in lists)
     while remaining or any(r is not None for r in running):
@@ -133,7 +131,7 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
                 a = lists[k][pos[k]]
                 dur = float(forward_s[k] if a.kind == "F" else backward_s[k])
                 extra = wake_extra(wake[k], now - free[k] + slept[k])
-                slept[k] = sleep[k] * dur
+                slept[k] = (1 - share[k]) * dur if share[k] > 0 else 0.0
                 cpu = share[k] * dur + (extra if share[k] > 0 else 0.0)
                 running[k] = [now, cpu, dur + extra - cpu, a]
             else:
@@ -242,8 +240,7 @@ def replay_effect(plan, profile: Profile) -> tuple[float, list[float]] | None:
     simulated step (seconds), and each stage's busy-time ratio (replayed / without them);
     None when neither applies to its stages."""
     sharing = stage_sharing(plan, profile)
-    devices = [profile.devices[s.device] for s in plan.stages]
-    wake = [wake_table(dv) for dv in devices]
+    wake = [wake_table(profile.devices[s.device]) for s in plan.stages]
     if sharing is None and all(w is None for w in wake):
         return None
     fwd, bwd, link = stage_actions_s(plan, profile)
@@ -253,8 +250,7 @@ def replay_effect(plan, profile: Profile) -> tuple[float, list[float]] | None:
     share = sharing["share"] if sharing else [shares[s.device] for s in plan.stages]
     alone, busy_alone = simulate_shared(*args, [None] * len(fwd), share, **kw)
     replay = sharing or {"host": [None] * len(fwd), "share": share}
-    full, busy_full = simulate_shared(*args, **replay, **kw, wake=wake,
-                                      sleep=[sleep_share(dv) for dv in devices])
+    full, busy_full = simulate_shared(*args, **replay, **kw, wake=wake)
     return full - alone, [b / a if a > 0 else 1.0 for a, b in zip(busy_alone, busy_full)]
 
 

@@ -4,7 +4,7 @@ idle gap (profile.json ``devices[d]["wake_s"]``, measured by ``skyjax.profile.wa
 The analytic T has no gaps; the event replay of ``skyjax.plan.sharing`` knows when each
 action starts and so the gap before it: the wait since the stage's previous action ended, plus
 that action's emulated sleep (a CPU device slowed k times computes for 1/k of its call and
-sleeps the rest). Pure functions over profile data; no JAX.
+sleeps the rest: the part ``sharing.cpu_shares`` does not count as CPU work). Pure functions over profile data; no JAX.
 """
 
 from __future__ import annotations
@@ -35,9 +35,3 @@ def wake_extra(table: Table | None, gap_s: float) -> float:
         return 0.0
     return float(np.interp(gap_s, table[0], table[1]))
 
-
-def sleep_share(device: dict) -> float:
-    """The share of an action's time that the device's core idles in it: (k - 1) / k for a CPU
-    device emulated k times slower, else 0."""
-    k = float(device.get("slowdown") or 1.0)
-    return 1.0 - 1.0 / k if device.get("kind") == "cpu" and k > 1 else 0.0
