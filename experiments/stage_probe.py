@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 from typing import Any
 
 KEYS = ("profile", "units_now", "block_now", "idle_now", "pipeline")
@@ -45,13 +44,14 @@ KEYS = ("profile", "units_now", "block_now", "idle_now", "pipeline")
 
 def block_times(stage: Any, idle: tuple[float, float], repeats: int = 5) -> list[list[float]]:
     """[back to back, after ``idle`` seconds before a forward / a backward]: each the stage's
-    [forward, backward] seconds (mean of the fastest half of ``repeats``, as profiled)."""
+    [forward, backward] seconds (mean of the fastest half of ``repeats``, as profiled; the two
+    settings interleaved, ``skyjax.profile.wake.time_after_idle``)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from skyjax import cluster as cluster_lib
     from skyjax.profile.options import robust_time
+    from skyjax.profile.wake import time_after_idle
     from skyjax.runtime.stage import float_entries
 
     prog, dev = stage.program, stage.device
@@ -63,22 +63,9 @@ def block_times(stage: Any, idle: tuple[float, float], repeats: int = 5) -> list
     grads = jax.tree.map(jnp.zeros_like, params)  # backward donates them: not the stage's
     ct = None if stage.is_last else {k: jnp.ones(v.shape, v.dtype)
                                      for k, v in float_entries(stage.out_like).items()}
-    out = []
-    for gaps in ((0.0, 0.0), idle):
-        fwd, bwd = [], []
-        for _ in range(repeats):
-            cluster_lib.block(prog.forward(params, x, key, lab))
-            time.sleep(gaps[0])
-            (_, res), tf = cluster_lib.timed_call(prog.forward, params, x, key, lab,
-                                                  slowdown=stage.slowdown)
-            grads, _ = cluster_lib.block(prog.backward(params, res, ct, grads))
-            time.sleep(gaps[1])
-            (grads, _), tb = cluster_lib.timed_call(prog.backward, params, res, ct, grads,
-                                                    slowdown=stage.slowdown)
-            fwd.append(tf)
-            bwd.append(tb)
-        out.append([robust_time(fwd), robust_time(bwd)])
-    return out
+    times = time_after_idle(prog, params, x, key, lab, ct, grads, stage.slowdown,
+                            [(0.0, 0.0), idle], repeats)
+    return [[robust_time([f for f, _ in ts]), robust_time([b for _, b in ts])] for ts in times]
 
 
 def idle_before(spans: list, stage: int, slowdown: float) -> tuple[float, float]:

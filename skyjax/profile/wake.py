@@ -55,18 +55,31 @@ def measure_wake(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
         (_, res), _ = cluster_lib.timed_call(prog.forward, params, c, rng, lab, slowdown=slowdown)
         (grads, _), _ = cluster_lib.timed_call(prog.backward, params, res, ct, grads,
                                                slowdown=slowdown)
-        times: dict[float, list[float]] = {g: [] for g in (0.0,) + GAPS_S}
-        for _ in range(repeats):
-            for gap in times:
-                cluster_lib.block(prog.forward(params, c, rng, lab))  # warm, as profiled
-                time.sleep(gap)
-                (_, res), tf = cluster_lib.timed_call(prog.forward, params, c, rng, lab,
-                                                      slowdown=slowdown)
-                grads, _ = cluster_lib.block(prog.backward(params, res, ct, grads))
-                time.sleep(gap)
-                (grads, _), tb = cluster_lib.timed_call(prog.backward, params, res, ct, grads,
-                                                        slowdown=slowdown)
-                times[gap].append(tf + tb)
-        base = robust_time(times[0.0])
-        out.append([[g, max((robust_time(times[g]) - base) / 2, 0.0)] for g in GAPS_S])
+        times = time_after_idle(prog, params, c, rng, lab, ct, grads, slowdown,
+                                [(0.0, 0.0)] + [(g, g) for g in GAPS_S], repeats)
+        base, *after = [robust_time([tf + tb for tf, tb in ts]) for ts in times]
+        out.append([[g, max((t - base) / 2, 0.0)] for g, t in zip(GAPS_S, after)])
     return out
+
+
+def time_after_idle(prog: Any, params: list, x: Any, rng: Any, labels: Any, cotangent: Any,
+                    grads: list, slowdown: float, gaps: list[tuple[float, float]],
+                    repeats: int) -> list[list[tuple[float, float]]]:
+    """Per (forward gap, backward gap) of ``gaps``: ``repeats`` (forward s, backward s) of the
+    stage program ``prog`` (``skyjax.runtime.stage.StageProgram``), each timed call right after
+    an untimed one of the same program and that long idle, the settings interleaved so that
+    drift hits all alike. ``grads`` is donated to the backward calls: pass a copy. Also the
+    stage probe's (``experiments/stage_probe.py``)."""
+    times: list[list[tuple[float, float]]] = [[] for _ in gaps]
+    for _ in range(repeats):
+        for i, (gap_f, gap_b) in enumerate(gaps):
+            cluster_lib.block(prog.forward(params, x, rng, labels))  # warm, as profiled
+            time.sleep(gap_f)
+            (_, res), tf = cluster_lib.timed_call(prog.forward, params, x, rng, labels,
+                                                  slowdown=slowdown)
+            grads, _ = cluster_lib.block(prog.backward(params, res, cotangent, grads))
+            time.sleep(gap_b)
+            (grads, _), tb = cluster_lib.timed_call(prog.backward, params, res, cotangent, grads,
+                                                    slowdown=slowdown)
+            times[i].append((tf, tb))
+    return times
