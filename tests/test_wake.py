@@ -84,3 +84,40 @@ def test_profiler_measures_wake_costs_per_device():
         assert pairs.shape == (len(GAPS_S), 2) and np.allclose(pairs[:, 0], GAPS_S)
         assert np.all(np.isfinite(pairs[:, 1])) and np.all(pairs[:, 1] >= 0), pairs
         assert np.all(pairs[:, 1] < 0.1)  # far below a gap's length on a tiny model
+
+
+def test_wake_extras_below_the_noise_are_zero():
+    """An accelerator's after-idle calls match its back-to-back ones within noise: those
+    extras must be 0, or every plan would pay a replay penalty and lose ``exact``."""
+    from skyjax.profile.wake import GAPS_S, NOISE_FLOOR, wake_extras
+
+    steady = [0.010, 0.0101, 0.0102, 0.0100]  # forward + backward seconds, back to back
+    # 1 % slower after idle: below the floor (2 % of the action); a clear 20 % is kept
+    pairs = wake_extras([steady, [x * 1.01 for x in steady], [x * 1.2 for x in steady]])
+    assert [g for g, _ in pairs] == list(GAPS_S)
+    assert pairs[0][1] == 0.0
+    assert pairs[1][1] == pytest.approx(0.2 * 0.010 / 2)  # robust times: the fastest half
+    assert NOISE_FLOOR * 0.010 / 2 < pairs[1][1]
+    # noisy back-to-back times (median 5 % above the fastest): a 4 % extra is noise, 10 % not
+    noisy = [0.010, 0.0100, 0.0110, 0.0110]
+    pairs = wake_extras([noisy, [x * 1.04 for x in noisy], [x * 1.1 for x in noisy]])
+    assert pairs[0][1] == 0.0 and pairs[1][1] > 0.0
+    # no devices' extras above the floor: the profile's table is empty, plans stay exact
+    assert wake_table({"wake_s": wake_extras([steady, steady, steady])}) is None
+
+
+def test_heuristic_planner_bounds_the_analytic_T_and_reports_the_penalty():
+    """The searches do not see the replay penalty: on the heuristic path too, the plan and its
+    bound are those of the profile without wake costs, and T carries the penalty on top."""
+    base = make_profile(np.array([[0.1, 0.3]] * 6))
+    prof = _with_wake(base, [[[0.01, 0.02]], [[0.01, 0.02]]])
+    plain = plan_lib.plan(base, "optimal", "1f1b", 4, force_heuristic=True, subsets=False)
+    waking = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True, subsets=False)
+    assert [s.units for s in waking.stages] == [s.units for s in plain.stages]
+    assert waking.replay_penalty_s > 0 and not waking.exact
+    assert waking.analytic_s == pytest.approx(plain.step_time_s)
+    bound = plain.step_time_s if plain.exact else plain.lower_bound_s
+    assert waking.lower_bound_s == pytest.approx(bound)
+    again = plan_lib.Plan.from_json(waking.to_json())
+    assert again.replay_penalty_s == pytest.approx(waking.replay_penalty_s)
+    assert "replay_penalty_s" not in plain.to_json()  # plan.json unchanged without a penalty

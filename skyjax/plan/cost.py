@@ -224,4 +224,5 @@ def evaluate_tables(profile: Profile, t: Tables, assignment: Assignment, strateg
         if out.exact:  # the searches optimise T without it: the optimum is a bound only
             out.exact, out.lower_bound_s = False, out.step_time_s
         out.step_time_s += effect[0]
+        out.replay_penalty_s = effect[0]
     return out

@@ -68,18 +68,21 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
     if sol is None:
         raise InfeasibleError(_infeasible_message(profile, t))
     out = evaluate_tables(profile, t, sol.assignment, strategy, exact, None)
-    if not exact:
+    if not exact:  # bounds on the analytic T: the searches do not see the replay penalty
         gb = GroupBound(t)  # shared by the three bounds below (chain_bound refines its B grid)
-        lb = max(lower_bound(t), group_bound(t, out.step_time_s, gb))
-        if out.step_time_s > lb * (1 + REGION_GAP):  # GPipe: least sum at its bottleneck
+        lb = max(lower_bound(t), group_bound(t, out.analytic_s, gb))
+        if out.analytic_s > lb * (1 + REGION_GAP):  # GPipe: least sum at its bottleneck
             out = refine_plan(profile, t, sol, out)
-        if out.step_time_s > lb * (1 + REGION_GAP):  # 1F1B: regions once; GPipe: chains
-            lb = max(lb, region_bound(t, out.step_time_s, gb=gb),
-                     chain_bound(t, out.step_time_s, gb,
-                                 goal=out.step_time_s / (1 + min(GOAL_GAP, max(REGION_GAP, 0)))))
-        out.lower_bound_s = min(lb, out.step_time_s)
-        if out.step_time_s <= lb * (1 + 1e-9):
-            out.exact, out.lower_bound_s = True, None
+        if out.analytic_s > lb * (1 + REGION_GAP):  # 1F1B: regions once; GPipe: chains
+            lb = max(lb, region_bound(t, out.analytic_s, gb=gb),
+                     chain_bound(t, out.analytic_s, gb,
+                                 goal=out.analytic_s / (1 + min(GOAL_GAP, max(REGION_GAP, 0)))))
+        out.lower_bound_s = min(lb, out.analytic_s)
+        if out.analytic_s <= lb * (1 + 1e-9):  # the analytic optimum
+            if out.replay_penalty_s > 0:  # bounds T only (as in evaluate_tables)
+                out.lower_bound_s = out.analytic_s
+            else:
+                out.exact, out.lower_bound_s = True, None
     if not subsets:
         return out
     return best_subset(profile, out, lambda restricted: plan(

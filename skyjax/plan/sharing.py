@@ -272,12 +272,10 @@ def best_subset(profile: Profile, base, plan_on: Callable[[Profile], object],
     if groups is None or base.strategy == "even":
         return base
     shared = [d for d, h in enumerate(groups) if h is not None]
-    effect = replay_effect(base, profile)
-    floor = base.lower_bound_s if base.lower_bound_s is not None else (
-        base.step_time_s - (effect[0] if effect else 0.0))
+    floor = base.lower_bound_s if base.lower_bound_s is not None else base.analytic_s
     best = base
     # An exact plan that pays no penalty is at the analytic optimum, below every plan's T.
-    if len(shared) <= MAX_SUBSET_DEVICES and not (base.exact and effect is None):
+    if len(shared) <= MAX_SUBSET_DEVICES and not (base.exact and base.replay_penalty_s == 0):
         for r in range(1, len(shared)):
             for dropped in itertools.combinations(shared, r):
                 devices = [dict(dv, memory_bytes=0) if d in dropped else dv

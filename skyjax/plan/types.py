@@ -44,7 +44,10 @@ class Stage:
 @dataclasses.dataclass
 class Plan:
     """Stages in pipeline order and the predicted step time T. ``exact``: T is optimal under the
-    cost model; otherwise ``lower_bound_s`` (when searched) bounds the optimum from below."""
+    cost model; otherwise ``lower_bound_s`` (when searched) bounds the optimum from below.
+    ``replay_penalty_s``: the part of T that only the event replay sees (host sharing, calls
+    after idle: ``skyjax.plan.sharing.replay_effect``); the searches and their bounds work on
+    ``analytic_s``, T without it."""
 
     strategy: str
     schedule: str
@@ -55,6 +58,12 @@ class Plan:
     exact: bool
     lower_bound_s: float | None = None
     device_names: list[str] | None = None
+    replay_penalty_s: float = 0.0
+
+    @property
+    def analytic_s(self) -> float:
+        """T without the replay penalty: what the searches optimise and the bounds bound."""
+        return self.step_time_s - self.replay_penalty_s
 
     def to_json(self) -> dict:
         out = {"strategy": self.strategy, "schedule": self.schedule,
@@ -65,6 +74,8 @@ class Plan:
             out["lower_bound_s"] = self.lower_bound_s
         if self.device_names is not None:
             out["device_names"] = list(self.device_names)
+        if self.replay_penalty_s:
+            out["replay_penalty_s"] = self.replay_penalty_s
         return out
 
     @classmethod
@@ -75,4 +86,5 @@ class Plan:
                   for s in d["stages"]]
         return cls(d["strategy"], d["schedule"], int(d["microbatches"]), stages,
                    float(d["step_time_s"]), float(d["bottleneck_s"]), bool(d["exact"]),
-                   d.get("lower_bound_s"), d.get("device_names"))
+                   d.get("lower_bound_s"), d.get("device_names"),
+                   float(d.get("replay_penalty_s", 0.0)))

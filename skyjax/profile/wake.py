@@ -26,6 +26,7 @@ from skyjax import cluster as cluster_lib
 from skyjax.models import bert
 
 GAPS_S = (0.005, 0.03)  # idle gaps measured (the extra is interpolated between, 0 at no gap)
+NOISE_FLOOR = 0.02  # extras below this fraction of the back-to-back time count as 0
 
 
 def measure_wake(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
@@ -35,7 +36,6 @@ def measure_wake(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
     extra of one action (forward and backward averaged) after that gap over back to back;
     the fastest half of ``repeats`` of each is kept, as for the unit times. ``params_on(dev)``:
     ``[unit's params]`` on a device (``skyjax.profile.units.device_params``)."""
-    from skyjax.profile.options import robust_time
     from skyjax.runtime.stage import StageProgram
 
     prog = StageProgram([unit], is_last=is_last, microbatches=1, optimizer=None, train=True)
@@ -57,9 +57,24 @@ def measure_wake(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
                                                slowdown=slowdown)
         times = time_after_idle(prog, params, c, rng, lab, ct, grads, slowdown,
                                 [(0.0, 0.0)] + [(g, g) for g in GAPS_S], repeats)
-        base, *after = [robust_time([tf + tb for tf, tb in ts]) for ts in times]
-        out.append([[g, max((t - base) / 2, 0.0)] for g, t in zip(GAPS_S, after)])
+        out.append(wake_extras([[tf + tb for tf, tb in ts] for ts in times]))
     return out
+
+
+def wake_extras(samples: list[list[float]]) -> list[list[float]]:
+    """``[[gap_s, extra_s], ...]`` for ``GAPS_S`` from forward + backward seconds back to back
+    (``samples[0]``) and after each gap (``samples[1:]``): the extra per action (half a pair),
+    robust times as for the units, and 0 where it does not stand out of the noise: below
+    ``NOISE_FLOOR`` of the action, or below the back-to-back samples' own spread (median -
+    fastest). Noise-level extras would otherwise make every plan pay a replay penalty and lose
+    ``exact`` on devices, such as accelerators, that have no cost after idle."""
+    from skyjax.profile.options import robust_time
+
+    base_samples, *after = samples
+    base = robust_time(base_samples)
+    floor = max(NOISE_FLOOR * base, float(np.median(base_samples)) - min(base_samples)) / 2
+    extras = [(robust_time(ts) - base) / 2 for ts in after]
+    return [[g, e if e > floor else 0.0] for g, e in zip(GAPS_S, extras)]
 
 
 def time_after_idle(prog: Any, params: list, x: Any, rng: Any, labels: Any, cotangent: Any,
