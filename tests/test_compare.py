@@ -109,3 +109,13 @@ def test_calibration_splits_a_per_action_host_cost_from_device_factors():
     # device 0: factor 1 on four units plus b per action; device 2 (unused): b per action
     assert [s.compute_s for s in other.stages] == pytest.approx(
         [s.compute_s + 2 * b for s in base.stages])
+
+
+def test_step_boundary_is_last_end_to_next_first_start():
+    from skyjax.plan.compare import step_boundary_s
+
+    one = [Span(0, "F", 0, 0.0, 1.0), Span(1, "F", 0, 1.1, 2.0), Span(0, "B", 0, 2.5, 3.0)]
+    two = [Span(0, "F", 0, 3.2, 4.0), Span(1, "F", 0, 4.1, 5.0), Span(0, "B", 0, 5.5, 6.5)]
+    three = [Span(0, "F", 0, 6.6, 7.0)]
+    assert step_boundary_s([one, two, three]) == pytest.approx([0.2, 0.1])
+    assert step_boundary_s([one, [], two]) == [] and step_boundary_s([one]) == []

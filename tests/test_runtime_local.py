@@ -106,3 +106,35 @@ def test_losses_equal_single_device_training(granularity, blocks, schedule):
     ex.close()
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     assert all(c == {"forward": 1, "backward": 1, "update": 1} for c in counts), counts
+
+
+def test_distributed_executor_gathers_the_metrics_before_the_update():
+    """Process 0 collects the step's metrics after the actions and before the update: gathered
+    after it, every step waited for the slowest stage's update, which the cost model (and the
+    simulator) charge only for stage 0. A recording transport stands in for the processes."""
+    from skyjax.runtime.distributed_executor import DistributedExecutor
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def gather_to_first(self, obj, tag):
+            leaf = jax.tree.leaves(ex.unit_params())[0]
+            self.calls.append(("gather", np.array(leaf)))
+            return [obj]
+
+        def allreduce_sum(self, value, tag):
+            self.calls.append(("allreduce", None))
+            return value
+
+    chain = fresh_chain()
+    before = np.array(jax.tree.leaves(chain[0].params)[0])
+    transport = Recorder()
+    ex = DistributedExecutor(chain, make_plan([(0, len(chain))], "1f1b", 2, [0]), transport, 0,
+                             jax.local_devices()[0], batch_size=BATCH, seq_len=SEQ,
+                             optimizer=optax.sgd(0.1), max_grad_norm=1.0, rng=rng_for)
+    metrics = ex.train_step(0, make_batch(0))
+    assert [c for c, _ in transport.calls] == ["gather", "allreduce"]
+    np.testing.assert_array_equal(transport.calls[0][1], before)  # not yet updated
+    assert not np.array_equal(np.array(jax.tree.leaves(ex.unit_params())[0]), before)
+    assert np.isfinite(metrics.loss) and len(metrics.results[0].spans) == 4

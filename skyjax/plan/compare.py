@@ -54,6 +54,15 @@ def measured_comm(spans: Sequence[Span], p: int) -> list[float]:
     return out
 
 
+def step_boundary_s(steps: Sequence[Sequence[Span]]) -> list[float]:
+    """Between consecutive measured steps (each its F/B spans of every stage): the time from
+    one step's last action end to the next step's first action start, which the cost model
+    predicts as ``update_0 + sync_s`` (the gradient-norm all-reduce, the first stage's update
+    and what else the runtime does between steps)."""
+    return [min(s.start for s in b) - max(s.end for s in a)
+            for a, b in zip(steps, steps[1:]) if a and b]
+
+
 def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span]) -> dict:
     """Per-stage predicted vs measured compute, comm, idle (per step) and the replayed step
     (module doc). ``spans``: one step's F/B spans of every stage (empty: predicted only)."""

@@ -89,20 +89,28 @@ class DistributedExecutor:
         return tags.executor_gather(self._gathers)
 
     def train_step(self, step: int, batch: Batch) -> StepMetrics:
-        """Runs this process's stage for one step; metrics are the last stage's, on process 0."""
+        """Runs this process's stage for one step; metrics are the last stage's, on process 0.
+
+        The metrics go to process 0 after the step's actions and before the update: every
+        stage's last action precedes stage 0's (its last backward waits for theirs), so process 0
+        finds them there, and no stage's update stands between stage 0's update and its next
+        step (gathered after the update, the slowest stage's update delayed every step; the cost
+        model charges only ``update_0``). ``wall_s`` is then the actions' time."""
         microbatch = split_microbatches(batch, self.microbatches)
         rng = lambda mb: self.rng(step, mb)  # noqa: E731
         if self.stage is not None:
-            result = self.stage.run_step(step, self.actions[self.stage.index], microbatch, rng,
-                                         self.max_grad_norm)
+            result = self.stage.run_actions(step, self.actions[self.stage.index], microbatch,
+                                            rng)
         else:
-            if self.max_grad_norm:
-                self.transport.allreduce_sum(0.0, tags.grad_norm(step))
             result = StepResult([], [], [], 0.0)
         gathered = self.transport.gather_to_first(
             {"losses": result.losses, "accuracies": result.accuracies,
              "spans": [dataclasses.asdict(s) for s in result.spans], "wall_s": result.wall_s},
             self._gather_tag())
+        if self.stage is not None:
+            self.stage.update(step, self.max_grad_norm)
+        elif self.max_grad_norm:
+            self.transport.allreduce_sum(0.0, tags.grad_norm(step))
         if gathered is None:
             return StepMetrics(float("nan"), float("nan"), result.wall_s, [result])
         losses = [x for g in gathered for x in g["losses"]]

@@ -129,6 +129,17 @@ class PipelineStage:
     def run_step(self, step: int, actions: list[Action], microbatch: Callable[[int], Batch],
                  rng: Callable[[int], jax.Array], max_grad_norm: float | None) -> StepResult:
         """Runs one optimizer step's actions, then the (globally clipped) update."""
+        start = time.perf_counter()
+        result = self.run_actions(step, actions, microbatch, rng)
+        self.update(step, max_grad_norm)
+        result.wall_s = time.perf_counter() - start
+        return result
+
+    def run_actions(self, step: int, actions: list[Action], microbatch: Callable[[int], Batch],
+                    rng: Callable[[int], jax.Array]) -> StepResult:
+        """Runs one optimizer step's actions (gradients accumulate in the state); ``update``
+        applies them. Split so that the distributed executor can hand the step's metrics to
+        process 0 before its update (:meth:`DistributedExecutor.train_step`)."""
         residuals: dict[int, Any] = {}
         losses, accuracies, spans = [], [], []
         start, wall_start = time.perf_counter(), time.time()
@@ -165,10 +176,10 @@ class PipelineStage:
                                    self.index - 1)
             t0 = wall_start + (t0 - start)
             spans.append(Span(self.index, action.kind, mb, t0, t0 + seconds))
-        self._update(step, max_grad_norm)
         return StepResult(losses, accuracies, spans, time.perf_counter() - start)
 
-    def _update(self, step: int, max_grad_norm: float | None) -> None:
+    def update(self, step: int, max_grad_norm: float | None) -> None:
+        """The step's optimizer update, after every stage agreed on the global gradient norm."""
         local = float(global_sq_norm(self.state.grads)) if max_grad_norm else 0.0
         total = self.link.allreduce_sum(local, tags.grad_norm(step)) if max_grad_norm else 0.0
         scale = np.float32(clip_scale(total, max_grad_norm))
