@@ -105,7 +105,7 @@ def worker(spec_path: str) -> None:
         metrics = executors["even"].train_step(step, next(batches))
         cal["times"].append(time.perf_counter() - tic)
         cal["busy"].append(stage_busy(metrics))
-        sp = [x for res in metrics.results for x in res.spans]
+        sp = metrics.spans
         cal["comm"].append(measured_comm(sp, len(plans["even"].stages)))
         step += 1
     calibrated = None
@@ -138,7 +138,7 @@ def worker(spec_path: str) -> None:
                 metrics = executors[s].train_step(step, batch)
                 times[s].append(time.perf_counter() - tic)
                 busy[s].append(stage_busy(metrics))
-                spans[s] = [sp for res in metrics.results for sp in res.spans]
+                spans[s] = metrics.spans
                 all_spans[s].append([dataclasses.astuple(sp) for sp in spans[s]])
                 comm[s].append(measured_comm(spans[s], len(plans[s].stages)))
                 step += 1

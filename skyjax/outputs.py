@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import ml_collections
@@ -51,9 +51,10 @@ class Outputs:
             self.board.write_record(record)
 
 
-def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any) -> dict:
+def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any,
+               boundaries: Sequence[float] = ()) -> dict:
     """A measured step's per-stage spans (pid 0) beside the simulator's trace of the plan."""
-    spans = [s for r in (last_step.results if last_step else []) for s in r.spans]
+    spans = last_step.spans if last_step else []
     events = stage_events(spans, pid=0, name="measured step")
     simulated = simulate.simulate_plan(plan, profile).trace["traceEvents"]
     for e in simulated:
@@ -61,18 +62,20 @@ def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any) -> dict:
         if e.get("name") == "process_name":
             e["args"] = {"name": f"simulated: {e['args']['name']}"}
     out = trace_file(events + simulated)
-    out["stage_comparison"] = stage_report(plan, profile, last_step)  # viewers ignore it
+    out["stage_comparison"] = stage_report(plan, profile, last_step,
+                                           boundaries)  # viewers ignore it
     return out
 
 
-def stage_report(plan: plan_lib.Plan, profile: Profile, last_step: Any) -> dict:
-    """Per stage, predicted vs measured compute, comm and idle of the last step
-    (:func:`skyjax.plan.compare.stage_comparison`): ``stage_comparison`` in summary.json and
-    trace.json."""
+def stage_report(plan: plan_lib.Plan, profile: Profile, last_step: Any,
+                 boundaries: Sequence[float] = ()) -> dict:
+    """Per stage, predicted vs measured compute, comm and idle of the last step, and the step
+    boundary (:func:`skyjax.plan.compare.stage_comparison`): ``stage_comparison`` in
+    summary.json and trace.json."""
     from skyjax.plan.compare import stage_comparison
 
-    spans = [s for r in (last_step.results if last_step else []) for s in r.spans]
-    return stage_comparison(plan, profile, spans)
+    spans = last_step.spans if last_step else []
+    return stage_comparison(plan, profile, spans, boundaries)
 
 
 def make_summary(config: ml_collections.ConfigDict, plan: dict, result: dict,

@@ -27,6 +27,7 @@ from skyjax import checkpoint, cluster as cluster_lib, data as data_lib, optim, 
 from skyjax import plan as plan_lib
 from skyjax.baseline import microbatch_rng
 from skyjax.config import validate_config
+from skyjax.plan.compare import step_boundary_s
 from skyjax.models import bert, build
 from skyjax.profile import profiler
 from skyjax.profile.chain import Workload
@@ -135,14 +136,17 @@ def evaluate_splits(executor, eval_sets: dict[str, list[Batch]], step: int,
 def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs,
                eval_sets: dict[str, list[Batch]], replanner: Replanner | None = None,
                start_step: int = 0, saver: checkpoint.CheckpointManager | None = None) -> dict:
-    """Runs ``config.train.steps`` pipelined steps; returns times, metrics, the last spans and
+    """Runs ``config.train.steps`` pipelined steps; returns times, metrics, the last spans, the
+    step boundaries of the plan in use at the end (``skyjax.plan.compare.step_boundary_s``,
+    between consecutive steps after the first with no evaluation or re-plan between them) and
     the executor in use at the end (re-planning may have replaced it)."""
     t = config.train
     schedule = optim.learning_rate_schedule(t)
     step_times: list[float] = []
     metrics: dict[str, float] = {}
     evals: list[dict] = []
-    last = None
+    boundaries: list[float] = []
+    last = prev = None
     start = time.perf_counter()
     batches = data_lib.train_batches(config, start_step)
     progress = watch.train_progress(config, out.is_chief)  # lines with ETA; a bar on a terminal
@@ -151,6 +155,8 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             tic = time.perf_counter()
             last = executor.train_step(step, batch)
             step_times.append(time.perf_counter() - tic)
+            boundaries += step_boundary_s([prev.spans if prev else [], last.spans])
+            prev = last if step > start_step else None  # after the first: what compiles, logs
             progress.update(step + 1, last.loss)
             metrics = {"loss": last.loss, "accuracy": last.accuracy}
             if (step + 1) % t.log_every == 0 or step == 0 or step + 1 == t.steps:
@@ -163,14 +169,18 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
                     and step + 1 < t.steps:
                 for split, r in evaluate_splits(executor, eval_sets, step + 1, out).items():
                     evals.append({"step": step + 1, "split": split, **r})
+                prev = None
             if replanner is not None and step + 1 < t.steps:
                 replanner.observe(step, last)
-                executor = replanner.maybe_switch(step, executor)
+                running, executor = executor, replanner.maybe_switch(step, executor)
+                if executor is not running:  # another plan: its own boundaries
+                    boundaries, prev = [], None
             checkpoint.after_step(saver, step, executor)
     finally:
         progress.close()
         getattr(batches, "close", lambda: None)()
     return {"metrics": metrics, "step_times": step_times, "evals": evals, "last_step": last,
+            "boundaries": boundaries,
             "train_time_s": time.perf_counter() - start, "executor": executor}
 
 
@@ -234,8 +244,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    len(profile.units), num_params,
                                    time.perf_counter() - wall_start)
     summary["memory"] = memory_report(config, chain, mine, rss_start)
-    summary["stage_comparison"] = outputs.stage_report(plan, profile, result["last_step"])
-    out.write_json("trace.json", outputs.trace_json(plan, profile, result["last_step"]))
+    summary["stage_comparison"] = outputs.stage_report(plan, profile, result["last_step"],
+                                                       result["boundaries"])
+    out.write_json("trace.json", outputs.trace_json(plan, profile, result["last_step"],
+                                                    result["boundaries"]))
     if out.is_chief:  # plan.png, timeline.png
         watch.write_pictures(workdir, plan, profile, result["last_step"], cluster.jax_devices)
     out.write_json("summary.json", summary)

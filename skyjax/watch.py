@@ -51,7 +51,7 @@ def write_pictures(workdir: str, plan: Plan, profile: Profile, last_step: Any,
     picture that cannot be drawn is a warning, not an error: the run's results are written."""
     from skyjax import plots
 
-    spans = [s for r in (last_step.results if last_step else []) for s in r.spans]
+    spans = last_step.spans if last_step else []
     written = []
     try:
         measured = plots.measure_stages(spans, len(plan.stages), plan.microbatches) \

@@ -57,6 +57,14 @@ def test_main_writes_summary(tmp_path):
     assert set(plan) >= {"strategy", "schedule", "microbatches", "stages", "step_time_s",
                          "bottleneck_s", "exact"}
     assert json.loads((workdir / "plan.json").read_text()) == plan
+    # the step boundary: predicted update_0 + sync_s, measured between steps 2 and 3 (after
+    # step 1 come the first log line and what else happens once)
+    boundary = summary["stage_comparison"]["step_boundary"]
+    assert boundary["steps"] == 1 and 0 < boundary["measured_s"] < summary["step_time_s"]
+    assert boundary["predicted_s"] == pytest.approx(plan["stages"][0].get("update_s", 0.0)
+                                                    + json.loads((workdir / "profile.json")
+                                                                 .read_text())["overheads"]
+                                                    ["sync_s"])
     assert json.loads((workdir / "config.json").read_text())["train"]["steps"] == 3
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from skyjax.plan.simulate import simulate, simulate_plan
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
@@ -63,9 +65,11 @@ def step_boundary_s(steps: Sequence[Sequence[Span]]) -> list[float]:
             for a, b in zip(steps, steps[1:]) if a and b]
 
 
-def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span]) -> dict:
-    """Per-stage predicted vs measured compute, comm, idle (per step) and the replayed step
-    (module doc). ``spans``: one step's F/B spans of every stage (empty: predicted only)."""
+def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span],
+                     boundaries: Sequence[float] = ()) -> dict:
+    """Per-stage predicted vs measured compute, comm, idle (per step), the replayed step and
+    the step boundary (module doc). ``spans``: one step's F/B spans of every stage (empty:
+    predicted only); ``boundaries``: measured ``step_boundary_s`` of the plan (their median)."""
     p, m = len(plan.stages), plan.microbatches
     fwd, bwd, link = stage_actions_s(plan, profile)
     sim = simulate_plan(plan, profile)
@@ -90,7 +94,11 @@ def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span]) -> dic
             pc = rec["predicted"]["compute_s"]
             rec["compute_error"] = (busy.get(k, 0.0) - pc) / busy[k] if busy.get(k) else None
         stages.append(rec)
-    out = {"stages": stages, "simulated_step_s": sim.step_time_s}
+    out = {"stages": stages, "simulated_step_s": sim.step_time_s,
+           "step_boundary": {"predicted_s": plan.stages[0].update_s + float(profile.sync_s)}}
+    if len(boundaries):
+        out["step_boundary"].update(measured_s=float(np.median(boundaries)),
+                                    steps=len(boundaries))
     if spans and all(mf.get(k) and mb.get(k) for k in range(p)):
         replay = simulate([sum(mf[k]) / len(mf[k]) for k in range(p)],
                           [sum(mb[k]) / len(mb[k]) for k in range(p)], link, plan.schedule, m,

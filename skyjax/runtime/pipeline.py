@@ -58,6 +58,11 @@ class StepMetrics:
     wall_s: float
     results: list[StepResult]  # per stage (local); this process's stage only (distributed)
 
+    @property
+    def spans(self) -> list[Span]:
+        """The step's F/B spans of every stage in ``results``."""
+        return [s for r in self.results for s in r.spans]
+
 
 def host_carry(batch: Batch) -> dict[str, np.ndarray]:
     """``skyjax.models.bert.initial_carry`` of a host batch, built on the host (numpy): one

@@ -68,7 +68,7 @@ class Replanner:
         if (self.every or self.calibrate_at) and step > 0 and step != self._rebuilt_at \
                 and jax.process_index() == 0:
             self.busy.append(stage_busy(metrics))
-            spans = [sp for r in metrics.results for sp in r.spans]
+            spans = metrics.spans
             self.comm.append(measured_comm(spans, len(self.plan.stages)))
 
     def maybe_switch(self, step: int, executor: Any) -> Any:
