@@ -68,6 +68,30 @@ def step_boundaries(result: dict, steps_per_block: int) -> dict[str, tuple[float
     return out
 
 
+def message_delays(result: dict) -> dict[str, tuple[float, float, float]]:
+    """Per plan of several stages: (median, 90th percentile) of ``compare.message_delays`` over
+    every measured step, and the mean predicted one-way delay of its links."""
+    import numpy as np
+
+    from skyjax.plan.compare import message_delays as delays
+    from skyjax.profile.format import Profile
+    from skyjax.trace import Span
+
+    profile = Profile.from_json(result["profile"])
+    out = {}
+    for s, steps in result.get("spans", {}).items():
+        stages = result["plans"][s]["stages"]
+        got = [d for step in steps for d in delays([Span(*sp) for sp in step], len(stages))]
+        if not got:
+            continue
+        links = [profile.latency_s[a["device"], b["device"]]
+                 + profile.units[a["units"][1] - 1]["output_bytes"]
+                 / profile.bandwidth_Bps[a["device"], b["device"]]
+                 for a, b in zip(stages, stages[1:])]
+        out[s] = (float(np.median(got)), float(np.percentile(got, 90)), float(np.mean(links)))
+    return out
+
+
 def report(result: dict, overhead: dict | None, args, model: dict) -> None:
     """The benchmark's tables; ``model``: the config overrides of the model it ran (unless
     ``args.shipped``)."""
@@ -125,6 +149,10 @@ def report(result: dict, overhead: dict | None, args, model: dict) -> None:
               "median measured vs predicted update_0 + sync_s: " + ", ".join(
                   f"{s} {1e3 * b:.1f} vs {1e3 * pred:.1f} ms"
                   for s, (b, pred) in step_boundaries(result, args.steps).items()))
+        print("message delay (producer end to consumer start, consumer free), median / 90th "
+              "percentile measured vs predicted one-way link delay: " + ", ".join(
+                  f"{s} {1e3 * med:.2f} / {1e3 * p90:.2f} vs {1e3 * pred:.2f} ms"
+                  for s, (med, p90, pred) in message_delays(result).items()))
     measured_speedup = med["even"] / med["optimal"]
     print("\nspeed-up optimal vs even: measured {:.3f}x".format(measured_speedup))
     for what, p in [("profile", pred)] + [(f"calibrated from {src}", c) for src, c in
