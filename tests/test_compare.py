@@ -119,3 +119,17 @@ def test_step_boundary_is_last_end_to_next_first_start():
     three = [Span(0, "F", 0, 6.6, 7.0)]
     assert step_boundary_s([one, two, three]) == pytest.approx([0.2, 0.1])
     assert step_boundary_s([one, [], two]) == [] and step_boundary_s([one]) == []
+
+
+def test_message_delays_only_where_the_consumer_was_free():
+    from skyjax.plan.compare import measured_comm, message_delays
+
+    # GPipe, 2 stages, m = 2: stage 1 is still busy with F1(0) when F0(1) ends
+    spans = [Span(0, "F", 0, 0.0, 1.0), Span(0, "F", 1, 1.0, 2.0),
+             Span(1, "F", 0, 1.5, 3.0), Span(1, "F", 1, 3.1, 4.0),
+             Span(1, "B", 1, 4.0, 5.0), Span(1, "B", 0, 5.0, 6.0),
+             Span(0, "B", 1, 5.4, 6.0), Span(0, "B", 0, 6.0, 7.0)]
+    # F0 -> F1 (mb 0): 0.5, consumer free; F (mb 1): consumer busy until 3.0, excluded;
+    # B (mb 1): 0.4, free; B (mb 0): stage 0 busy until 6.0 when B1(0) ended at 6.0: free, 0
+    assert sorted(message_delays(spans, 2)) == pytest.approx([0.0, 0.4, 0.5])
+    assert measured_comm(spans, 2) == pytest.approx([0.5 + 0.1 + 0.4 + 0.0])
