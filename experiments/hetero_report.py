@@ -52,7 +52,8 @@ def host_bound_s(profile, microbatches: int) -> float | None:
 
 def step_boundaries(result: dict, steps_per_block: int) -> dict[str, tuple[float, float]]:
     """Per plan: (median measured, predicted) step boundary (``compare.step_boundary_s``) over
-    consecutive steps of each block (a probe round separates blocks)."""
+    consecutive steps of each block (a probe round separates blocks); the prediction is the
+    one ``compare.stage_comparison`` put in the result."""
     from skyjax.plan.compare import step_boundary_s
     from skyjax.trace import Span
 
@@ -61,10 +62,9 @@ def step_boundaries(result: dict, steps_per_block: int) -> dict[str, tuple[float
         steps = [[Span(*sp) for sp in step] for step in steps]
         gaps = [g for i in range(0, len(steps), steps_per_block)
                 for g in step_boundary_s(steps[i:i + steps_per_block])]
-        plan = result["plans"][s]
-        pred = plan["stages"][0].get("update_s", 0.0) + result["overheads"].get("sync_s", 0.0)
         if gaps:
-            out[s] = (statistics.median(gaps), pred)
+            out[s] = (statistics.median(gaps),
+                      result["compare"][s]["step_boundary"]["predicted_s"])
     return out
 
 

@@ -156,7 +156,8 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             last = executor.train_step(step, batch)
             step_times.append(time.perf_counter() - tic)
             boundaries += step_boundary_s([prev.spans if prev else [], last.spans])
-            prev = last if step > start_step else None  # after the first: what compiles, logs
+            # the first step's boundary also holds its first log line and one-off work
+            prev = last if step > start_step else None
             progress.update(step + 1, last.loss)
             metrics = {"loss": last.loss, "accuracy": last.accuracy}
             if (step + 1) % t.log_every == 0 or step == 0 or step + 1 == t.steps:

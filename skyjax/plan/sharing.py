@@ -102,7 +102,8 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
     ``sync_s`` after the last action. ``wake[k]`` (``skyjax.plan.wake_cost``): an action
     takes that much longer after its stage idled (the wait since its previous action ended,
     plus that action's part that is not CPU work where the stage has any: an emulated slow
-    device's sleep), as CPU work where the stage has any. With no shared host and no wake costs this equals ``simulate``'s result.
+    device's sleep), as CPU work where the stage has any. With no shared host and no wake
+    costs this equals ``simulate``'s result.
     """
     p, m = len(forward_s), microbatches
     lists = actions(schedule, p, m)

@@ -4,7 +4,8 @@ idle gap (profile.json ``devices[d]["wake_s"]``, measured by ``skyjax.profile.wa
 The analytic T has no gaps; the event replay of ``skyjax.plan.sharing`` knows when each
 action starts and so the gap before it: the wait since the stage's previous action ended, plus
 that action's emulated sleep (a CPU device slowed k times computes for 1/k of its call and
-sleeps the rest: the part ``sharing.cpu_shares`` does not count as CPU work). Pure functions over profile data; no JAX.
+sleeps the rest: the part ``sharing.cpu_shares`` does not count as CPU work). Pure functions
+over profile data; no JAX.
 """
 
 from __future__ import annotations

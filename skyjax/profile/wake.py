@@ -24,6 +24,7 @@ import numpy as np
 
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
+from skyjax.profile.options import robust_time
 
 GAPS_S = (0.005, 0.03)  # idle gaps measured (the extra is interpolated between, 0 at no gap)
 NOISE_FLOOR = 0.02  # extras below this fraction of the back-to-back time count as 0
@@ -68,8 +69,6 @@ def wake_extras(samples: list[list[float]]) -> list[list[float]]:
     ``NOISE_FLOOR`` of the action, or below the back-to-back samples' own spread (median -
     fastest). Noise-level extras would otherwise make every plan pay a replay penalty and lose
     ``exact`` on devices, such as accelerators, that have no cost after idle."""
-    from skyjax.profile.options import robust_time
-
     base_samples, *after = samples
     base = robust_time(base_samples)
     floor = max(NOISE_FLOOR * base, float(np.median(base_samples)) - min(base_samples)) / 2
