@@ -303,6 +303,10 @@ def test_distributed_path_through_a_transport(monkeypatch):
     assert len(order) == 3 and all(a[1] <= b[0] for a, b in zip(order, order[1:])), spans
     assert prof.latency_s[0, 2] == pytest.approx(0.003, rel=0.5)
     assert prof.latency_s[0, 1] < 0.002
+    # every device's message costs were probed, and message_s is theirs (skyjax.profile.messages)
+    costs = prof.extra["profiler"]["message_costs"]
+    assert len(costs) == 3 and all(c["send_s"] >= 0 and c["recv_s"] >= 0 for c in costs)
+    assert list(prof.message_s) == [c["message_s"] for c in costs]
 
 
 def test_profile_package_does_not_import_the_trainer():

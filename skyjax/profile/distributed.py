@@ -24,7 +24,7 @@ from absl import logging
 
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
-from skyjax.profile import links, units
+from skyjax.profile import links, messages, units
 from skyjax.profile.cache import cache_key, cache_path, in_use_path, try_load
 from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile, save_profile
@@ -83,7 +83,12 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
          "host": socket.gethostname(), "host_cores": host_cores(), "cpus": host_cpus(),
          "cpu_cores": mine["cpu_cores"][rank], "wake_s": mine["wake_s"][rank]}, tag_base)
     mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
-    gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links}, tag)
+    # what a message costs a stage computing beside it (the largest activation a stage sends)
+    message, tag = messages.probe_message_costs(
+        transport, rank, cluster, max(int(u["output_bytes"]) for u in mine["units"]),
+        2 * options.link_repeats, tag)
+    gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links,
+                                                "message": message}, tag)
     transport.barrier(tag + 1)
     if rank != 0:
         return None
@@ -111,14 +116,18 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         cpu_cores[g["rank"]] = g["cpu_cores"]
         wake[g["rank"]] = g["wake_s"]
     one_way: dict[str, list[float]] = {}
+    message_costs: list = [None] * n  # per device: send_s, recv_s, message_s (or None)
     for g in gathered_links:
         one_way.update(g["one_way"])
+        message_costs[g["rank"]] = g["message"]
+    over["message_s"] = [c["message_s"] if c else 0.0 for c in message_costs]
     lat, bw = links.link_matrices(n, options.link_sizes, one_way)
     measured = {"units": gathered[0]["units"], "forward_s": fwd, "backward_s": bwd,
                 "compile_s": compile_s, "devices": devices, "update_s": upd, "overheads": over,
                 "cpu_cores": cpu_cores, "wake_s": wake}
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,
                     lat, bw, {"link_probe": "transport", "link_one_way_s": one_way,
+                              "message_costs": message_costs,
                               "units_s": unit_s, "compile_s": compile_s,
                               "profile_time_s": time.perf_counter() - start})
 
