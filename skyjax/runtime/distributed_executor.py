@@ -39,6 +39,14 @@ class ProcessLink:
     def recv(self, tag: int, like: Any, src: int) -> Any:
         return self.transport.recv(tag, like, self.stage_process[src])
 
+    def prefetch(self, tag: int, like: Any, src: int) -> None:
+        """Posts the receive ahead where the transport can (``PipelineStage._pull_ahead``):
+        without it every receive pulls when it is called, and waits, when the sender is
+        computing on its cores, until that compute ends (up to a whole action)."""
+        post = getattr(self.transport, "prefetch", None)
+        if post is not None:
+            post(tag, like, self.stage_process[src])
+
     def allreduce_sum(self, value: float, tag: int) -> float:
         return self.transport.allreduce_sum(value, tag)
 
