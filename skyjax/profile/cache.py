@@ -24,8 +24,7 @@ PROFILER_VERSION = 8  # 2: fixed call costs, update per unit, sync (profile.json
 # includes the per-step metrics gather; 4: one process's device at a time (Options.concurrent);
 # 5: each process's cores (devices[d]["cpus"]), jitted gradient norm in the update's time;
 # 6: calls after idle (devices[d]["wake_s"], skyjax.profile.wake); 7: their noise floor;
-# 8: message_s measured across processes (skyjax.profile.messages); units timed forward
-# after backward, as the pipeline alternates them
+# 8: message_s measured across processes (skyjax.profile.messages)
 
 
 def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Options) -> dict:

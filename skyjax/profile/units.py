@@ -195,19 +195,19 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
             params, c, rng, lab, ct, grads, res, fwd_c, bwd_c = states[k]
             del res
             states[k][6] = None  # free the previous residuals before the next forward
-            # The timed pair follows an untimed one: after an idle gap (another device's
-            # emulated sleep) the first calls run up to 2x slower on a shared VM (cold caches /
-            # reclaimed pages), which would bias the device measured right after a slow one.
-            # Each timed call follows the other program, as a stage's forward follows a
-            # backward in the pipeline: after a call of the same program it ran 2-6 % faster
-            # here than it does there.
+            # Each timed call directly follows an untimed one of the same program: after an
+            # idle gap (another device's emulated sleep) the first call runs up to 2x slower on
+            # a shared VM (cold caches / reclaimed pages), which would bias the device measured
+            # right after a slow one.
             cpu, wall = time.process_time(), time.perf_counter()
-            _, warm = cluster_lib.block(fwd_c(params, c, rng, lab))
-            grads, _ = cluster_lib.block(bwd_c(params, warm, ct, grads))
+            cluster_lib.block(fwd_c(params, c, rng, lab))
             cpu_wall[k][0] += time.process_time() - cpu
             cpu_wall[k][1] += time.perf_counter() - wall
-            del warm
             (_, res), tf = cluster_lib.timed_call(fwd_c, params, c, rng, lab, slowdown=slowdown)
+            cpu, wall = time.process_time(), time.perf_counter()
+            grads, _ = cluster_lib.block(bwd_c(params, res, ct, grads))
+            cpu_wall[k][0] += time.process_time() - cpu
+            cpu_wall[k][1] += time.perf_counter() - wall
             (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads,
                                                     slowdown=slowdown)
             states[k][5], states[k][6] = grads, res
