@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import jax
@@ -33,6 +32,7 @@ from skyjax.profile.profiler import profile_or_load
 from skyjax.profile.report import summary_table
 from skyjax.runtime.stage import StageProgram
 from skyjax.tree import tree_nbytes
+from tests.threads import run_as_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -272,22 +272,9 @@ def test_distributed_path_through_a_transport(monkeypatch):
     transport = LocalTransport(clu.jax_devices, clu.links, timeout_s=120)
     opts = Options(repeats=5, link_repeats=3)
     workload, optimizer = Workload.from_config(c), make_optimizer(c.train)
-    results, errors = [None] * 3, []
-
-    def rank(r):
-        try:
-            results[r] = profile_distributed(workload, clu, optimizer, opts,
-                                             transport.for_stage(r), r, log=quiet)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-            transport.abort(e)
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
+    results = run_as_processes(
+        lambda r: profile_distributed(workload, clu, optimizer, opts, transport.for_stage(r), r,
+                                      log=quiet), 3, transport)
     prof = results[0]
     assert results[1] is None and results[2] is None
     assert prof.extra["profiler"]["link_probe"] == "transport"

@@ -115,10 +115,9 @@ def test_distributed_executor_posts_its_receives_ahead():
     computing on its core, until that compute ended (up to a whole action; 27 -> 19 ms of link
     waits per step on the shipped model). Two processes as threads over LocalTransport, with
     stages 0 and 1 on processes 1 and 0."""
-    import threading
-
     from skyjax.runtime.distributed_executor import DistributedExecutor
     from skyjax.runtime.transport import LocalTransport
+    from tests.threads import run_as_processes
 
     class Prefetching:
         """One process's transport: LocalTransport's, plus a recorded ``prefetch``."""
@@ -141,24 +140,14 @@ def test_distributed_executor_posts_its_receives_ahead():
     transports = [Prefetching(local.for_stage(k)) for k in range(2)]
     chain = fresh_chain()
     plan = make_plan([(0, 2), (2, len(chain))], "1f1b", 2, [1, 0])
-    errors = []
 
     def process(k):
-        try:
-            ex = DistributedExecutor(chain, plan, transports[k], k, devices[k],
-                                     batch_size=BATCH, seq_len=SEQ, optimizer=optax.sgd(0.1),
-                                     max_grad_norm=None, rng=rng_for)
-            ex.train_step(0, make_batch(0))
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-            local.abort(e)
+        ex = DistributedExecutor(chain, plan, transports[k], k, devices[k], batch_size=BATCH,
+                                 seq_len=SEQ, optimizer=optax.sgd(0.1), max_grad_norm=None,
+                                 rng=rng_for)
+        ex.train_step(0, make_batch(0))
 
-    threads = [threading.Thread(target=process, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    run_as_processes(process, 2, local, timeout_s=120)
     # process 0 runs stage 1: activations in from process 1; process 1 runs stage 0: gradients
     for k, src in ((0, 1), (1, 0)):
         got = transports[k].received
