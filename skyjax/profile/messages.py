@@ -24,11 +24,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from skyjax import cluster as cluster_lib
 from skyjax.profile.options import robust_time
-from skyjax.profile.wake import NOISE_FLOOR
+from skyjax.profile.wake import noise_floor
 
 WIDTH, DEPTH = 256, 20  # the probe call: DEPTH tanh(x @ x) of WIDTH^2 (~8 ms on one CPU core)
 MODES = ("alone", "send", "recv")
@@ -44,11 +43,10 @@ def _call(x: jax.Array) -> jax.Array:
 def extras(samples: dict[str, list[float]]) -> dict[str, float]:
     """``{"send_s", "recv_s", "message_s"}`` from the call's seconds per mode (:data:`MODES`):
     the robust extra of a call after a send and during a receive over the call alone, each 0
-    below ``NOISE_FLOOR`` of the call or the alone samples' own spread (median - fastest), and
+    below the noise (``skyjax.profile.wake.noise_floor`` of the alone samples), and
     their mean, what the cost model charges per message call."""
-    alone = samples["alone"]
-    base = robust_time(alone)
-    floor = max(NOISE_FLOOR * base, float(np.median(alone)) - min(alone))
+    base = robust_time(samples["alone"])
+    floor = noise_floor(samples["alone"])
     out = {}
     for mode in ("send", "recv"):
         extra = robust_time(samples[mode]) - base

@@ -71,9 +71,18 @@ def wake_extras(samples: list[list[float]]) -> list[list[float]]:
     ``exact`` on devices, such as accelerators, that have no cost after idle."""
     base_samples, *after = samples
     base = robust_time(base_samples)
-    floor = max(NOISE_FLOOR * base, float(np.median(base_samples)) - min(base_samples)) / 2
+    floor = noise_floor(base_samples) / 2
     extras = [(robust_time(ts) - base) / 2 for ts in after]
     return [[g, e if e > floor else 0.0] for g, e in zip(GAPS_S, extras)]
+
+
+def noise_floor(base_samples: list[float]) -> float:
+    """The least extra over ``base_samples`` (seconds of the undisturbed call) that counts as
+    one: ``NOISE_FLOOR`` of their robust time, or their own spread (median - fastest) if larger.
+    Shared by the calls-after-idle and the message-cost probes
+    (``skyjax.profile.messages``)."""
+    return max(NOISE_FLOOR * robust_time(base_samples),
+               float(np.median(base_samples)) - min(base_samples))
 
 
 def time_after_idle(prog: Any, params: list, x: Any, rng: Any, labels: Any, cotangent: Any,
