@@ -52,8 +52,9 @@ class Outputs:
 
 
 def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any,
-               boundaries: Sequence[float] = ()) -> dict:
-    """A measured step's per-stage spans (pid 0) beside the simulator's trace of the plan."""
+               comparison: dict) -> dict:
+    """A measured step's per-stage spans (pid 0) beside the simulator's trace of the plan, and
+    ``comparison`` (:func:`stage_report`'s, as in summary.json)."""
     spans = last_step.spans if last_step else []
     events = stage_events(spans, pid=0, name="measured step")
     simulated = simulate.simulate_plan(plan, profile).trace["traceEvents"]
@@ -62,8 +63,7 @@ def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any,
         if e.get("name") == "process_name":
             e["args"] = {"name": f"simulated: {e['args']['name']}"}
     out = trace_file(events + simulated)
-    out["stage_comparison"] = stage_report(plan, profile, last_step,
-                                           boundaries)  # viewers ignore it
+    out["stage_comparison"] = comparison  # viewers ignore it
     return out
 
 

@@ -248,7 +248,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     summary["stage_comparison"] = outputs.stage_report(plan, profile, result["last_step"],
                                                        result["boundaries"])
     out.write_json("trace.json", outputs.trace_json(plan, profile, result["last_step"],
-                                                    result["boundaries"]))
+                                                    summary["stage_comparison"]))
     if out.is_chief:  # plan.png, timeline.png
         watch.write_pictures(workdir, plan, profile, result["last_step"], cluster.jax_devices)
     out.write_json("summary.json", summary)
