@@ -95,14 +95,16 @@ def worker(spec_path: str) -> None:
     step = 0
     for s in plans:  # warm-up (compilation)
         for _ in range(2):
-            executors[s].train_step(step, next(batches))
+            executors[s].train_step(*train.train_step_inputs(executors[s], batches, step,
+                                                             1 << 30))
             step += 1
     # What allocation.calibrate_steps does: steps on the even plan correct the profile (process
     # 0), then the plan of the corrected profile runs alongside the others.
     cal: dict[str, list] = {"busy": [], "comm": [], "times": []}
     for _ in range(args.calibrate_steps):
         tic = time.perf_counter()
-        metrics = executors["even"].train_step(step, next(batches))
+        metrics = executors["even"].train_step(
+            *train.train_step_inputs(executors["even"], batches, step, 1 << 30))
         cal["times"].append(time.perf_counter() - tic)
         cal["busy"].append(stage_busy(metrics))
         sp = metrics.spans
@@ -124,7 +126,8 @@ def worker(spec_path: str) -> None:
         executors["calibrated"] = train.make_executor(config, chain, plans["calibrated"],
                                                       cluster, transport)
         for _ in range(2):
-            executors["calibrated"].train_step(step, next(batches))
+            executors["calibrated"].train_step(
+                *train.train_step_inputs(executors["calibrated"], batches, step, 1 << 30))
             step += 1
         for d in (times, busy, spans, all_spans, comm):
             d["calibrated"] = []
@@ -133,9 +136,9 @@ def worker(spec_path: str) -> None:
         order = list(plans) if r % 2 else list(reversed(plans))
         for s in order:
             for _ in range(args.steps):
-                batch = next(batches)
+                inputs = train.train_step_inputs(executors[s], batches, step, 1 << 30)
                 tic = time.perf_counter()
-                metrics = executors[s].train_step(step, batch)
+                metrics = executors[s].train_step(*inputs)
                 times[s].append(time.perf_counter() - tic)
                 busy[s].append(stage_busy(metrics))
                 spans[s] = metrics.spans

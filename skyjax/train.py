@@ -151,9 +151,11 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
     batches = data_lib.train_batches(config, start_step)
     progress = watch.train_progress(config, out.is_chief)  # lines with ETA; a bar on a terminal
     try:
-        for step, batch in zip(range(start_step, t.steps), batches):
+        for step in range(start_step, t.steps):
+            # where this process's stage reads no batch it is not built; where it does, the
+            # next one is built while the stage first waits in this step (train_step_inputs)
             tic = time.perf_counter()
-            last = executor.train_step(step, batch)
+            last = executor.train_step(*train_step_inputs(executor, batches, step, t.steps))
             step_times.append(time.perf_counter() - tic)
             boundaries += step_boundary_s([prev.spans if prev else [], last.spans])
             # the first step's boundary also holds its first log line and one-off work
@@ -183,6 +185,17 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
     return {"metrics": metrics, "step_times": step_times, "evals": evals, "last_step": last,
             "boundaries": boundaries,
             "train_time_s": time.perf_counter() - start, "executor": executor}
+
+
+def train_step_inputs(executor: Any, batches: Any, step: int, steps: int) -> tuple:
+    """``executor.train_step``'s arguments for ``step`` of ``steps``: the step's batch from
+    ``batches`` (a :class:`skyjax.data.prefetch.Prefetcher`; None, skipped, where the executor's
+    stage does not read it) and ``upcoming``, its ``peek`` (None after the last step)."""
+    if not getattr(executor, "needs_batch", True):
+        batches.skip()
+        return step, None, None
+    batch = next(batches)
+    return step, batch, (batches.peek if step + 1 < steps else None)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:

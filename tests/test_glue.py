@@ -251,6 +251,36 @@ def test_prefetcher_runs_ahead_stops_and_forwards_errors():
     assert not set(threading.enumerate()) - before, "the prefetch threads should have stopped"
 
 
+@pytest.mark.parametrize("depth", [0, 2])
+def test_prefetcher_peek_and_skip_keep_the_order(depth):
+    """``peek`` gives what the next ``next`` returns (built now when inline), ``skip`` moves
+    past a batch, unbuilt when inline; a batch that fails in ``peek`` gives None there and is
+    raised by the ``next`` that would have returned it (in the training loop, not inside a
+    pipeline step, where ``peek`` runs)."""
+    made = []
+
+    def make(i):
+        made.append(i)
+        if i == 4:
+            raise RuntimeError("batch 4 is broken")
+        return {"index": i}
+
+    it = Prefetcher(make, start=0, depth=depth)
+    first = it.peek()
+    assert first == {"index": 0} and it.peek() is first and next(it) is first
+    it.skip()  # 1
+    assert next(it) == {"index": 2}
+    if depth == 0:
+        assert made == [0, 2]  # batch 1 was never built
+    assert it.peek() == {"index": 3} and next(it) == {"index": 3}
+    assert it.peek() is None
+    with pytest.raises(RuntimeError, match="batch 4"):
+        next(it)
+    assert it.peek() is None
+    with pytest.raises(StopIteration):
+        next(it)
+
+
 # --------------------------------------------------------------------------------------------
 # Evaluation.
 

@@ -184,3 +184,69 @@ def test_distributed_executor_gathers_the_metrics_before_the_update():
     np.testing.assert_array_equal(transport.calls[0][1], before)  # not yet updated
     assert not np.array_equal(np.array(jax.tree.leaves(ex.unit_params())[0]), before)
     assert np.isfinite(metrics.loss) and len(metrics.results[0].spans) == 4
+
+
+def test_distributed_executor_puts_the_next_steps_inputs_in_its_first_wait():
+    """With ``upcoming``, a stage that reads the batch (first: tokens; last: labels) builds the
+    next step's batch and puts its inputs on its device just before its first receive of the
+    step (the first stage's first backward waits for the round trip, the last stage's first
+    forward for the fill), not at the step boundary; a middle stage never asks for the batch.
+    The losses are those of a run that puts every step's inputs at its start. Three processes
+    as threads over LocalTransport."""
+    from skyjax.runtime.distributed_executor import DistributedExecutor
+    from skyjax.runtime.transport import LocalTransport
+    from tests.threads import run_as_processes
+
+    devices = jax.local_devices()[:3]
+    chain = fresh_chain()
+    plan = make_plan([(0, 1), (1, 3), (3, len(chain))], "1f1b", 2)
+    batches = [make_batch(s) for s in range(3)]
+
+    def run(ahead):
+        local = LocalTransport(devices, timeout_s=60)
+        events = [[] for _ in range(3)]  # per process: ("recv",) / ("inputs", step) / ("asked",)
+
+        class Recording:
+            def __init__(self, k):
+                self.k, self.link = k, local.for_stage(k)
+
+            def recv(self, tag, like, src):
+                events[self.k].append(("recv",))
+                return self.link.recv(tag, like, src)
+
+            def __getattr__(self, name):
+                return getattr(self.link, name)
+
+        def process(k):
+            ex = DistributedExecutor(chain, plan, Recording(k), k, devices[k], batch_size=BATCH,
+                                     seq_len=SEQ, optimizer=optax.sgd(0.1), max_grad_norm=1.0,
+                                     rng=rng_for)
+            step_inputs = ex.stage.step_inputs
+
+            def recorded(step, microbatch, rng):
+                events[k].append(("inputs", step))
+                return step_inputs(step, microbatch, rng)
+
+            ex.stage.step_inputs = recorded
+            losses = []
+            for step in range(3):
+                def upcoming(step=step):
+                    events[k].append(("asked",))
+                    return batches[step + 1]
+                batch = batches[step] if ex.needs_batch else None
+                losses.append(ex.train_step(step, batch, upcoming if ahead and step < 2
+                                            else None).loss)
+            return losses, ex.needs_batch
+
+        return run_as_processes(process, 3, local, timeout_s=180), events
+
+    (results, events), (plain, _) = run(True), run(False)
+    assert [needs for _, needs in results] == [True, False, True]
+    np.testing.assert_array_equal(results[0][0], plain[0][0])  # process 0 holds the metrics
+    assert np.isfinite(results[0][0]).all()
+    for k in (0, 2):
+        first_recv = events[k].index(("recv",))
+        assert events[k][:first_recv] == [("inputs", 0), ("asked",), ("inputs", 1)], events[k]
+        assert events[k].count(("inputs", 1)) == 1 and events[k].count(("inputs", 2)) == 1
+    assert ("asked",) not in events[1]
+    assert [e for e in events[1] if e[0] == "inputs"] == [("inputs", s) for s in range(3)]

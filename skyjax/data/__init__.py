@@ -15,7 +15,6 @@ Importing this package imports neither TensorFlow nor transformers nor JAX.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -41,16 +40,20 @@ def _is_synthetic(config: Any) -> bool:
     return False
 
 
-def train_batches(config: Any, start_step: int = 0) -> Iterator[Batch]:
+def train_batches(config: Any, start_step: int = 0) -> Prefetcher:
     """Training batches for steps ``start_step, start_step + 1, ...`` (endless).
 
     GLUE: the tokenizer and dataset are opened here (errors are raised by this call), then a
     background thread tokenises up to ``config.data.prefetch`` batches ahead; ``close()`` on the
-    returned iterator stops it (dropping the iterator does too)."""
+    returned iterator stops it (dropping the iterator does too). Synthetic: each batch is built
+    when asked for (``next`` or ``peek``: the training loop asks during the pipeline's idle
+    wait, ``DistributedExecutor.train_step``'s ``upcoming``), or not at all (``skip``)."""
     d = config.data
-    if _is_synthetic(config):
-        return synthetic.batches(config.train.seed, d.batch_size, d.seq_len, split="train",
-                                 start=start_step, **_synthetic_kwargs(config))
+    if _is_synthetic(config):  # ~2 ms a batch: built inline, when the caller asks (peek)
+        kwargs = _synthetic_kwargs(config)
+        return Prefetcher(lambda i: synthetic.make_batch(config.train.seed, i, d.batch_size,
+                                                         d.seq_len, split="train", **kwargs),
+                          start=start_step, depth=0)
     return Prefetcher(glue.train_batch_fn(config), start=start_step, depth=d.prefetch,
                       name=f"skyjax-data-{d.name}")
 

@@ -63,6 +63,7 @@ class Prefetcher(Iterator[Any]):
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self._thread = None
+        self._peeked: tuple[str, Any] | None = None  # (kind, value) taken ahead by peek()
         if depth > 0:
             self._thread = threading.Thread(target=_work, name=name, daemon=True,
                                             args=(make, start, self._queue, self._stop))
@@ -73,24 +74,54 @@ class Prefetcher(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        if self._done:
-            raise StopIteration
-        if self._thread is None:
-            index, self._next = self._next, self._next + 1
-            return self._make(index)
-        while True:
-            try:
-                kind, value = self._queue.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
-                    self._done = True
-                    raise StopIteration from None
+        if self._peeked is not None:
+            (kind, value), self._peeked = self._peeked, None
+        else:
+            kind, value = self._take()
         if kind == "error":
             self.close()
             raise value
         self._next += 1
         return value
+
+    def _take(self) -> tuple[str, Any]:
+        """The next ("ok", batch) or ("error", exception); StopIteration when done."""
+        if self._done:
+            raise StopIteration
+        if self._thread is None:
+            try:
+                return "ok", self._make(self._next)
+            except Exception as e:  # noqa: BLE001 - raised by the next ``next``
+                return "error", e
+        while True:
+            try:
+                return self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    self._done = True
+                    raise StopIteration from None
+
+    def peek(self) -> Any | None:
+        """The batch the next ``next`` returns, built now if it is not yet (in the caller's
+        thread when ``depth`` = 0), so that a caller can place that work where it costs nothing:
+        a pipeline stage's wait for a message (``DistributedExecutor.train_step``'s
+        ``upcoming``). None when the iterator has ended or that batch failed to build: the next
+        ``next`` then raises, in the training loop rather than inside a pipeline step."""
+        if self._peeked is None:
+            try:
+                self._peeked = self._take()
+            except StopIteration:
+                return None
+        kind, value = self._peeked
+        return value if kind == "ok" else None
+
+    def skip(self) -> None:
+        """Moves past the next batch without building it where that is possible (``depth`` =
+        0): a process whose pipeline stage does not read the step's batch."""
+        if self._peeked is not None or self._thread is not None:
+            next(self)
+        elif not self._done:
+            self._next += 1
 
     def close(self) -> None:
         """Stops the worker thread; later ``next`` calls raise StopIteration."""

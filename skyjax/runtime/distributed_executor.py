@@ -91,24 +91,44 @@ class DistributedExecutor:
                                      shapes, self.microbatches, optimizer, slowdown, unit_states)
         self.actions = actions(self.schedule, p, self.microbatches)
         self._gathers = 0
+        self._prepared: tuple | None = None  # (step, batch, StepInputs) put ahead (train_step)
 
     def _gather_tag(self) -> int:
         self._gathers += 1
         return tags.executor_gather(self._gathers)
 
-    def train_step(self, step: int, batch: Batch) -> StepMetrics:
+    @property
+    def needs_batch(self) -> bool:
+        """Whether :meth:`train_step` reads its batch: this process runs the first or the last
+        stage. Elsewhere the caller may pass None and skip building it."""
+        return self.stage is not None and self.stage.needs_batch
+
+    def train_step(self, step: int, batch: Batch | None,
+                   upcoming: Callable[[], Batch | None] | None = None) -> StepMetrics:
         """Runs this process's stage for one step; metrics are the last stage's, on process 0.
 
         The metrics go to process 0 after the step's actions and before the update: every
         stage's last action precedes stage 0's (its last backward waits for theirs), so process 0
         finds them there, and no stage's update stands between stage 0's update and its next
         step (gathered after the update, the slowest stage's update delayed every step; the cost
-        model charges only ``update_0``). ``wall_s`` is then the actions' time."""
-        microbatch = split_microbatches(batch, self.microbatches)
-        rng = lambda mb: self.rng(step, mb)  # noqa: E731
-        if self.stage is not None:
-            result = self.stage.run_actions(step, self.actions[self.stage.index], microbatch,
-                                            rng)
+        model charges only ``update_0``). ``wall_s`` is then the actions' time.
+
+        ``upcoming``: the next step's batch (None: there is none), asked for where
+        :attr:`needs_batch`, in the stage's first wait of this step, where its inputs for the
+        next step are put on the device (:class:`~skyjax.runtime.pipeline.StepInputs`): the
+        batch's host work then leaves the step boundary, which is on the critical path. The next
+        call must pass that same batch object (or None where not :attr:`needs_batch`)."""
+        stage = self.stage
+        if stage is not None:
+            inputs = self._prepared
+            if inputs is None or inputs[0] != step or inputs[1] is not batch:
+                microbatch = None if batch is None else split_microbatches(batch,
+                                                                           self.microbatches)
+                inputs = (step, batch, stage.step_inputs(step, microbatch,
+                                                         lambda mb: self.rng(step, mb)))
+            self._prepared = None
+            idle = None if upcoming is None else lambda: self._prepare(step + 1, upcoming)
+            result = stage.run_actions(step, self.actions[stage.index], inputs[2], idle)
         else:
             result = StepResult([], [], [], 0.0)
         gathered = self.transport.gather_to_first(
@@ -127,6 +147,15 @@ class DistributedExecutor:
                               g["wall_s"]) for g in gathered]
         return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
                            max(g["wall_s"] for g in gathered), results)
+
+    def _prepare(self, step: int, upcoming: Callable[[], Batch | None]) -> None:
+        """Puts ``step``'s inputs on the stage's device ahead (``train_step``'s ``upcoming``)."""
+        batch = upcoming() if self.stage.needs_batch else None
+        if batch is None and self.stage.needs_batch:
+            return  # no next step
+        microbatch = None if batch is None else split_microbatches(batch, self.microbatches)
+        self._prepared = (step, batch, self.stage.step_inputs(
+            step, microbatch, lambda mb: self.rng(step, mb)))
 
     def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
         batches = eval_microbatches(batches, self.microbatches)

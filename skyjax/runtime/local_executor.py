@@ -72,11 +72,17 @@ class LocalExecutor:
         futures = [self._pool.submit(guarded, stage) for stage in self.stages]
         return [f.result() for f in futures]
 
-    def train_step(self, step: int, batch: Batch) -> StepMetrics:
+    needs_batch = True  # the first and last stages are here
+
+    def train_step(self, step: int, batch: Batch,
+                   upcoming: Callable[[], Batch | None] | None = None) -> StepMetrics:
+        """One step of every stage (threads). ``upcoming`` is not used: the stages share this
+        process's host, so there is no idle host to prepare the next step's inputs on."""
         microbatch = split_microbatches(batch, self.microbatches)
         rng = lambda mb: self.rng(step, mb)  # noqa: E731
-        results = self._all(lambda s: s.run_step(step, self.actions[s.index], microbatch, rng,
-                                                 self.max_grad_norm))
+        results = self._all(lambda s: s.run_step(
+            step, self.actions[s.index], s.step_inputs(step, microbatch, rng),
+            self.max_grad_norm))
         last = results[-1]
         return StepMetrics(float(np.mean(last.losses)), float(np.mean(last.accuracies)),
                            max(r.wall_s for r in results), results)

@@ -71,6 +71,21 @@ def host_carry(batch: Batch) -> dict[str, np.ndarray]:
             for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
+@dataclasses.dataclass
+class StepInputs:
+    """What one step's forwards of a stage take from the host, already on its device, per
+    micro-batch: the first stage's initial carries, the last stage's labels (None elsewhere), and
+    every stage's dropout keys. Put in one transfer per step (:meth:`PipelineStage.step_inputs`)
+    instead of one per forward (0.2-0.6 ms of host time each, on the first stage's critical path),
+    and, when the caller hands over the next step's batch, during the stage's first wait of the
+    step before (``DistributedExecutor.train_step``)."""
+
+    step: int
+    carries: list | None
+    labels: list | None
+    keys: list
+
+
 PULL_AHEAD = 2  # receives posted ahead of the action that needs them (transports with prefetch)
 
 
@@ -107,6 +122,27 @@ class PipelineStage:
     def _put(self, tree: Any) -> Any:
         return jax.device_put(tree, self.device)
 
+    @property
+    def needs_batch(self) -> bool:
+        """Whether the step's batch feeds this stage (the first stage's tokens, the last's
+        labels); the others never look at it."""
+        return self.is_first or self.is_last
+
+    def step_inputs(self, step: int, microbatch: Callable[[int], Batch] | None,
+                    rng: Callable[[int], jax.Array]) -> StepInputs:
+        """The step's :class:`StepInputs` on this stage's device, in one transfer; ``microbatch``
+        (micro-batch ``i`` of the step's batch) is only read where :attr:`needs_batch`."""
+        m = self.program.microbatches
+        if self.needs_batch and microbatch is None:
+            raise ValueError(f"stage {self.index} of {self.num_stages}: step {step} needs its "
+                             "batch (the first stage's tokens, the last stage's labels)")
+        mbs = [microbatch(i) for i in range(m)] if self.needs_batch else None
+        carries, labels, keys = self._put((
+            [host_carry(b) for b in mbs] if self.is_first else None,
+            [b["labels"] for b in mbs] if self.is_last else None,
+            [rng(i) for i in range(m)]))
+        return StepInputs(step, carries, labels, keys)
+
     def _input(self, tag: int, batch: Batch | None) -> Any:
         if self.is_first:
             return self._put(host_carry(batch))
@@ -131,20 +167,30 @@ class PipelineStage:
                 prefetch(*source)
         self._posted = max(self._posted, i + PULL_AHEAD)
 
-    def run_step(self, step: int, actions: list[Action], microbatch: Callable[[int], Batch],
-                 rng: Callable[[int], jax.Array], max_grad_norm: float | None) -> StepResult:
+    def run_step(self, step: int, actions: list[Action], inputs: StepInputs,
+                 max_grad_norm: float | None) -> StepResult:
         """Runs one optimizer step's actions, then the (globally clipped) update."""
         start = time.perf_counter()
-        result = self.run_actions(step, actions, microbatch, rng)
+        result = self.run_actions(step, actions, inputs)
         self.update(step, max_grad_norm)
         result.wall_s = time.perf_counter() - start
         return result
 
-    def run_actions(self, step: int, actions: list[Action], microbatch: Callable[[int], Batch],
-                    rng: Callable[[int], jax.Array]) -> StepResult:
+    def run_actions(self, step: int, actions: list[Action], inputs: StepInputs,
+                    idle: Callable[[], None] | None = None) -> StepResult:
         """Runs one optimizer step's actions (gradients accumulate in the state); ``update``
         applies them. Split so that the distributed executor can hand the step's metrics to
-        process 0 before its update (:meth:`DistributedExecutor.train_step`)."""
+        process 0 before its update (:meth:`DistributedExecutor.train_step`).
+
+        ``idle``: host work for the stage's first wait of the step, called just before its first
+        receive (after its last action when it receives nothing). That receive is a wait in
+        every pipeline of two stages or more: the first stage's first backward waits for the
+        micro-batch's round trip through the others, every other stage's first forward for the
+        fill. (Where the message is there already, the work costs what it would have cost at
+        the step boundary, where it ran before.)"""
+        if inputs.step != step:
+            raise ValueError(f"stage {self.index}: inputs of step {inputs.step} given to step "
+                             f"{step}")
         residuals: dict[int, Any] = {}
         losses, accuracies, spans = [], [], []
         start, wall_start = time.perf_counter(), time.time()
@@ -153,18 +199,17 @@ class PipelineStage:
             mb = action.microbatch
             source = self._source(step, action)
             self._pull_ahead(step, actions, i)
+            if source is not None and idle is not None:
+                idle, work = None, idle
+                work()
             received = None if source is None else self.link.recv(*source)
             self._pull_ahead(step, actions, i + 1)
             if action.kind == "F":
-                batch = microbatch(mb) if (self.is_first or self.is_last) else None
-                # what the forward needs from the host, in one transfer
-                first, labels, key = self._put((
-                    host_carry(batch) if self.is_first else None,
-                    batch["labels"] if self.is_last else None, rng(mb)))
                 t0 = time.perf_counter()
                 (out, residuals[mb]), seconds = timed_call(
                     self.program.forward, self.state.params,
-                    first if self.is_first else received, key, labels, slowdown=self.slowdown)
+                    inputs.carries[mb] if self.is_first else received, inputs.keys[mb],
+                    inputs.labels[mb] if self.is_last else None, slowdown=self.slowdown)
                 if self.is_last:
                     losses.append(float(out[0]))
                     accuracies.append(float(out[1]))
@@ -181,6 +226,8 @@ class PipelineStage:
                                    self.index - 1)
             t0 = wall_start + (t0 - start)
             spans.append(Span(self.index, action.kind, mb, t0, t0 + seconds))
+        if idle is not None:
+            idle()
         return StepResult(losses, accuracies, spans, time.perf_counter() - start)
 
     def update(self, step: int, max_grad_norm: float | None) -> None:
