@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 from skyjax import cluster as cl
@@ -69,3 +70,74 @@ def test_one_device_has_no_message_cost():
     c.cluster.num_devices = 1
     clu = cl.cluster_from_config(c)
     assert messages.probe_message_costs(None, 0, clu, 1024, 3, 7) == (None, 7)
+
+
+def test_clock_offset_takes_the_ping_with_the_shortest_round_trip():
+    # the peer's clock runs 5 s ahead; one-way 1 ms each way, then a ping queued 3 ms on the way
+    pings = [(0.0, 5.001, 5.0015, 0.0025), (1.0, 6.004, 6.0045, 1.0055)]
+    assert messages.clock_offset(pings) == pytest.approx(5.0, abs=1e-9)
+
+
+def test_delay_extra_is_the_mean_beyond_the_idle_link_and_message_cost():
+    # a tail (one message of 5 in 4 ms) counts through the mean: 1.38 ms, not the 0.8 ms median
+    delays = [0.0008, 0.0009, 0.0008, 0.0004, 0.004]
+    assert messages.delay_extra(delays, 0.0005, 0.0002) == pytest.approx(0.00068, rel=1e-6)
+    assert messages.delay_extra(delays, 0.003, 0.0) == 0.0  # never below the idle link
+    assert messages.delay_extra([], 0.0005, 0.0) == 0.0
+
+
+def test_loaded_latency_adds_each_devices_extra_half_to_its_links():
+    lat = np.array([[0.0, 1e-3, 2e-3], [1e-3, 0.0, 1e-3], [2e-3, 1e-3, 0.0]])
+    bw = np.full((3, 3), 1e9)
+    costs = [{"delays_s": [4e-3, 4e-3], "peer": 1, "message_s": 0.0},  # 3 ms beyond 1 ms + 1 us
+             None, {"delays_s": [], "peer": 0, "message_s": 0.0}]
+    out = messages.loaded_latency(lat, bw, costs, 1000)
+    extra = 4e-3 - 1e-3 - 1000 / 1e9
+    assert costs[0]["delay_extra_s"] == pytest.approx(extra)
+    np.testing.assert_allclose(out, lat + np.array([[0, 1, 1], [1, 0, 0], [1, 0, 0]]) * extra / 2)
+    np.testing.assert_array_equal(out, out.T)
+
+
+class _LateSends:
+    """A stage's transport handle that delivers its large messages ``late_s`` after ``send``
+    returns (in order, from a thread: as a transfer thread that waits for the sender's core)."""
+
+    def __init__(self, link, late_s: float):
+        import queue
+        import threading
+
+        self._link, self.late_s, self._queue = link, late_s, queue.Queue()
+        threading.Thread(target=self._deliver, daemon=True).start()
+
+    def _deliver(self):
+        while True:
+            due, args = self._queue.get()
+            time.sleep(max(due - time.perf_counter(), 0.0))
+            self._link.send(*args)
+
+    def send(self, tag, tree, dst):
+        import jax
+
+        if sum(x.nbytes for x in jax.tree.leaves(tree)) > 1024:
+            self._queue.put((time.perf_counter() + self.late_s, (tag, tree, dst)))
+        else:
+            self._link.send(tag, tree, dst)
+
+    def __getattr__(self, name):
+        return getattr(self._link, name)
+
+
+def test_probe_finds_the_devices_whose_messages_arrive_late():
+    """Device 0's activations arrive 5 ms after its sends, device 1's at once: the delays
+    (send start to the peer's receive, clocks matched by ping-pong) show it on device 0 only."""
+    c = config_defaults.base_config()
+    c.cluster.num_devices = 2
+    clu = cl.cluster_from_config(c)
+    transport = LocalTransport(clu.jax_devices[:2], timeout_s=120)
+    handles = [_LateSends(transport.for_stage(0), 0.005), transport.for_stage(1)]
+    (late, _), (prompt, _) = run_as_processes(
+        lambda r: messages.probe_message_costs(handles[r], r, clu, 1 << 16, 6, 10), 2, transport)
+    assert late["peer"] == 1 and prompt["peer"] == 0 and len(late["delays_s"]) == 6
+    # 5 ms late (a loaded host adds its noise on top); the prompt device's are far below
+    assert 0.0045 < float(np.median(late["delays_s"])) < 0.015, late["delays_s"]
+    assert float(np.median(prompt["delays_s"])) < 0.0025, prompt["delays_s"]

@@ -294,6 +294,12 @@ def test_distributed_path_through_a_transport(monkeypatch):
     costs = prof.extra["profiler"]["message_costs"]
     assert len(costs) == 3 and all(c["send_s"] >= 0 and c["recv_s"] >= 0 for c in costs)
     assert list(prof.message_s) == [c["message_s"] for c in costs]
+    # the links' latency: the idle fit plus each end's half of its messages' extra delay
+    assert all(c["delays_s"] and c["delay_extra_s"] >= 0 for c in costs)
+    idle = np.asarray(prof.extra["profiler"]["idle_latency_s"])
+    extra = np.array([c["delay_extra_s"] for c in costs])
+    np.testing.assert_allclose(prof.latency_s,
+                               idle + (extra[:, None] + extra[None, :]) / 2 * (1 - np.eye(3)))
 
 
 def test_profile_package_does_not_import_the_trainer():

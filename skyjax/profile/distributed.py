@@ -84,9 +84,9 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
          "cpu_cores": mine["cpu_cores"][rank], "wake_s": mine["wake_s"][rank]}, tag_base)
     mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
     # what a message costs a stage computing beside it (the largest activation a stage sends)
-    message, tag = messages.probe_message_costs(
-        transport, rank, cluster, max(int(u["output_bytes"]) for u in mine["units"]),
-        2 * options.link_repeats, tag)
+    message_bytes = max(int(u["output_bytes"]) for u in mine["units"])
+    message, tag = messages.probe_message_costs(transport, rank, cluster, message_bytes,
+                                                2 * options.link_repeats, tag)
     gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links,
                                                 "message": message}, tag)
     transport.barrier(tag + 1)
@@ -122,12 +122,15 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         message_costs[g["rank"]] = g["message"]
     over["message_s"] = [c["message_s"] if c else 0.0 for c in message_costs]
     lat, bw = links.link_matrices(n, options.link_sizes, one_way)
+    idle_lat = lat.copy()
+    lat = messages.loaded_latency(lat, bw, message_costs, message_bytes)
     measured = {"units": gathered[0]["units"], "forward_s": fwd, "backward_s": bwd,
                 "compile_s": compile_s, "devices": devices, "update_s": upd, "overheads": over,
                 "cpu_cores": cpu_cores, "wake_s": wake}
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,
                     lat, bw, {"link_probe": "transport", "link_one_way_s": one_way,
                               "message_costs": message_costs,
+                              "idle_latency_s": idle_lat.tolist(),
                               "units_s": unit_s, "compile_s": compile_s,
                               "profile_time_s": time.perf_counter() - start})
 

@@ -15,6 +15,12 @@ the peer arrives, interleaved so that drift hits all alike. The extras over the 
 of sending and of receiving one message; ``message_s[d]``, which the cost model charges per
 message call (one send and one receive per neighbour and action), is their mean. On an
 accelerator, whose host thread waits while the device computes, it is about the ``send`` call.
+
+The same rounds time how late the sent message arrives (the peer's receive posted ahead; clocks
+matched by ping-pong, :func:`clock_offset`): a computing sender keeps its transfer thread from
+its core, sometimes for a scheduler tick. The mean delay beyond the idle link and ``message_s``
+(:func:`delay_extra`) goes into the links' latency (:func:`loaded_latency`), where the cost model
+and the simulator charge every message.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from skyjax import cluster as cluster_lib
 from skyjax.profile.options import robust_time
@@ -55,14 +62,60 @@ def extras(samples: dict[str, list[float]]) -> dict[str, float]:
     return out
 
 
+def clock_offset(pings: list[tuple[float, float, float, float]]) -> float:
+    """The peer's clock minus this one's, from ping-pongs ``(t0, t1, t2, t3)``: sent at ``t0``
+    (here), received at ``t1`` and answered at ``t2`` (the peer's clock), back at ``t3`` (here).
+    NTP's estimate ``((t1 - t0) + (t2 - t3)) / 2`` from the ping with the shortest round trip
+    (the least queueing, so the most symmetric one): off by at most half its round trip."""
+    t0, t1, t2, t3 = min(pings, key=lambda p: (p[3] - p[0]) - (p[2] - p[1]))
+    return ((t1 - t0) + (t2 - t3)) / 2
+
+
+def delay_extra(delays: list[float], idle_one_way_s: float, message_s: float) -> float:
+    """What a message sent by a computing device takes beyond the cost model's idle link and
+    its ``message_s``: the mean of ``delays`` (send start to the consumer's ``recv`` returning;
+    the mean, not a robust time: the tail, a transfer thread waiting for the sender's compute
+    to give up its core, is what a pipeline pays on average) less both, 0 when below."""
+    return max(float(np.mean(delays)) - idle_one_way_s - message_s, 0.0) if delays else 0.0
+
+
+def loaded_latency(latency: np.ndarray, bandwidth: np.ndarray, costs: list[dict | None],
+                   message_bytes: int) -> np.ndarray:
+    """The links' latency as the pipeline's messages see it: the idle ping-pong fit
+    (``latency``, ``bandwidth``) plus, for the link between devices ``d`` and ``e``, the mean of
+    their :func:`delay_extra` (each device's ``costs[d]``: its messages' ``delays_s`` to its
+    ``peer``, beyond that link's idle one-way time for ``message_bytes`` and its ``message_s``).
+    The mean of the two directions keeps the matrix symmetric and the cost model's
+    ``2 latency`` per stage boundary (one message each way) exact; each device's figure is
+    written back to its ``costs[d]["delay_extra_s"]``."""
+    n = len(latency)
+    extra = np.zeros(n)
+    for d, c in enumerate(costs):
+        if not c or not c.get("delays_s"):
+            continue
+        e = int(c["peer"])
+        idle = float(latency[d, e]) + (message_bytes / bandwidth[d, e] if bandwidth[d, e] > 0
+                                       else 0.0)
+        extra[d] = c["delay_extra_s"] = delay_extra(c["delays_s"], idle, c["message_s"])
+    out = latency + (extra[:, None] + extra[None, :]) / 2
+    np.fill_diagonal(out, np.diag(latency))
+    return out
+
+
+def _stamps(values: list[float], base: float) -> np.ndarray:
+    return np.asarray([v - base for v in values], np.float32)  # ~1 us over minutes
+
+
 def probe_message_costs(transport: Any, rank: int, cluster: cluster_lib.Cluster,
                         message_bytes: int, repeats: int, tag: int
-                        ) -> tuple[dict[str, float] | None, int]:
+                        ) -> tuple[dict[str, Any] | None, int]:
     """This process's part in measuring every device's message costs (module doc): device ``r``'s
     turn (``rank`` = this process's device) pairs it with ``(r + 1) % n``, which receives what it
     sends and sends what it receives; the others wait at the turn's barriers. Every process calls
     it with the same arguments but ``rank``. Returns this device's :func:`extras` (None with one
-    device) and the next free tag."""
+    device), with ``delays_s`` (seconds from each send's start to the peer's ``recv`` returning,
+    the receive posted ahead, the sender computing: clocks matched by :func:`clock_offset`) and
+    ``peer``, and the next free tag."""
     n = cluster.num_devices
     if n < 2:
         return None, tag
@@ -74,12 +127,20 @@ def probe_message_costs(transport: Any, rank: int, cluster: cluster_lib.Cluster,
     for _ in range(2):  # compiles, then sets the emulation's reference time
         cluster_lib.timed_call(_call, x, slowdown=slowdown)
     prefetch = getattr(transport, "prefetch", None)
-    mine: dict[str, float] | None = None
+    rounds = max(repeats, 3)
+    stamp_like = jax.ShapeDtypeStruct((rounds,), jnp.float32)
+    ping_like = jax.ShapeDtypeStruct((2,), jnp.float32)
+    mine: dict[str, Any] | None = None
     for turn in range(n):
         peer = (turn + 1) % n
         samples: dict[str, list[float]] = {m: [] for m in MODES}
-        for r in range(max(repeats, 3) + 1):  # the first round is a warm-up
+        sent: list[float] = []  # the turn's send starts (its clock)
+        arrived: list[float] = []  # the peer's recv returns (its clock)
+        base = time.perf_counter()  # each process's own origin for the stamps it sends
+        for r in range(rounds + 1):  # the first round is a warm-up
             for mode in MODES:
+                if rank == peer and mode == "send" and prefetch is not None:
+                    prefetch(tag + 1, like, turn)  # posted ahead, as the pipeline's consumer
                 transport.barrier(tag)
                 if rank == turn:
                     if mode == "recv" and prefetch is not None:
@@ -93,12 +154,47 @@ def probe_message_costs(transport: Any, rank: int, cluster: cluster_lib.Cluster,
                         jax.block_until_ready(transport.recv(tag + 1, like, peer))
                     if r:
                         samples[mode].append(seconds)
+                        if mode == "send":
+                            sent.append(tic)
                 elif rank == peer:
                     if mode == "send":
                         jax.block_until_ready(transport.recv(tag + 1, like, turn))
+                        if r:
+                            arrived.append(time.perf_counter())
                     elif mode == "recv":
                         transport.send(tag + 1, msg, turn)
                 tag += 2
-        if rank == turn:
+        # the two clocks, from idle ping-pongs; then the peer's arrival stamps
+        pings = []
+        for _ in range(rounds):
+            if rank == turn:
+                if prefetch is not None:
+                    prefetch(tag + 1, ping_like, peer)
+                transport.barrier(tag)
+                t0 = time.perf_counter()
+                transport.send(tag, jnp.zeros((1,), jnp.float32), peer)
+                t12 = np.asarray(transport.recv(tag + 1, ping_like, peer), np.float64)
+                pings.append((t0 - base, float(t12[0]), float(t12[1]), time.perf_counter() - base))
+            elif rank == peer:
+                if prefetch is not None:
+                    prefetch(tag, jax.ShapeDtypeStruct((1,), jnp.float32), turn)
+                transport.barrier(tag)
+                jax.block_until_ready(transport.recv(tag, jax.ShapeDtypeStruct((1,), jnp.float32),
+                                                     turn))
+                t1 = time.perf_counter()
+                stamps = np.asarray([t1 - base, 0.0], np.float64)
+                stamps[1] = time.perf_counter() - base
+                transport.send(tag + 1, jax.device_put(stamps.astype(np.float32), dev), turn)
+            else:
+                transport.barrier(tag)
+            tag += 2
+        if rank == peer:
+            transport.send(tag, jax.device_put(_stamps(arrived, base), dev), turn)
+        elif rank == turn:
+            stamps = np.asarray(transport.recv(tag, stamp_like, peer), np.float64)
+            offset = clock_offset(pings)
             mine = extras(samples)
+            mine["delays_s"] = [float(a - offset - (s - base)) for a, s in zip(stamps, sent)]
+            mine["peer"] = peer
+        tag += 1
     return mine, tag
