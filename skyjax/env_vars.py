@@ -2,8 +2,9 @@
 
 The launcher (``skyjax.launch``) sets the first four for each child; ``jax.distributed`` start-up
 (``skyjax.runtime.distributed``) reads them; the transfer-server transport reads
-``TRANSFER_HOST``. ``XLA_FLAGS`` is XLA's own (``skyjax.cluster.ensure_host_device_count`` adds
-the host device count to it before JAX starts).
+``TRANSFER_HOST``; ``skyjax.cluster.malloc`` reads ``KEEP_FREED_MEMORY``. ``XLA_FLAGS`` is
+XLA's own (``skyjax.cluster.ensure_host_device_count`` adds the host device count to it before
+JAX starts).
 """
 
 COORDINATOR = "SKYJAX_COORDINATOR"  # "host:port" of the jax.distributed coordinator
@@ -12,4 +13,5 @@ PROCESS_ID = "SKYJAX_PROCESS_ID"  # this process's index
 LAUNCHER_PID = "SKYJAX_LAUNCHER_PID"  # the launcher's pid: a child exits if it is orphaned
 CPUS = "SKYJAX_CPUS"  # cores ("0,1") a launched child binds itself to (launch --bind_cores)
 TRANSFER_HOST = "SKYJAX_TRANSFER_HOST"  # address the point-to-point transfer server binds
+KEEP_FREED_MEMORY = "SKYJAX_KEEP_FREED_MEMORY"  # "0": leave glibc's malloc thresholds alone
 XLA_FLAGS = "XLA_FLAGS"

@@ -202,6 +202,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Profile -> plan -> train -> eval; process 0 writes ``workdir/summary.json`` and returns it
     (other processes return the same summary without writing)."""
     wall_start = time.perf_counter()
+    cluster_lib.keep_freed_memory()  # profile and steps alike (skyjax.cluster.malloc)
     rss_start = memory.current_rss_bytes()
     validate_config(config)
     resume = checkpoint.prepare(config, workdir)  # refuses another run's checkpoint, by name

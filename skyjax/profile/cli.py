@@ -43,6 +43,7 @@ def main(argv: list[str]) -> None:
         sys.exit(f"Invalid config: {e}")
     from skyjax import cluster as cluster_lib
 
+    cluster_lib.keep_freed_memory()  # as the runtime runs (skyjax.cluster.malloc)
     cluster_lib.ensure_host_device_count(int(config.cluster.num_devices))
     # These import JAX: after XLA_FLAGS.
     from skyjax.optim import make_optimizer

@@ -27,6 +27,7 @@ from typing import Any
 import jax
 
 from skyjax import env_vars
+from skyjax.cluster.malloc import keep_freed_memory
 from skyjax.runtime.transport.watchdog import PeerWatchdog
 
 
@@ -69,6 +70,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     global _info
     if _info is not None:
         return _info
+    keep_freed_memory()  # every process of a job, before its first buffers (skyjax.cluster.malloc)
     coordinator_address = coordinator_address or os.environ.get(env_vars.COORDINATOR) or None
     if num_processes is None:
         num_processes = _env_int(env_vars.NUM_PROCESSES)
