@@ -30,6 +30,8 @@ class LocalExecutor:
     heterogeneous devices; ``unit_states`` continues from another executor's (``rebuild``).
     """
 
+    needs_batch = True  # its first and last stages read every step's batch
+
     def __init__(self, chain: Sequence[Unit], plan: Plan, devices: Sequence[jax.Device], *,
                  batch_size: int, seq_len: int, optimizer: optax.GradientTransformation,
                  max_grad_norm: float | None, rng: Callable[[int, int], jax.Array],
@@ -71,8 +73,6 @@ class LocalExecutor:
 
         futures = [self._pool.submit(guarded, stage) for stage in self.stages]
         return [f.result() for f in futures]
-
-    needs_batch = True  # the first and last stages are here
 
     def train_step(self, step: int, batch: Batch,
                    upcoming: Callable[[], Batch | None] | None = None) -> StepMetrics:
