@@ -29,6 +29,19 @@ def test_extras_keep_what_stands_out_of_the_noise():
     assert got["send_s"] == 0.0 and got["recv_s"] == pytest.approx(0.001, rel=1e-6)
 
 
+def _probe_two(first_handle, repeats: int) -> list:
+    """The probe on two devices, threads over LocalTransport, device 0's transport handle
+    wrapped by ``first_handle``: [(device 0's figures, next tag), (device 1's, next tag)]."""
+    c = config_defaults.base_config()
+    c.cluster.num_devices = 2
+    clu = cl.cluster_from_config(c)
+    transport = LocalTransport(clu.jax_devices[:2], timeout_s=120)
+    handles = [first_handle(transport.for_stage(0)), transport.for_stage(1)]
+    return run_as_processes(
+        lambda r: messages.probe_message_costs(handles[r], r, clu, 1 << 16, repeats, 10), 2,
+        transport)
+
+
 class _CostlySends:
     """A stage's transport handle whose every ``send`` keeps this thread busy ``cost_s`` (a
     host cost per message, such as serving the transfer on the stage's own core)."""
@@ -50,13 +63,7 @@ def test_probe_finds_each_devices_cost_per_message():
     """Two stages as threads over LocalTransport: device 0's sends cost 10 ms of its thread,
     device 1's nothing. The probe finds the send cost on device 0 only. (Device 1's receive
     cost is not checked: device 0's busy send runs during it, on the same process's cores.)"""
-    c = config_defaults.base_config()
-    c.cluster.num_devices = 2
-    clu = cl.cluster_from_config(c)
-    transport = LocalTransport(clu.jax_devices[:2], timeout_s=120)
-    handles = [_CostlySends(transport.for_stage(0), 0.010), transport.for_stage(1)]
-    (costly, tag0), (free, tag1) = run_as_processes(
-        lambda r: messages.probe_message_costs(handles[r], r, clu, 1 << 16, 8, 10), 2, transport)
+    (costly, tag0), (free, tag1) = _probe_two(lambda link: _CostlySends(link, 0.010), 8)
     assert tag0 == tag1 > 10  # both walked the same tags
     # 10 ms busy (wall clock) after each send; a loaded host's noise, 1-2 ms in the robust
     # times on 2 shared cores, must not hide it nor make a free send look like it
@@ -130,13 +137,7 @@ class _LateSends:
 def test_probe_finds_the_devices_whose_messages_arrive_late():
     """Device 0's activations arrive 5 ms after its sends, device 1's at once: the delays
     (send start to the peer's receive, clocks matched by ping-pong) show it on device 0 only."""
-    c = config_defaults.base_config()
-    c.cluster.num_devices = 2
-    clu = cl.cluster_from_config(c)
-    transport = LocalTransport(clu.jax_devices[:2], timeout_s=120)
-    handles = [_LateSends(transport.for_stage(0), 0.005), transport.for_stage(1)]
-    (late, _), (prompt, _) = run_as_processes(
-        lambda r: messages.probe_message_costs(handles[r], r, clu, 1 << 16, 6, 10), 2, transport)
+    (late, _), (prompt, _) = _probe_two(lambda link: _LateSends(link, 0.005), 6)
     assert late["peer"] == 1 and prompt["peer"] == 0 and len(late["delays_s"]) == 6
     # 5 ms late (a loaded host adds its noise on top); the prompt device's are far below
     assert 0.0045 < float(np.median(late["delays_s"])) < 0.015, late["delays_s"]
