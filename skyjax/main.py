@@ -79,16 +79,14 @@ def main(argv: list[str]) -> None:
 def start_jax(config) -> None:
     """Before JAX starts: join ``jax.distributed`` (one process per stage; coordinator from the
     config, our launcher's environment, or SLURM / TPU auto-detection), or ask for
-    ``config.cluster.num_devices`` CPU devices when a local run has too few. First of all, host
-    memory freed by XLA's buffers is kept for reuse (``skyjax.cluster.malloc``)."""
-    from skyjax import cluster
-
-    cluster.keep_freed_memory()
+    ``config.cluster.num_devices`` CPU devices when a local run has too few."""
     if config.cluster.mode == "distributed":
         from skyjax.runtime import distributed
 
         distributed.initialize(coordinator_address=config.cluster.coordinator_address or None)
     else:
+        from skyjax import cluster
+
         cluster.ensure_host_device_count(config.cluster.num_devices)
 
 

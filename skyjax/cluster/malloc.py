@@ -13,8 +13,9 @@ with none. This was the stage probe's "rest" factor that moved between runs (1.0
 memory for reuse: the process's resident size stays at its peak instead of shrinking, which a
 training process reaches in its first step anyway.
 
-:func:`keep_freed_memory` runs where skyjax's entry points start (``skyjax.main``, the profiler
-CLI, ``distributed.initialize``, ``train.train_and_evaluate``); ``SKYJAX_KEEP_FREED_MEMORY=0``
+:func:`keep_freed_memory` runs where skyjax's entry points start (``train.train_and_evaluate``,
+which ``skyjax.main`` runs; the profiler CLI; ``distributed.initialize``, which every process of
+a job runs, benchmarks' workers included); ``SKYJAX_KEEP_FREED_MEMORY=0``
 leaves malloc as it is. Elsewhere than glibc it does nothing. No JAX import.
 """
 
