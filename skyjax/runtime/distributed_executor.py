@@ -19,7 +19,7 @@ from skyjax.plan.schedules import actions
 from skyjax.runtime import distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
-from skyjax.runtime.pipeline import PipelineStage, StepMetrics, StepResult
+from skyjax.runtime.pipeline import PipelineStage, StepInputs, StepMetrics, StepResult
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       placements, unit_owners)
 from skyjax.trace import Span
@@ -91,7 +91,8 @@ class DistributedExecutor:
                                      shapes, self.microbatches, optimizer, slowdown, unit_states)
         self.actions = actions(self.schedule, p, self.microbatches)
         self._gathers = 0
-        self._prepared: tuple | None = None  # (step, batch, StepInputs) put ahead (train_step)
+        # (batch, StepInputs) of the next step, put ahead during this one (train_step)
+        self._prepared: tuple[Batch | None, StepInputs] | None = None
 
     def _gather_tag(self) -> int:
         self._gathers += 1
@@ -120,15 +121,11 @@ class DistributedExecutor:
         call must pass that same batch object (or None where not :attr:`needs_batch`)."""
         stage = self.stage
         if stage is not None:
-            inputs = self._prepared
-            if inputs is None or inputs[0] != step or inputs[1] is not batch:
-                microbatch = None if batch is None else split_microbatches(batch,
-                                                                           self.microbatches)
-                inputs = (step, batch, stage.step_inputs(step, microbatch,
-                                                         lambda mb: self.rng(step, mb)))
-            self._prepared = None
+            prepared, self._prepared = self._prepared, None
+            if prepared is None or prepared[1].step != step or prepared[0] is not batch:
+                prepared = self._inputs(step, batch)
             idle = None if upcoming is None else lambda: self._prepare(step + 1, upcoming)
-            result = stage.run_actions(step, self.actions[stage.index], inputs[2], idle)
+            result = stage.run_actions(step, self.actions[stage.index], prepared[1], idle)
         else:
             result = StepResult([], [], [], 0.0)
         gathered = self.transport.gather_to_first(
@@ -148,14 +145,17 @@ class DistributedExecutor:
         return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
                            max(g["wall_s"] for g in gathered), results)
 
+    def _inputs(self, step: int, batch: Batch | None) -> tuple[Batch | None, StepInputs]:
+        """``(batch, its StepInputs for step)`` on the stage's device."""
+        microbatch = None if batch is None else split_microbatches(batch, self.microbatches)
+        return batch, self.stage.step_inputs(step, microbatch, lambda mb: self.rng(step, mb))
+
     def _prepare(self, step: int, upcoming: Callable[[], Batch | None]) -> None:
         """Puts ``step``'s inputs on the stage's device ahead (``train_step``'s ``upcoming``)."""
         batch = upcoming() if self.stage.needs_batch else None
         if batch is None and self.stage.needs_batch:
             return  # no next step
-        microbatch = None if batch is None else split_microbatches(batch, self.microbatches)
-        self._prepared = (step, batch, self.stage.step_inputs(
-            step, microbatch, lambda mb: self.rng(step, mb)))
+        self._prepared = self._inputs(step, batch)
 
     def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
         batches = eval_microbatches(batches, self.microbatches)
