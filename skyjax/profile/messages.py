@@ -129,7 +129,8 @@ def probe_message_costs(transport: Any, rank: int, cluster: cluster_lib.Cluster,
     prefetch = getattr(transport, "prefetch", None)
     rounds = max(repeats, 3)
     stamp_like = jax.ShapeDtypeStruct((rounds,), jnp.float32)
-    ping_like = jax.ShapeDtypeStruct((2,), jnp.float32)
+    ping_like = jax.ShapeDtypeStruct((1,), jnp.float32)
+    reply_like = jax.ShapeDtypeStruct((2,), jnp.float32)
     mine: dict[str, Any] | None = None
     for turn in range(n):
         peer = (turn + 1) % n
@@ -169,22 +170,20 @@ def probe_message_costs(transport: Any, rank: int, cluster: cluster_lib.Cluster,
         for _ in range(rounds):
             if rank == turn:
                 if prefetch is not None:
-                    prefetch(tag + 1, ping_like, peer)
+                    prefetch(tag + 1, reply_like, peer)
                 transport.barrier(tag)
                 t0 = time.perf_counter()
-                transport.send(tag, jnp.zeros((1,), jnp.float32), peer)
-                t12 = np.asarray(transport.recv(tag + 1, ping_like, peer), np.float64)
+                transport.send(tag, jnp.zeros(ping_like.shape, ping_like.dtype), peer)
+                t12 = np.asarray(transport.recv(tag + 1, reply_like, peer), np.float64)
                 pings.append((t0 - base, float(t12[0]), float(t12[1]), time.perf_counter() - base))
             elif rank == peer:
                 if prefetch is not None:
-                    prefetch(tag, jax.ShapeDtypeStruct((1,), jnp.float32), turn)
+                    prefetch(tag, ping_like, turn)
                 transport.barrier(tag)
-                jax.block_until_ready(transport.recv(tag, jax.ShapeDtypeStruct((1,), jnp.float32),
-                                                     turn))
-                t1 = time.perf_counter()
-                stamps = np.asarray([t1 - base, 0.0], np.float64)
-                stamps[1] = time.perf_counter() - base
-                transport.send(tag + 1, jax.device_put(stamps.astype(np.float32), dev), turn)
+                jax.block_until_ready(transport.recv(tag, ping_like, turn))
+                t1 = time.perf_counter()  # received; then answered (t2) at once
+                stamps = _stamps([t1, time.perf_counter()], base)
+                transport.send(tag + 1, jax.device_put(stamps, dev), turn)
             else:
                 transport.barrier(tag)
             tag += 2
