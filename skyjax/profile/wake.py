@@ -89,18 +89,20 @@ def time_after_idle(prog: Any, params: list, x: Any, rng: Any, labels: Any, cota
                     grads: list, slowdown: float, gaps: list[tuple[float, float]],
                     repeats: int) -> list[list[tuple[float, float]]]:
     """Per (forward gap, backward gap) of ``gaps``: ``repeats`` (forward s, backward s) of the
-    stage program ``prog`` (``skyjax.runtime.stage.StageProgram``), each timed call right after
-    an untimed one of the same program and that long idle, the settings interleaved so that
-    drift hits all alike. ``grads`` is donated to the backward calls: pass a copy. Also the
-    stage probe's (``experiments/stage_probe.py``)."""
+    stage program ``prog`` (``skyjax.runtime.stage.StageProgram``), as the profiler times a unit
+    (``skyjax.profile.units``): an untimed forward and backward, then that long idle before each
+    of the timed pair; the settings interleaved so that drift hits all alike. ``grads`` is
+    donated to the backward calls: pass a copy. Also the stage probe's
+    (``experiments/stage_probe.py``)."""
     times: list[list[tuple[float, float]]] = [[] for _ in gaps]
     for _ in range(repeats):
         for i, (gap_f, gap_b) in enumerate(gaps):
-            cluster_lib.block(prog.forward(params, x, rng, labels))  # warm, as profiled
+            _, res = cluster_lib.block(prog.forward(params, x, rng, labels))  # warm, as profiled
+            grads, _ = cluster_lib.block(prog.backward(params, res, cotangent, grads))
+            del res
             time.sleep(gap_f)
             (_, res), tf = cluster_lib.timed_call(prog.forward, params, x, rng, labels,
                                                   slowdown=slowdown)
-            grads, _ = cluster_lib.block(prog.backward(params, res, cotangent, grads))
             time.sleep(gap_b)
             (grads, _), tb = cluster_lib.timed_call(prog.backward, params, res, cotangent, grads,
                                                     slowdown=slowdown)
