@@ -18,13 +18,18 @@ from tests.test_allocator import (check_optimal_equals, check_plan_valid, make_p
                                   random_profile)
 
 
-def with_overheads(p: Profile, rng: np.random.Generator, scale: float = 0.3) -> Profile:
+def with_overheads(p: Profile, rng: np.random.Generator, scale: float = 0.3,
+                   inputs: bool = False) -> Profile:
+    """Random fixed costs; ``inputs``: also a random ``input_s`` (drawn last, so that the other
+    tests' random cases stay as they were)."""
     d = p.to_json()
     n_u, n_d = p.num_units, p.num_devices
     d["update_s"] = (rng.uniform(0, scale, (n_u, n_d))).tolist()
     d["overheads"] = {k: rng.uniform(0, scale, n_d).tolist() for k in
                       ("forward_call_s", "backward_call_s", "update_call_s", "message_s")}
     d["overheads"]["sync_s"] = float(rng.uniform(0, scale))
+    if inputs:
+        d["overheads"]["input_s"] = rng.uniform(0, scale / 4, n_d).tolist()
     return Profile.from_json(d)
 
 
@@ -61,6 +66,8 @@ def brute_force(p: Profile, schedule: str, m: int) -> float:
                     continue
                 a0, b0 = bounds[0]
                 update0 = p.update_call_s[devs[0]] + p.update_s[a0:b0, devs[0]].sum()
+                if n == 1:  # one stage: the step's inputs are put at the boundary
+                    update0 += m * p.input_s[devs[0]]
                 best = min(best, sum(ts) + (m - 1) * max(ts) + update0 + p.sync_s)
     return best
 
@@ -70,7 +77,7 @@ def test_exact_matches_brute_force_with_overheads():
     n_cases = 0
     for i in range(120):
         d, u = int(rng.integers(1, 5)), int(rng.integers(1, 8))
-        prof = with_overheads(random_profile(rng, d, u), rng)
+        prof = with_overheads(random_profile(rng, d, u), rng, inputs=True)
         schedule, m = ("gpipe", "1f1b")[i % 2], (1, 2, 8)[(i // 2) % 3]
         want = brute_force(prof, schedule, m)
         if check_optimal_equals(prof, schedule, m, want, (i, d, u, schedule, m)) is None:
@@ -103,6 +110,32 @@ def test_overheads_by_hand():
     ts = [s0.time_s, s1.time_s]
     assert p.step_time_s == pytest.approx(sum(ts) + 3 * max(ts) + 0.8 + 0.25)
     assert plan_lib.Plan.from_json(p.to_json()) == p
+
+
+def test_input_put_charged_to_a_one_stage_plan_only():
+    """A one-stage plan has no wait to hide its step's inputs in: m input_s joins its update_0
+    (model, simulator and search alike); a longer pipeline's first stage does not pay it."""
+    prof = make_profile([[1.0, 1.0], [1.0, 1.0]], latency=[[0, 1.25], [1.25, 0]],
+                        bandwidth=[[0, 1e12], [1e12, 0]], out=[0, 0])  # unit work 3.0
+    d = prof.to_json()
+    d["overheads"] = {k: [0.0, 0.0] for k in ("forward_call_s", "backward_call_s",
+                                             "update_call_s", "message_s")}
+    d["overheads"].update(input_s=[0.5, 0.5], sync_s=0.0)
+    prof = Profile.from_json(d)
+    assert Profile.from_json(prof.to_json()).input_s.tolist() == [0.5, 0.5]
+    one = plan_lib.evaluate(prof, [(0, 0, 2)], "1f1b", 4)
+    assert one.stages[0].update_s == pytest.approx(4 * 0.5)
+    assert one.step_time_s == pytest.approx(4 * 6.0 + 2.0)
+    assert simulate_plan(one, prof).step_time_s == pytest.approx(one.step_time_s)
+    two = plan_lib.evaluate(prof, [(0, 0, 1), (1, 1, 2)], "1f1b", 4)
+    assert [s.update_s for s in two.stages] == [0.0, 0.0]
+    assert two.step_time_s == pytest.approx((3 + 2.5) + 3 + 3 * (3 + 2.5))  # 25
+    for heuristic in (False, True):  # 26 for one stage against 25 for two
+        best = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=heuristic)
+        assert len(best.stages) == 2 and best.step_time_s == pytest.approx(25.0), heuristic
+    d["overheads"]["input_s"] = [0.0, 0.0]  # without the put, one stage wins: 24
+    free = plan_lib.plan(Profile.from_json(d), "optimal", "1f1b", 4)
+    assert len(free.stages) == 1 and free.step_time_s == pytest.approx(24.0)
 
 
 def test_version1_profile_reads_with_zero_overheads():
@@ -147,10 +180,45 @@ def test_heuristic_exact_on_two_devices_with_overheads():
     rng = np.random.default_rng(5)
     for i in range(40):
         prof = with_overheads(random_profile(rng, 2, int(rng.integers(2, 9))), rng,
-                              scale=(0.0, 0.3)[i % 2])
+                              scale=(0.0, 0.3)[i % 2], inputs=True)
         m = (1, 3, 8)[i % 3]
         want = brute_force(prof, "gpipe", m)
         if math.isinf(want):
             continue
         heur = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
         assert heur.step_time_s == pytest.approx(want, rel=1e-9), i
+
+
+def test_chain_dp_prices_every_plan_on_its_order_as_the_model_does():
+    """The heuristic's chain DP over a fixed device order, without a cap, returns the least sum
+    (sum t_k + update_0) of the plans on that order's subsequences: every stage that sends pays
+    its outgoing message calls, a one-stage plan its input put (GPipe: memory does not depend on
+    the position, so the DP's windows are exact)."""
+    from skyjax.plan.chain_dp import ChainDP
+    from skyjax.plan.classes import link_groups
+    from skyjax.plan.cost import tables
+    from tests.test_refine import _solution
+
+    rng = np.random.default_rng(21)
+    checked = 0
+    for i in range(40):
+        d, u = int(rng.integers(2, 4)), int(rng.integers(2, 6))
+        prof = with_overheads(random_profile(rng, d, u), rng, scale=0.5, inputs=True)
+        t = tables(prof, "gpipe", int((1, 2, 4)[i % 3]))
+        groups = link_groups(t)
+        group_of = np.zeros(d, int)
+        for g, devs in enumerate(groups):
+            group_of[devs] = g
+        for order in itertools.permutations(range(d)):
+            want = math.inf
+            for n in range(1, min(u, d) + 1):
+                for devs in itertools.combinations(order, n):  # subsequences keep the order
+                    for cuts in itertools.combinations(range(1, u), n - 1):
+                        b = (0,) + cuts + (u,)
+                        sol = _solution(t, list(zip(devs, b, b[1:])))
+                        if sol is not None:
+                            want = min(want, sol.total)
+            got = float(ChainDP(t, list(order), group_of, groups).run(np.array([math.inf]))[0])
+            assert got == pytest.approx(want, rel=1e-9), (i, order)
+            checked += math.isfinite(want)
+    assert checked >= 60

@@ -116,6 +116,8 @@ def test_profile_shapes_and_exact_bytes():
     dev = prof.devices[0]
     assert dev["memory_bytes"] > 0 and dev["kind"] == "cpu" and dev["slowdown"] == 1.0
     assert prof.latency_s.shape == (1, 1)
+    # putting one micro-batch's inputs: a host transfer of a few small arrays, well under 50 ms
+    assert prof.input_s.shape == (1,) and 0 < prof.input_s[0] < 0.05
     assert set(prof.extra) >= {"cache_key", "profiler"}
     assert Profile.from_json(json.loads(json.dumps(prof.to_json()))).num_units == 4
     table = summary_table(prof)
@@ -373,6 +375,7 @@ def test_multiprocess_profile_under_jax_distributed(tmp_path):
     total = (prof.forward_s + prof.backward_s).sum(axis=0)
     assert total[1] > 2 * total[0]  # slow-downs (1, 3), each timed alone
     assert prof.latency_s[0, 1] == pytest.approx(0.003, rel=0.5)
+    assert np.all(prof.input_s > 0)  # each process timed its own device's input put
 
 
 def _child(workdir: str) -> None:

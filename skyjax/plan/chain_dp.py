@@ -84,6 +84,7 @@ class ChainDP:
         self.inmsg = t.in_msg[self.order]  # per stage that does not start the chain
         # per stage that starts the chain, ending at c: update_0 (Tables.first_update)
         self.first_extra = t.update_call[self.order][:, None] + t.update_prefix[self.order]
+        self.first_extra[:, u] += t.alone[self.order]  # a stage that also ends it: one stage
         orig = [int(group_of[d]) for d in self.order]
         last_at = {g: i for i, g in enumerate(orig)}
         present = sorted(last_at, key=last_at.get)  # label = rank of the group's last position
@@ -132,11 +133,12 @@ class ChainDP:
         self._reach: dict[tuple, np.ndarray] = {}
 
     def _reach_row(self, i: int, r: int) -> np.ndarray:
-        """P[c] + comm (link row r) + calls for blocks ending at c = 1 .. U-1 on device i."""
+        """P[c] + comm (link row r) + calls for blocks ending at c = 1 .. U-1 on device i: its
+        action calls and, since such a block sends, its outgoing message calls (``in_msg``)."""
         key = (self.base[i], r)
         if key not in self._reach:
             u = self.t.num_units
-            self._reach[key] = self.pre[i][1:u] + self.row_of[r] + self.fixed[i]
+            self._reach[key] = self.pre[i][1:u] + self.row_of[r] + self.fixed[i] + self.inmsg[i]
         return self._reach[key]
 
     def _reach_rows(self, i: int) -> np.ndarray:
@@ -336,8 +338,8 @@ class ChainDP:
         out = []
         while True:
             pre, (x, src) = self.pre[i], hist[i]
-            reach = pre[u] if nxt_group is None else pre[end] + self.comm[self.gid[i], nxt_group,
-                                                                          end - 1]
+            reach = pre[u] if nxt_group is None else (
+                pre[end] + self.comm[self.gid[i], nxt_group, end - 1] + self.inmsg[i])
             reach += self.fixed[i]
             mlo = int(self.mem_lo[i][end])
             lo = max(int(np.searchsorted(pre, reach + self.inmsg[i] - cap, "left")), mlo, 1)

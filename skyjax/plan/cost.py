@@ -10,6 +10,7 @@ micro-batches, with the profile's fixed costs (version 2; zeros for a version 1 
               bandwidth[d_k][d_k+1]) [k < p - 1]; bandwidth 0 means unreachable (comm = inf)
   t_k       = compute_k + comm_k
   update_k  = update_call_s[d_k] + sum_{u in [a_k, b_k)} update_s[u][d_k]     (once per step)
+              [+ m input_s[d_0] when p = 1: putting the step's inputs, with no wait to hide in]
   memory_k  = sum state_bytes + inflight_k * sum activation_bytes <= memory_bytes[d_k],
               inflight_k = m (GPipe) or min(m, p - k) (1F1B)
   T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s [+ the sharing penalty]
@@ -53,6 +54,7 @@ class Tables:
     in_msg: np.ndarray  # [D] 2 message_s: a stage that is not first (a > 0)
     update_prefix: np.ndarray  # [D, U+1] prefix sums of update_s per device
     update_call: np.ndarray  # [D]
+    alone: np.ndarray  # [D] m input_s: what a plan of one stage on d adds to its update
     sync_s: float
     state_prefix: np.ndarray  # [U+1]
     act_prefix: np.ndarray  # [U+1]
@@ -93,8 +95,11 @@ class Tables:
                 + np.where(a > 0, self.in_msg[d], 0.0))
 
     def first_update(self, d: int, ends: np.ndarray | int) -> np.ndarray:
-        """update_0 of a first stage on d ending at ``ends``: what T adds for it once per step."""
-        return self.update_call[d] + self.update_prefix[d, ends]
+        """update_0 of a first stage on d ending at ``ends``: what T adds for it once per step
+        (a stage that also ends the chain puts the step's inputs at the boundary: ``alone``)."""
+        ends = np.asarray(ends)
+        return (self.update_call[d] + self.update_prefix[d, ends]
+                + np.where(ends == self.num_units, self.alone[d], 0.0))
 
     def step_extra(self, first_update: float) -> float:
         """T - (sum t_k + (m - 1) max t_k): the first stage's update and the synchronisation."""
@@ -130,7 +135,8 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
         in_msg=2.0 * np.asarray(profile.message_s, float),
         update_prefix=np.concatenate([np.zeros((upd.shape[1], 1)), np.cumsum(upd.T, axis=1)],
                                      axis=1),
-        update_call=np.asarray(profile.update_call_s, float), sync_s=float(profile.sync_s),
+        update_call=np.asarray(profile.update_call_s, float),
+        alone=int(microbatches) * np.asarray(profile.input_s, float), sync_s=float(profile.sync_s),
         state_prefix=np.concatenate([[0.0], np.cumsum(state)]),
         act_prefix=np.concatenate([[0.0], np.cumsum(act)]),
         output_bytes=np.array([float(u["output_bytes"]) for u in units]),
@@ -150,7 +156,8 @@ def stage_costs(t: Tables, assignment: Assignment) -> list[Stage]:
             0.0 if k == p - 1 else float(t.comm(d, assignment[k + 1][0], b)))
         mem = (t.state_prefix[b] - t.state_prefix[a]
                + t.inflight(p - k) * (t.act_prefix[b] - t.act_prefix[a]))
-        update = float(t.update_call[d] + t.update_prefix[d, b] - t.update_prefix[d, a])
+        update = float(t.update_call[d] + t.update_prefix[d, b] - t.update_prefix[d, a]
+                       + (t.alone[d] if p == 1 else 0.0))
         stages.append(Stage(int(d), (int(a), int(b)), compute, comm, int(round(mem)), update))
     return stages
 

@@ -203,7 +203,7 @@ def _split(t: Tables, kinds: list[list[int]], budget: int) -> tuple[list[list[in
 
 def _rows(t: Tables, d: int) -> list[np.ndarray]:
     return [np.diff(t.prefix[d]), np.diff(t.update_prefix[d]),
-            np.array([t.fixed[d], t.in_msg[d], t.update_call[d]])]
+            np.array([t.fixed[d], t.in_msg[d], t.update_call[d], t.alone[d]])]
 
 
 def _dominates(t: Tables, fast: int, slow: int) -> bool:

@@ -116,7 +116,7 @@ def _kinds(t: Tables, devs: list[int]) -> list[list[int]]:
     for d in devs:
         key = b"".join(np.asarray(x, float).tobytes() for x in (
             t.prefix[d], t.update_prefix[d],
-            [t.fixed[d], t.in_msg[d], t.memory[d], t.update_call[d]]))
+            [t.fixed[d], t.in_msg[d], t.memory[d], t.update_call[d], t.alone[d]]))
         out.setdefault(key, []).append(int(d))
     return list(out.values())
 
@@ -180,7 +180,7 @@ class _Search:
         t, d = self.t, self._rep(r, c)
         comp = t.prefix[d, b] + t.fixed[d] + self._send(d, link, b)
         ok = (comp <= self.cap) & (self.need[b] <= t.memory[d])
-        return np.where(ok, comp + t.update_call[d] + t.update_prefix[d, b], _INF)
+        return np.where(ok, comp + t.first_update(d, b), _INF)
 
     def run(self) -> list[tuple[int, int, int]] | None:
         u = self.t.num_units

@@ -19,7 +19,9 @@ class InfeasibleError(ValueError):
 class Stage:
     """One pipeline stage: a device, its units [start, end) and their predicted per-micro-batch
     compute (forward + backward, call costs included), comm (message calls, and the transfers
-    to the next stage and back), memory, and the optimizer update once per step."""
+    to the next stage and back), memory, and what it does once per step at the boundary before
+    its first action: the optimizer update (a plan of one stage also puts the step's inputs
+    then: ``skyjax.plan.cost.Tables.alone``)."""
 
     device: int
     units: tuple[int, int]

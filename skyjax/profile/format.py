@@ -26,7 +26,7 @@ VERSION = 2
 READABLE_VERSIONS = (1, 2)
 _TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward_s", "links",
              "update_s", "overheads")
-OVERHEAD_KEYS = ("forward_call_s", "backward_call_s", "update_call_s", "message_s")
+OVERHEAD_KEYS = ("forward_call_s", "backward_call_s", "update_call_s", "message_s", "input_s")
 _UNIT_FIELDS = ("state_bytes", "activation_bytes", "output_bytes")
 _LINK_KEYS = ("latency_s", "bandwidth_Bps")
 
@@ -57,6 +57,9 @@ class Profile:
     update_call_s: np.ndarray | None = None
     message_s: np.ndarray | None = None
     sync_s: float = 0.0
+    # putting one micro-batch's step inputs on the device, [D] (skyjax.profile.inputs); absent in
+    # files of profiler version 10 and before (read as 0)
+    input_s: np.ndarray | None = None
 
     def __post_init__(self):
         u, d = np.shape(self.forward_s)

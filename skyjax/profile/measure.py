@@ -76,6 +76,7 @@ def fixed_costs(measured: dict, meta: dict, n_units: int, n_devices: int) -> dic
                           "backward_call_s": list(over.get("backward_call_s", zeros)),
                           "update_call_s": list(over.get("update_call_s", zeros)),
                           "message_s": list(over.get("message_s", zeros)),
+                          "input_s": list(over.get("input_s", zeros)),
                           "sync_s": sync_seconds(meta.get("link_one_way_s") or {})}}
 
 

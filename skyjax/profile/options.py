@@ -1,4 +1,5 @@
-"""How hard and how robustly the profiler measures: :class:`Options` and :func:`robust_time`.
+"""How hard and how robustly the profiler measures: :class:`Options`, :func:`robust_time` and
+:func:`evict_caches`.
 
 Shared by the unit timings (:mod:`skyjax.profile.units`) and the link probes
 (:mod:`skyjax.profile.links`), which must agree on what "the" time of a few repeats is.
@@ -52,3 +53,17 @@ def robust_time(xs: Sequence[float]) -> float:
     kept device ratios within a few % where the median drifted by up to 30%."""
     xs = sorted(xs)
     return float(np.mean(xs[:max((len(xs) + 1) // 2, 1)]))
+
+
+_EVICT_BYTES = 64 << 20  # above the last-level cache of the CPUs this runs on (32 MiB here)
+_evict_buffer: list[np.ndarray] = []
+
+
+def evict_caches() -> None:
+    """Writes one word per cache line of a 64 MiB host buffer, pushing what the last calls left
+    in the CPU's caches out to memory (an accelerator's own memory is not touched): for work the
+    runtime does once per step, after the step's compute has streamed everything else through
+    the caches (the optimizer update, putting the step's inputs)."""
+    if not _evict_buffer:
+        _evict_buffer.append(np.zeros(_EVICT_BYTES // 4, np.float32))
+    _evict_buffer[0][::16] += 1.0

@@ -32,7 +32,8 @@ import optax
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
 from skyjax.profile.chain import ChainSpec
-from skyjax.profile.options import Log, Options, robust_time
+from skyjax.profile.inputs import measure_input_put
+from skyjax.profile.options import Log, Options, evict_caches, robust_time
 from skyjax.profile.report import fmt_s
 from skyjax.profile.wake import measure_wake
 from skyjax.tree import tree_avals, tree_nbytes
@@ -53,25 +54,13 @@ class _UnitResult:
     cpu_wall: dict = dataclasses.field(default_factory=dict)
 
 
-_EVICT_BYTES = 64 << 20  # above the last-level cache of the CPUs this runs on (32 MiB here)
-_evict_buffer: list[np.ndarray] = []
-
-
-def _evict_caches() -> None:
-    """Writes one word per cache line of a 64 MiB host buffer, pushing what the last calls left
-    in the CPU's caches out to memory (an accelerator's own memory is not touched)."""
-    if not _evict_buffer:
-        _evict_buffer.append(np.zeros(_EVICT_BYTES // 4, np.float32))
-    _evict_buffer[0][::16] += 1.0
-
-
 def _stage_update(prog, optimizer: optax.GradientTransformation, params: list, dev: Any,
                   slowdown: float, repeats: int) -> float:
     """Seconds of one step's update of ``params`` as a stage pays it: its share of the
     gradient norm (``skyjax.optim.global_sq_norm``, read back to the host) and the jitted optax
     update (emulated slow-down included); the robust time of ``repeats`` after a warm-up.
 
-    Each timed update starts with the host's caches evicted (:func:`_evict_caches`): in a step
+    Each timed update starts with the host's caches evicted (``options.evict_caches``): in a step
     the update reads its parameters, gradients and optimizer moments once, after the step's
     forwards and backwards streamed everything else through the caches. Timed back to back
     instead, it ran 15-25% faster than inside the step (shipped model, CPU)."""
@@ -86,7 +75,7 @@ def _stage_update(prog, optimizer: optax.GradientTransformation, params: list, d
     # update's own outputs; ``StageProgram.init_state`` commits them to avoid it), it is not timed.
     warmup = 2
     for r in range(repeats + warmup):
-        _evict_caches()
+        evict_caches()
         tic = time.perf_counter()
         float(global_sq_norm(state.grads))
         (state.params, state.opt_state, state.grads), t_upd = cluster_lib.timed_call(
@@ -320,6 +309,7 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
             carry = result.out_carry
     out_bytes = _output_bytes(spec.chain, sample[0])
     calls = measure_call_costs(targets, sample[0], optimizer, options)
+    calls["input_s"] = measure_input_put(targets, sample[0], labels, max(options.repeats, 5))
     units, fwd, bwd = [], np.full((total, cluster.num_devices), np.nan), np.full(
         (total, cluster.num_devices), np.nan)
     upd = np.full((total, cluster.num_devices), np.nan)
