@@ -75,8 +75,9 @@ def _message_waits(spans: Sequence[Span], p: int) -> list[tuple[int, float, bool
 def step_boundary_s(steps: Sequence[Sequence[Span]]) -> list[float]:
     """Between consecutive measured steps (each its F/B spans of every stage): the time from
     one step's last action end to the next step's first action start, which the cost model
-    predicts as ``update_0 + sync_s`` (the gradient-norm all-reduce, the first stage's update
-    and what else the runtime does between steps)."""
+    predicts as ``update_0 + sync_s`` (the gradient-norm all-reduce, the first stage's update,
+    for a plan of one stage also the step's input put, and what else the runtime does between
+    steps)."""
     return [min(s.start for s in b) - max(s.end for s in a)
             for a, b in zip(steps, steps[1:]) if a and b]
 
