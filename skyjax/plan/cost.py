@@ -156,8 +156,8 @@ def stage_costs(t: Tables, assignment: Assignment) -> list[Stage]:
             0.0 if k == p - 1 else float(t.comm(d, assignment[k + 1][0], b)))
         mem = (t.state_prefix[b] - t.state_prefix[a]
                + t.inflight(p - k) * (t.act_prefix[b] - t.act_prefix[a]))
-        update = float(t.update_call[d] + t.update_prefix[d, b] - t.update_prefix[d, a]
-                       + (t.alone[d] if p == 1 else 0.0))
+        update = float(t.first_update(d, b) if k == 0 else
+                       t.update_call[d] + t.update_prefix[d, b] - t.update_prefix[d, a])
         stages.append(Stage(int(d), (int(a), int(b)), compute, comm, int(round(mem)), update))
     return stages
 
