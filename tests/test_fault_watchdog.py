@@ -88,7 +88,7 @@ def test_a_survivor_posts_left_before_it_exits():
 def test_process_0_exits_after_the_other_survivors():
     """Process 0 hosts the coordination service: exiting first would let JAX abort the survivors
     (SIGABRT) before they exit with EXIT_PEER_LOST. It waits for their LEFT, then exits."""
-    kv, stop, exits, events = FakeKV(), threading.Event(), [], []
+    kv, stop, events = FakeKV(), threading.Event(), []
     threading.Thread(target=_beating, args=(kv, 1, stop), daemon=True).start()
     kv.key_value_set("skyjax/alive/2", "3")  # then silence: process 2 is lost
     dog = PeerWatchdog(kv, 0, 3, 0.3, grace_s=0.2,
