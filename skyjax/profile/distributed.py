@@ -64,6 +64,11 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     sample = sample_microbatch(workload.model, *workload.microbatch)
     # Unless concurrent, the processes take turns (a barrier per turn): each device is timed
     # while the others wait, as the single-process profiler times devices one after another.
+    # The first turn starts when every process is here: process 0 reaches this point first
+    # (it decides to measure), while the others may still be building their model.
+    if not options.concurrent:
+        with _patient(transport):
+            transport.barrier(tag_base)
     for turn in ([rank] if options.concurrent else range(cluster.num_devices)):
         if turn == rank:
             with warnings.catch_warnings():
