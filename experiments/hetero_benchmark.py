@@ -72,6 +72,7 @@ def worker(spec_path: str) -> None:
     from skyjax.models.build import build_model
     from skyjax.runtime import distributed
     from skyjax.runtime.replanner import stage_busy
+    from skyjax.profile.format import Profile
 
     with open(spec_path) as f:
         spec = json.load(f)
@@ -161,7 +162,9 @@ def worker(spec_path: str) -> None:
                    {s: np.median(np.array(c), axis=0).tolist() for s, c in comm.items()}, src)
                    for src in plans},
                "overheads": profile.to_json()["overheads"],
-               "compare": {s: stage_comparison(p, profile, spans[s]) for s, p in plans.items()},
+               "compare": {s: stage_comparison(p, profile if s != "calibrated" else
+                                               Profile.from_json(cal_profile), spans[s])
+                           for s, p in plans.items()},
                "device_names": [d["name"] for d in profile.devices],
                "spans": all_spans, "profile": profile.to_json(),
                "profile_s": profile.extra.get("profiler", {}).get("profile_time_s"),

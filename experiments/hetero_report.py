@@ -126,12 +126,14 @@ def report(result: dict, overhead: dict | None, args, model: dict) -> None:
           "on); ideal / bubble: efficiency = ideal step / measured, without and with the "
           "(m + p - 1) / m fill and drain)")
     print("\nper-stage compute per step (forward + backward of all micro-batches, emulation "
-          "and call costs included), measured / predicted (error):")
+          "and call costs included), measured / predicted (error; x the slow-down that sharing "
+          "the host's cores and calls after idle predict for the stage):")
     for s, p in result["plans"].items():
         m = p["microbatches"]
-        cells = [f"{names[st['device']]} {b:.3f}/{m * st['compute_s']:.3f} "
-                 f"({(b - m * st['compute_s']) / b:+.0%})"
-                 for st, b in zip(p["stages"], result["busy"][s])]
+        slow = [r["predicted"]["slowdown"] for r in result["compare"][s]["stages"]]
+        cells = [f"{names[st['device']]} {b:.3f}/{m * st['compute_s'] * q:.3f} "
+                 f"({(b - m * st['compute_s'] * q) / b:+.0%}, x{q:.2f})"
+                 for st, b, q in zip(p["stages"], result["busy"][s], slow)]
         print(f"  {s:8s} " + "  ".join(cells))
     print("\nlast step per stage, measured / predicted seconds: compute, comm (link waits), idle;"
           " and the schedule replayed with the measured action times:")

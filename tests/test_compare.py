@@ -133,3 +133,24 @@ def test_message_delays_only_where_the_consumer_was_free():
     # B (mb 1): 0.4, free; B (mb 0): stage 0 busy until 6.0 when B1(0) ended at 6.0: free, 0
     assert sorted(message_delays(spans, 2)) == pytest.approx([0.0, 0.4, 0.5])
     assert measured_comm(spans, 2) == pytest.approx([0.5 + 0.1 + 0.4 + 0.0])
+
+
+def test_predicted_compute_carries_the_sharing_slowdown():
+    """Stages sharing a host's cores are predicted to compute slower by the replayed sharing
+    ratio (what the measured spans show), and the same stages apart are not."""
+    from skyjax.plan.sharing import replay_effect
+    from tests.test_sharing import _shared
+
+    base, _ = _plan()
+    blocks = [(0, 0, 3), (1, 3, 5), (2, 5, 6)]
+    apart = _shared(base, (1, 1, 1), ["a", "b", "c"])
+    alone = stage_comparison(plan_lib.evaluate(apart, blocks, "1f1b", 4), apart, [])
+    one_host = _shared(base, (1, 1, 1))
+    plan = plan_lib.evaluate(one_host, blocks, "1f1b", 4)
+    shared = stage_comparison(plan, one_host, [])
+    ratio = replay_effect(plan, one_host)[1]
+    assert max(ratio) > 1.2
+    for a, s, r in zip(alone["stages"], shared["stages"], ratio):
+        assert a["predicted"]["slowdown"] == 1.0
+        assert s["predicted"]["slowdown"] == pytest.approx(r)
+        assert s["predicted"]["compute_s"] == pytest.approx(a["predicted"]["compute_s"] * r)

@@ -3,8 +3,10 @@
 ``stage_comparison(plan, profile, spans)`` puts side by side, for each stage of a plan, per step:
 
 * ``compute_s``: the forward and backward actions (predicted: m x (unit times + call costs +
-  message calls), :func:`skyjax.plan.simulate.stage_actions_s`; measured: the sum of the step's
-  F/B spans, the runtime's timed calls);
+  message calls), :func:`skyjax.plan.simulate.stage_actions_s`, times ``slowdown``, the busy-time
+  ratio that sharing a host's cores with the plan's other stages and calls after idle give the
+  stage, :func:`skyjax.plan.sharing.replay_effect`, 1 where neither applies; measured: the sum
+  of the step's F/B spans, the runtime's timed calls);
 * ``comm_s``: the stage's messages out (activation to the next stage, gradient back from it),
   m x the one-way link delay twice (predicted); measured as, for every such message, the time
   from its producer's span end to its consumer's span start when the consumer was otherwise
@@ -25,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from skyjax.plan.sharing import replay_effect
 from skyjax.plan.simulate import simulate, simulate_plan
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
@@ -90,6 +93,8 @@ def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span],
     p, m = len(plan.stages), plan.microbatches
     fwd, bwd, link = stage_actions_s(plan, profile)
     sim = simulate_plan(plan, profile)
+    effect = replay_effect(plan, profile)
+    slowdown = effect[1] if effect is not None else [1.0] * p
     stages = []
     busy = {k: 0.0 for k in range(p)}
     mf: dict[int, list[float]] = {k: [] for k in range(p)}
@@ -101,8 +106,8 @@ def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span],
     comm = measured_comm(spans, p) if spans else None
     for k, st in enumerate(plan.stages):
         rec = {"stage": k, "device": st.device, "units": list(st.units),
-               "predicted": {"compute_s": m * (fwd[k] + bwd[k]),
-                             "comm_s": 2 * m * link[k] if k < p - 1 else 0.0,
+               "predicted": {"compute_s": m * (fwd[k] + bwd[k]) * slowdown[k],
+                             "slowdown": slowdown[k], "comm_s": 2 * m * link[k] if k < p - 1 else 0.0,
                              "idle_s": sim.idle_s[k], "update_s": st.update_s}}
         if spans:
             rec["measured"] = {"compute_s": busy.get(k, 0.0),
