@@ -34,6 +34,7 @@ def time_stage(units, carry, labels, microbatches: int, gap_s: float, repeats: i
     import jax
     import jax.numpy as jnp
 
+    from skyjax.profile.calls import cotangent
     from skyjax.runtime.stage import StageProgram
 
     prog = StageProgram(units, is_last=labels is not None, microbatches=microbatches)
@@ -41,8 +42,7 @@ def time_stage(units, carry, labels, microbatches: int, gap_s: float, repeats: i
     grads = jax.tree.map(jnp.zeros_like, params)
     rng = jax.random.PRNGKey(0)
     out, res = jax.block_until_ready(prog.forward(params, carry, rng, labels))
-    ct = None if labels is not None else {
-        k: jnp.ones_like(v) for k, v in out.items() if jnp.issubdtype(v.dtype, jnp.floating)}
+    ct = cotangent(out, labels is not None)
     grads, _ = jax.block_until_ready(prog.backward(params, res, ct, grads))
     fwd, bwd = [], []
     for _ in range(repeats):

@@ -31,6 +31,7 @@ import optax
 
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
+from skyjax.profile.calls import call_inputs, cotangent
 from skyjax.profile.chain import ChainSpec
 from skyjax.profile.inputs import measure_input_put
 from skyjax.profile.options import Log, Options, evict_caches, robust_time
@@ -99,11 +100,9 @@ def measure_call_costs(targets: list[tuple[Any, float]], carry: Any,
     repeats = max(options.repeats, 5)
     for dev, slowdown in targets:
         prog = StageProgram([], is_last=False, microbatches=1, optimizer=None, train=True)
-        c = jax.device_put(carry, dev)
-        rng = jax.device_put(jax.random.PRNGKey(0), dev)
+        c, rng, _ = call_inputs(carry, None, False, dev)
         out_c, res = cluster_lib.block(prog.forward([], c, rng, None))
-        ct = {k: jnp.ones_like(v) for k, v in out_c.items() if jnp.issubdtype(v.dtype,
-                                                                                jnp.floating)}
+        ct = cotangent(out_c, False)
         cluster_lib.block(prog.backward([], res, ct, []))
         tf, tb = [], []
         for _ in range(repeats + 1):
@@ -163,17 +162,14 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
     memory: dict = {}
     for k, (dev, slowdown) in enumerate(targets):
         params = device_params(unit.params, dev)
-        c = jax.device_put(carry, dev)
-        rng = jax.device_put(jax.random.PRNGKey(0), dev)
-        lab = jax.device_put(labels, dev) if is_last else None
+        c, rng, lab = call_inputs(carry, labels, is_last, dev)
         grads = jax.tree.map(jnp.zeros_like, params)
         # Compiled ahead of time for this device (the executable the jitted call would run),
         # which also gives its memory_analysis() without compiling twice.
         tic = time.perf_counter()
         fwd_c = prog.forward.lower(params, c, rng, lab).compile()
         out, res = cluster_lib.block(fwd_c(params, c, rng, lab))
-        ct = None if is_last else {key: jnp.ones_like(v) for key, v in out.items()
-                                   if jnp.issubdtype(v.dtype, jnp.floating)}
+        ct = cotangent(out, is_last)
         bwd_c = prog.backward.lower(params, res, ct, grads).compile()
         grads, _ = cluster_lib.block(bwd_c(params, res, ct, grads))
         compile_s += time.perf_counter() - tic

@@ -24,6 +24,7 @@ import numpy as np
 
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
+from skyjax.profile.calls import call_inputs, cotangent
 from skyjax.profile.options import robust_time
 
 GAPS_S = (0.005, 0.03)  # idle gaps measured (the extra is interpolated between, 0 at no gap)
@@ -43,13 +44,10 @@ def measure_wake(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
     out = []
     for dev, slowdown in targets:
         params = params_on(dev)
-        c = jax.device_put(carry, dev)
-        rng = jax.device_put(jax.random.PRNGKey(0), dev)
-        lab = jax.device_put(labels, dev) if is_last else None
+        c, rng, lab = call_inputs(carry, labels, is_last, dev)
         grads = jax.tree.map(jnp.zeros_like, params)
         res_out, res = cluster_lib.block(prog.forward(params, c, rng, lab))
-        ct = None if is_last else {k: jnp.ones_like(v) for k, v in res_out.items()
-                                   if jnp.issubdtype(v.dtype, jnp.floating)}
+        ct = cotangent(res_out, is_last)
         grads, _ = cluster_lib.block(prog.backward(params, res, ct, grads))
         # Through the emulation once first: its first call of a program is not slowed down,
         # which would make the back-to-back figure of a slowed device too fast.
