@@ -311,5 +311,31 @@ def _worker() -> None:
     print("OK done", flush=True)
 
 
+def test_poll_pause_backs_off_with_the_wait_on_a_cpu_device():
+    """A receive whose device computes on the host's cores spins 0.5 ms, then looks at most
+    ~10 % of its wait late (200 us to 2 ms between looks), so a long wait wakes the host rarely;
+    one for another device (a GPU) spins 2 ms, then looks every 200 us."""
+    from skyjax.runtime.transport.transfer import poll_pause
+
+    def wait(cpu_device: bool, seconds: float = 1.0):
+        waited, pause, looks, late = 0.0, 0.0, 0, []
+        while waited < seconds:
+            pause = poll_pause(pause, waited, cpu_device)
+            if waited > 0.002:
+                late.append(pause / waited)
+                assert 0.0 < pause <= 2e-3
+            waited += pause + 20e-6  # a look and the sleep's slack
+            looks += 1
+        return looks, late, pause
+
+    assert poll_pause(0.0, 0.0004, True) == 0.0 and poll_pause(0.0, 0.001, True) > 0.0
+    assert poll_pause(0.0, 0.0019, False) == 0.0
+    looks, late, pause = wait(True)
+    assert max(r for r in late[10:]) <= 0.1 + 1e-9 and pause == pytest.approx(2e-3)
+    assert looks < 0.0005 / 20e-6 + 600
+    gpu_looks, _, gpu_pause = wait(False)
+    assert gpu_pause == pytest.approx(200e-6) and gpu_looks > 4000 > 5 * looks
+
 if __name__ == "__main__":
     _worker()
+
