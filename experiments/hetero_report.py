@@ -73,21 +73,20 @@ def message_delays(result: dict) -> dict[str, tuple[float, float, float]]:
     every measured step, and the mean predicted one-way delay of its links."""
     import numpy as np
 
+    from skyjax.plan import Plan
     from skyjax.plan.compare import message_delays as delays
+    from skyjax.plan.stage_times import stage_actions_s
     from skyjax.profile.format import Profile
     from skyjax.trace import Span
 
     profile = Profile.from_json(result["profile"])
     out = {}
     for s, steps in result.get("spans", {}).items():
-        stages = result["plans"][s]["stages"]
-        got = [d for step in steps for d in delays([Span(*sp) for sp in step], len(stages))]
+        plan = Plan.from_json(result["plans"][s])
+        got = [d for step in steps for d in delays([Span(*sp) for sp in step], len(plan.stages))]
         if not got:
             continue
-        links = [profile.latency_s[a["device"], b["device"]]
-                 + profile.units[a["units"][1] - 1]["output_bytes"]
-                 / profile.bandwidth_Bps[a["device"], b["device"]]
-                 for a, b in zip(stages, stages[1:])]
+        links = stage_actions_s(plan, profile)[2]
         out[s] = (float(np.median(got)), float(np.percentile(got, 90)), float(np.mean(links)))
     return out
 
