@@ -26,6 +26,27 @@ def test_wake_table_interpolates_from_zero_and_holds_beyond_the_last_gap():
         assert wake_table(bad) is None, bad
 
 
+def test_a_stage_lighter_than_the_longest_unit_pays_between_the_light_and_heavy_extras():
+    device = {"wake_s": [[0.005, 0.001], [0.03, 0.003]], "wake_light_s": [[0.03, 0.001]],
+              "wake_work_s": [0.002, 0.010]}
+    heavy = wake_table(device, 0.010)
+    assert wake_extra(heavy, 0.03) == pytest.approx(0.003)
+    assert wake_extra(wake_table(device, 0.5), 0.03) == pytest.approx(0.003)  # not beyond
+    assert wake_extra(wake_table(device), 0.03) == pytest.approx(0.003)  # work unknown
+    light = wake_table(device, 0.002)
+    assert wake_extra(light, 0.03) == pytest.approx(0.001)
+    assert wake_extra(light, 0.005) == pytest.approx(0.001 * 5 / 30)  # light's own table
+    assert wake_extra(wake_table(device, 0.0001), 0.03) == pytest.approx(0.001)  # not below
+    half = wake_table(device, 0.006)
+    assert wake_extra(half, 0.03) == pytest.approx(0.002)
+    assert wake_extra(half, 0.005) == pytest.approx((0.001 + 0.001 * 5 / 30) / 2)
+    # malformed light keys: the heavy table, as in profiles before they were measured
+    for bad in ({"wake_work_s": [0.01, 0.002]}, {"wake_work_s": None}, {"wake_light_s": "x"},
+                {"wake_work_s": [float("nan"), 0.01]}):
+        table = wake_table({**device, **bad}, 0.002)
+        assert wake_extra(table, 0.03) == pytest.approx(0.003), bad
+
+
 def test_replay_adds_the_wake_cost_of_each_gap():
     """GPipe, 2 stages, m = 1, every action 1 s: F0 [0, 1), F1 [1, 2), B1 [2, 3), B0 [3, 4)."""
     args = ([1.0, 1.0], [1.0, 1.0], [0.0], "gpipe", 1, [None, None], [1.0, 1.0])
@@ -84,6 +105,9 @@ def test_profiler_measures_wake_costs_per_device():
         assert pairs.shape == (len(GAPS_S), 2) and np.allclose(pairs[:, 0], GAPS_S)
         assert np.all(np.isfinite(pairs[:, 1])) and np.all(pairs[:, 1] >= 0), pairs
         assert np.all(pairs[:, 1] < 0.1)  # far below a gap's length on a tiny model
+        light, (w_light, w_heavy) = np.asarray(dv["wake_light_s"]), dv["wake_work_s"]
+        assert light.shape == pairs.shape and np.all(light[:, 1] >= 0), light
+        assert 0 < w_light < w_heavy, dv["wake_work_s"]  # the shortest and the longest unit
 
 
 def test_wake_extras_below_the_noise_are_zero():

@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 from skyjax.plan.schedules import actions
 from skyjax.plan.stage_times import stage_actions_s
-from skyjax.plan.wake_cost import Table, wake_extra, wake_table
+from skyjax.plan.wake_cost import Table, stage_work_s, wake_extra, wake_table
 from skyjax.profile.format import Profile
 
 _EPS = 1e-12
@@ -241,7 +241,8 @@ def replay_effect(plan, profile: Profile) -> tuple[float, list[float]] | None:
     simulated step (seconds), and each stage's busy-time ratio (replayed / without them);
     None when neither applies to its stages."""
     sharing = stage_sharing(plan, profile)
-    wake = [wake_table(profile.devices[s.device]) for s in plan.stages]
+    wake = [wake_table(profile.devices[s.device], stage_work_s(profile, s.device, s.units))
+            for s in plan.stages]
     if sharing is None and all(w is None for w in wake):
         return None
     fwd, bwd, link = stage_actions_s(plan, profile)

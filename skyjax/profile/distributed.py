@@ -86,7 +86,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
          "overheads": {k: v[rank] for k, v in mine["overheads"].items()},
          "compile_s": mine["compile_s"], "memory": list(cluster.memory_bytes(rank)),
          "host": socket.gethostname(), "host_cores": host_cores(), "cpus": host_cpus(),
-         "cpu_cores": mine["cpu_cores"][rank], "wake_s": mine["wake_s"][rank]}, tag_base)
+         "cpu_cores": mine["cpu_cores"][rank], "wake": mine["wake"][rank]}, tag_base)
     mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
     # what a message costs a stage computing beside it (the largest activation a stage sends)
     message_bytes = max(int(u["output_bytes"]) for u in mine["units"])
@@ -119,7 +119,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         devices[g["rank"]]["host"], devices[g["rank"]]["host_cores"] = g["host"], g["host_cores"]
         devices[g["rank"]]["cpus"] = g["cpus"]
         cpu_cores[g["rank"]] = g["cpu_cores"]
-        wake[g["rank"]] = g["wake_s"]
+        wake[g["rank"]] = g["wake"]
     one_way: dict[str, list[float]] = {}
     message_costs: list = [None] * n  # per device: send_s, recv_s, message_s (or None)
     for g in gathered_links:
@@ -131,7 +131,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     lat = messages.loaded_latency(lat, bw, message_costs, message_bytes)
     measured = {"units": gathered[0]["units"], "forward_s": fwd, "backward_s": bwd,
                 "compile_s": compile_s, "devices": devices, "update_s": upd, "overheads": over,
-                "cpu_cores": cpu_cores, "wake_s": wake}
+                "cpu_cores": cpu_cores, "wake": wake}
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,
                     lat, bw, {"link_probe": "transport", "link_one_way_s": one_way,
                               "message_costs": message_costs,

@@ -104,9 +104,9 @@ def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options,
     for dv, cores in zip(d["devices"], measured.get("cpu_cores") or []):
         if cores is not None and math.isfinite(cores):
             dv["cpu_cores"] = float(cores)  # cores one of its calls keeps busy
-    for dv, wake in zip(d["devices"], measured.get("wake_s") or []):
-        if wake is not None:
-            dv["wake_s"] = wake  # [[gap_s, extra_s], ...] per action after idle
+    for dv, wake in zip(d["devices"], measured.get("wake") or []):
+        if wake is not None:  # per action after idle: wake_s, wake_light_s, wake_work_s
+            dv.update(wake)
     return Profile.from_json(d)
 
 

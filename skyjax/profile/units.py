@@ -36,7 +36,7 @@ from skyjax.profile.chain import ChainSpec
 from skyjax.profile.inputs import measure_input_put
 from skyjax.profile.options import Log, Options, evict_caches, robust_time
 from skyjax.profile.report import fmt_s
-from skyjax.profile.wake import measure_wake
+from skyjax.profile.wake import wake_records
 from skyjax.tree import tree_avals, tree_nbytes
 
 
@@ -337,12 +337,10 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     for _, result in measured.values():
         cpu_wall += np.array([result.cpu_wall[k] for k in range(len(reps))])
     cores = [float(c / w) if w > 0 else float("nan") for c, w in cpu_wall]
-    # calls after idle, on the longest unit (the largest working set): skyjax.profile.wake
-    longest, _ = max(measured.values(), key=lambda x: x[1].forward_s[0] + x[1].backward_s[0])
-    unit = spec.chain[longest]
-    wake = measure_wake(unit, longest == n_chain - 1, inputs[longest], labels, targets,
-                        lambda dev: device_params(unit.params, dev))
+    # calls after idle, on the longest and the shortest unit: skyjax.profile.wake
+    wake = wake_records(spec.chain, list(measured.values()), inputs, labels, targets,
+                        lambda unit, dev: device_params(unit.params, dev))
     return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s,
             "update_s": upd, "overheads": overheads,
             "cpu_cores": [cores[k] if k >= 0 else float("nan") for k in cls],
-            "wake_s": [wake[k] if k >= 0 else None for k in cls]}
+            "wake": [wake[k] if k >= 0 else None for k in cls]}

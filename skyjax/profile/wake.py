@@ -6,11 +6,14 @@ a CPU host that action runs slower: the data it works on left the caches while o
 (here a gap spent busy-waiting costs as much as one asleep, so it is not the core's sleep
 states; ``experiments/idle_gap.py``, ``experiments/stage_probe.py``). The profiler times every
 unit back to back, so this module measures the difference apart: per device, one representative
-unit (the profile's longest, the largest working set) as a one-unit stage, its forward and
-backward back to back and after each of ``GAPS_S`` of idle, interleaved so that drift hits all
-alike. The extra seconds per action at each gap are ``devices[d]["wake_s"]`` in profile.json
-(``[[gap_s, extra_s], ...]``); the cost model adds them per action from the gap it predicts
-(``skyjax.plan.wake_cost``). On an accelerator the extra is ~0.
+unit as a one-unit stage, its forward and backward back to back and after each of ``GAPS_S``
+of idle, interleaved so that drift hits all alike. The extra grows with the data a call touches:
+the profile's longest unit (the largest working set) gives ``devices[d]["wake_s"]`` in
+profile.json (``[[gap_s, extra_s], ...]``), the shortest ``wake_light_s`` (here a layer pays
+0.8-1.6 ms after idle on a device slowed 6x, the classifier head 0.25-0.4 ms), and
+``wake_work_s`` their forward + backward seconds; the cost model adds the extra per action from
+the gap it predicts, between the two by the stage's work (``skyjax.plan.wake_cost``). On an
+accelerator the extra is ~0.
 """
 
 from __future__ import annotations
@@ -29,6 +32,29 @@ from skyjax.profile.options import robust_time
 
 GAPS_S = (0.005, 0.03)  # idle gaps measured (the extra is interpolated between, 0 at no gap)
 NOISE_FLOOR = 0.02  # extras below this fraction of the back-to-back time count as 0
+
+
+def wake_records(chain: list[bert.Unit], timed: list[tuple[int, Any]], inputs: dict[int, Any],
+                 labels: np.ndarray, targets: list[tuple[Any, float]],
+                 params_on: Callable[[Any, Any], list]) -> list[dict]:
+    """Per target, its profile.json device keys for calls after idle: ``wake_s`` of the
+    longest of the ``timed`` units (``(chain index, result)`` with per-target ``forward_s`` /
+    ``backward_s``), and where a shorter one exists ``wake_light_s`` of the shortest and
+    ``wake_work_s`` (both units' forward + backward seconds on the target). ``inputs[i]``:
+    the carry into chain unit i; ``params_on(unit, dev)``: ``[its params]`` on a device."""
+    def work(x):
+        return [x[1].forward_s[k] + x[1].backward_s[k] for k in range(len(targets))]
+
+    by_work = sorted(timed, key=lambda x: work(x)[0])
+    ends = [by_work[-1]] + ([by_work[0]] if work(by_work[0])[0] < work(by_work[-1])[0] else [])
+    tables = [measure_wake(chain[i], i == len(chain) - 1, inputs[i], labels, targets,
+                           lambda dev, u=chain[i]: params_on(u, dev)) for i, _ in ends]
+    out = [{"wake_s": t} for t in tables[0]]
+    if len(ends) == 2:
+        for k, rec in enumerate(out):
+            rec["wake_light_s"] = tables[1][k]
+            rec["wake_work_s"] = [float(work(ends[1])[k]), float(work(ends[0])[k])]
+    return out
 
 
 def measure_wake(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
