@@ -93,6 +93,24 @@ def test_wake_costs_in_T_and_the_simulated_step_and_no_longer_exact():
     assert sharing.replay_effect(plan_lib.evaluate(zero, assignment, "1f1b", 4), zero) is None
 
 
+def test_T_is_at_least_the_replayed_step_where_a_later_update_outlasts_the_fill():
+    """The analytic T charges update_0 only; a later stage's update that outlasts the fill
+    reaching it lengthens the replayed step, and where a replay applies T follows it (so that
+    plans the analytic T ties are told apart as the simulator does)."""
+    base = make_profile(np.array([[0.1, 0.3]] * 6))
+    update = np.zeros((6, 2))
+    update[4:, 1] = 5.0  # stage 1's update: 10 s, far beyond the fill that reaches it
+    heavy = dataclasses.replace(base, update_s=update)
+    prof = _with_wake(heavy, [[[0.01, 0.02]], [[0.01, 0.02]]])
+    assignment = [(0, 0, 4), (1, 4, 6)]
+    analytic = plan_lib.evaluate(heavy, assignment, "1f1b", 4)
+    plan = plan_lib.evaluate(prof, assignment, "1f1b", 4)
+    effect = sharing.replay_effect(plan, prof)
+    assert plan.step_time_s == pytest.approx(simulate_plan(plan, prof).step_time_s)
+    assert plan.step_time_s > analytic.step_time_s + effect[0] + 5.0  # the update shows
+    assert plan.replay_penalty_s == pytest.approx(plan.step_time_s - analytic.step_time_s)
+
+
 def test_profiler_measures_wake_costs_per_device():
     from tests.test_profiler import measure, tiny_config
     from skyjax.profile.options import Options

@@ -13,7 +13,8 @@ micro-batches, with the profile's fixed costs (version 2; zeros for a version 1 
               [+ m input_s[d_0] when p = 1: putting the step's inputs, with no wait to hide in]
   memory_k  = sum state_bytes + inflight_k * sum activation_bytes <= memory_bytes[d_k],
               inflight_k = m (GPipe) or min(m, p - k) (1F1B)
-  T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s [+ the sharing penalty]
+  T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s [+ the sharing penalty; at
+              least the replayed step where a replay applies]
 
 The update runs after the step's gradient-norm all-reduce (sync_s); the first stage's update
 delays the next step's whole pipeline, a later stage's overlaps the fill that reaches it, so only
@@ -225,11 +226,15 @@ def evaluate_tables(profile: Profile, t: Tables, assignment: Assignment, strateg
                bottleneck_s=float(max(times)), exact=exact,
                lower_bound_s=None if exact else lower_bound_s,
                device_names=[d["name"] for d in profile.devices])
-    # stages of one host's processes slow each other; calls after idle cost more
+    # stages of one host's processes slow each other; calls after idle cost more. T is then
+    # also at least the replayed step: where a later stage's update outlasts the fill that
+    # reaches it, the replay is longer than the analytic T (which charges update_0 only), and
+    # two plans that tie analytically are told apart by the one the replay finds longer
     effect = replay_effect(out, profile)
-    if effect is not None and effect[0] > 0:
+    penalty = max(effect[0], effect[2] - out.step_time_s) if effect is not None else 0.0
+    if penalty > 0:
         if out.exact:  # the searches optimise T without it: the optimum is a bound only
             out.exact, out.lower_bound_s = False, out.step_time_s
-        out.step_time_s += effect[0]
-        out.replay_penalty_s = effect[0]
+        out.step_time_s += penalty
+        out.replay_penalty_s = penalty
     return out

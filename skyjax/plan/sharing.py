@@ -236,10 +236,10 @@ def host_capacity(profile: Profile) -> list[float]:
     return [float(len(union[h])) if union.get(h) else cap[h] for h in range(len(cap))]
 
 
-def replay_effect(plan, profile: Profile) -> tuple[float, list[float]] | None:
+def replay_effect(plan, profile: Profile) -> tuple[float, list[float], float] | None:
     """What host sharing and calls after idle (``skyjax.plan.wake_cost``) add to a plan's
-    simulated step (seconds), and each stage's busy-time ratio (replayed / without them);
-    None when neither applies to its stages."""
+    simulated step (seconds), each stage's busy-time ratio (replayed / without them), and the
+    replayed step itself; None when neither applies to its stages."""
     sharing = stage_sharing(plan, profile)
     wake = [wake_table(profile.devices[s.device], stage_work_s(profile, s.device, s.units))
             for s in plan.stages]
@@ -253,7 +253,7 @@ def replay_effect(plan, profile: Profile) -> tuple[float, list[float]] | None:
     alone, busy_alone = simulate_shared(*args, [None] * len(fwd), share, **kw)
     replay = sharing or {"host": [None] * len(fwd), "share": share}
     full, busy_full = simulate_shared(*args, **replay, **kw, wake=wake)
-    return full - alone, [b / a if a > 0 else 1.0 for a, b in zip(busy_alone, busy_full)]
+    return full - alone, [b / a if a > 0 else 1.0 for a, b in zip(busy_alone, busy_full)], full
 
 
 MAX_SUBSET_DEVICES = 8  # devices on shared hosts up to which every subset of them is tried
