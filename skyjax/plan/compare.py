@@ -5,7 +5,8 @@
 * ``compute_s``: the forward and backward actions (predicted: m x (unit times + call costs +
   message calls), :func:`skyjax.plan.simulate.stage_actions_s`, times ``slowdown``, the busy-time
   ratio that sharing a host's cores with the plan's other stages and calls after idle give the
-  stage, :func:`skyjax.plan.sharing.replay_effect`, 1 where neither applies; measured: the sum
+  stage (the simulation's ``slowdown``, from :func:`skyjax.plan.sharing.replay_effect`), 1 where
+  neither applies; measured: the sum
   of the step's F/B spans, the runtime's timed calls);
 * ``comm_s``: the stage's messages out (activation to the next stage, gradient back from it),
   m x the one-way link delay twice (predicted); measured as, for every such message, the time
@@ -27,7 +28,6 @@ from typing import Sequence
 
 import numpy as np
 
-from skyjax.plan.sharing import replay_effect
 from skyjax.plan.simulate import simulate, simulate_plan
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
@@ -93,8 +93,7 @@ def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span],
     p, m = len(plan.stages), plan.microbatches
     fwd, bwd, link = stage_actions_s(plan, profile)
     sim = simulate_plan(plan, profile)
-    effect = replay_effect(plan, profile)
-    slowdown = effect[1] if effect is not None else [1.0] * p
+    slowdown = sim.slowdown  # sharing the host's cores and calls after idle, per stage
     stages = []
     busy = {k: 0.0 for k in range(p)}
     mf: dict[int, list[float]] = {k: [] for k in range(p)}

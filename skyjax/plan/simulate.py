@@ -47,6 +47,9 @@ class SimResult:
     peak_inflight: list[int]
     trace: dict  # Chrome trace: stages on pid 0, link transfers (overlapped comm) on pid 1
     spans: list[Span]  # every action, stage by stage, in execution order; times from 0
+    # per stage, the busy-time ratio host sharing and calls after idle give it (simulate_plan;
+    # 1 where neither applies, and from simulate)
+    slowdown: list[float] | None = None
 
 
 def _durations(forward_s, backward_s, comm_s, overlap: bool):
@@ -129,8 +132,10 @@ def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True) ->
                    names=names, update_s=[s.update_s for s in plan.stages],
                    sync_s=float(profile.sync_s))
     effect = replay_effect(plan, profile)  # sharing, calls after idle (not in the trace)
+    out.slowdown = [1.0] * len(plan.stages)
     if effect is not None:
         out.step_time_s += effect[0]
+        out.slowdown = effect[1]
         out.busy_s = [b * r for b, r in zip(out.busy_s, effect[1])]
         out.idle_s = [out.step_time_s - b for b in out.busy_s]
     return out
