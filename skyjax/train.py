@@ -45,7 +45,8 @@ Batch = dict[str, Any]
 def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], workdir: str,
                   cluster: cluster_lib.Cluster, transport: Any = None) -> Profile:
     """Per-unit timings on every device: ``config.profile.path`` if given, else the cached
-    ``workdir/profiles/<key>.json`` or a new measurement (:func:`profiler.profile_or_load`)."""
+    ``workdir/profiles/<key>.json`` or a new measurement (:func:`profiler.profile_or_load`);
+    with this run's data source's batch cost (``batch_s``, :func:`profiler.with_batch_cost`)."""
     if config.profile.path:
         profile = load_profile(config.profile.path)
         if profile.num_units != len(chain) or profile.num_devices != cluster.num_devices:
@@ -53,11 +54,12 @@ def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], wor
                 f"config.profile.path={config.profile.path!r} has {profile.num_units} units and "
                 f"{profile.num_devices} devices; this run has {len(chain)} units "
                 f"({config.allocation.granularity}) and {cluster.num_devices} devices")
-        return profile
-    return profiler.profile_or_load(
-        workdir, Workload.from_config(config), cluster, optim.make_optimizer(config.train),
-        Options.from_config(config), chain=chain, reprofile=bool(config.profile.reprofile),
-        transport=transport, namespace="train")
+    else:
+        profile = profiler.profile_or_load(
+            workdir, Workload.from_config(config), cluster, optim.make_optimizer(config.train),
+            Options.from_config(config), chain=chain, reprofile=bool(config.profile.reprofile),
+            transport=transport, namespace="train")
+    return profiler.with_batch_cost(profile, data_lib.inline_batch_maker(config), workdir)
 
 
 def plan_phase(config: ml_collections.ConfigDict, profile: Profile) -> plan_lib.Plan:

@@ -30,6 +30,7 @@ def with_overheads(p: Profile, rng: np.random.Generator, scale: float = 0.3,
     d["overheads"]["sync_s"] = float(rng.uniform(0, scale))
     if inputs:
         d["overheads"]["input_s"] = rng.uniform(0, scale / 4, n_d).tolist()
+        d["overheads"]["batch_s"] = float(rng.uniform(0, scale / 4))
     return Profile.from_json(d)
 
 
@@ -66,8 +67,8 @@ def brute_force(p: Profile, schedule: str, m: int) -> float:
                     continue
                 a0, b0 = bounds[0]
                 update0 = p.update_call_s[devs[0]] + p.update_s[a0:b0, devs[0]].sum()
-                if n == 1:  # one stage: the step's inputs are put at the boundary
-                    update0 += m * p.input_s[devs[0]]
+                if n == 1:  # one stage: the step's batch is built and put at the boundary
+                    update0 += m * p.input_s[devs[0]] + p.batch_s
                 best = min(best, sum(ts) + (m - 1) * max(ts) + update0 + p.sync_s)
     return best
 
@@ -136,6 +137,32 @@ def test_input_put_charged_to_a_one_stage_plan_only():
     d["overheads"]["input_s"] = [0.0, 0.0]  # without the put, one stage wins: 24
     free = plan_lib.plan(Profile.from_json(d), "optimal", "1f1b", 4)
     assert len(free.stages) == 1 and free.step_time_s == pytest.approx(24.0)
+
+
+def test_batch_build_charged_to_a_one_stage_plan_only():
+    """An inline data source's batch (``batch_s``, once per step) is built at a one-stage plan's
+    step boundary; a longer pipeline builds it in its first wait. Enough of it turns the choice
+    from one stage to two."""
+    prof = make_profile([[1.0, 1.0], [1.0, 1.0]], latency=[[0, 1.25], [1.25, 0]],
+                        bandwidth=[[0, 1e12], [1e12, 0]], out=[0, 0])  # unit work 3.0
+    d = prof.to_json()
+    d["overheads"] = {k: [0.0, 0.0] for k in ("forward_call_s", "backward_call_s",
+                                             "update_call_s", "message_s", "input_s")}
+    d["overheads"].update(sync_s=0.0, batch_s=1.5)
+    prof = Profile.from_json(d)
+    assert Profile.from_json(prof.to_json()).batch_s == 1.5
+    one = plan_lib.evaluate(prof, [(0, 0, 2)], "1f1b", 4)
+    assert one.stages[0].update_s == pytest.approx(1.5)
+    assert one.step_time_s == pytest.approx(4 * 6.0 + 1.5)
+    assert simulate_plan(one, prof).step_time_s == pytest.approx(one.step_time_s)
+    two = plan_lib.evaluate(prof, [(0, 0, 1), (1, 1, 2)], "1f1b", 4)
+    assert [s.update_s for s in two.stages] == [0.0, 0.0] and two.step_time_s == 25.0
+    for heuristic in (False, True):  # 25.5 for one stage against 25 for two
+        best = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=heuristic)
+        assert len(best.stages) == 2 and best.step_time_s == pytest.approx(25.0), heuristic
+    del d["overheads"]["batch_s"]  # absent (older files, prefetched data): 0, one stage wins
+    assert Profile.from_json(d).batch_s == 0.0
+    assert len(plan_lib.plan(Profile.from_json(d), "optimal", "1f1b", 4).stages) == 1
 
 
 def test_version1_profile_reads_with_zero_overheads():

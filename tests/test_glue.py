@@ -220,6 +220,18 @@ def test_prefetch_depth_does_not_change_batches(vocab_dir, mock):
     assert_batches_equal(take(data.train_batches(make_config(vocab_dir, prefetch=4)), 4), inline)
 
 
+def test_inline_batch_maker_is_the_sources_own_function_or_none(vocab_dir, mock, monkeypatch):
+    """What the loop's thread builds (the cost model's ``batch_s`` times it): GLUE without a
+    prefetch thread gives the function behind ``train_batches``; with one, nothing (and the
+    tokenizer and split are not opened for it)."""
+    inline = take(data.train_batches(make_config(vocab_dir, prefetch=0)), 3)
+    make = data.inline_batch_maker(make_config(vocab_dir, prefetch=0))
+    assert_batches_equal([make(i) for i in range(3)], inline)
+    config = make_config(vocab_dir, prefetch=2)
+    monkeypatch.setattr(glue, "train_batch_fn", lambda c: pytest.fail("opened the data"))
+    assert data.inline_batch_maker(config) is None
+
+
 def test_prefetcher_runs_ahead_stops_and_forwards_errors():
     made = []
 

@@ -193,6 +193,20 @@ def test_memory_cap_in_profile_and_planner_avoids_device():
     assert all(st.memory_bytes <= cap for st in capped.stages if st.device == 1)
 
 
+def test_batch_cost_is_timed_per_run_and_written_to_the_profile_in_use(tmp_path):
+    """``batch_s`` is the run's data source's (timed every run, not cached): the seconds of the
+    loop thread's ``make``, 0 where a thread builds the batches ahead; profile.json carries it."""
+    from skyjax.profile.profiler import with_batch_cost
+    from tests.test_allocator import make_profile
+
+    prof = make_profile([[1.0], [1.0]])
+    slow = with_batch_cost(prof, lambda i: time.sleep(0.02), str(tmp_path))
+    assert 0.02 <= slow.batch_s < 0.2 and prof.batch_s == 0.0
+    written = json.loads((tmp_path / "profile.json").read_text())["overheads"]["batch_s"]
+    assert written == slow.batch_s
+    assert with_batch_cost(slow, None, str(tmp_path)).batch_s == 0.0
+
+
 def test_profile_cache_reused_and_invalidated(tmp_path):
     workdir = str(tmp_path)
     c = tiny_config(1)

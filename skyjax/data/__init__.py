@@ -15,7 +15,7 @@ Importing this package imports neither TensorFlow nor transformers nor JAX.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -40,6 +40,28 @@ def _is_synthetic(config: Any) -> bool:
     return False
 
 
+def _train_source(config: Any) -> tuple[Callable[[int], Batch], int, str]:
+    """``(make, depth, name)``: the function that builds training batch ``i``, how many batches a
+    background thread builds ahead (0: ``make`` runs in the caller's thread) and that thread's
+    name."""
+    d = config.data
+    if _is_synthetic(config):  # ~2 ms a batch: built inline, when the caller asks (peek)
+        kwargs = _synthetic_kwargs(config)
+        return (lambda i: synthetic.make_batch(config.train.seed, i, d.batch_size, d.seq_len,
+                                               split="train", **kwargs)), 0, "synthetic"
+    return glue.train_batch_fn(config), d.prefetch, f"skyjax-data-{d.name}"
+
+
+def inline_batch_maker(config: Any) -> Callable[[int], Batch] | None:
+    """The function that builds training batch ``i`` where the training loop's own thread calls
+    it (synthetic data; GLUE with ``data.prefetch`` = 0), else None (a background thread builds
+    the batches ahead). Its time is on the critical path of a plan of one stage, which has no
+    wait to hide it in (the cost model's ``batch_s``, measured by ``train.profile_phase``)."""
+    if not _is_synthetic(config) and config.data.prefetch > 0:
+        return None  # not opened here: the tokenizer and split load in train_batches
+    return _train_source(config)[0]
+
+
 def train_batches(config: Any, start_step: int = 0) -> Prefetcher:
     """Training batches for steps ``start_step, start_step + 1, ...`` (endless).
 
@@ -48,14 +70,8 @@ def train_batches(config: Any, start_step: int = 0) -> Prefetcher:
     returned iterator stops it (dropping the iterator does too). Synthetic: each batch is built
     when asked for (``next`` or ``peek``: the training loop asks during the pipeline's idle
     wait, ``DistributedExecutor.train_step``'s ``upcoming``), or not at all (``skip``)."""
-    d = config.data
-    if _is_synthetic(config):  # ~2 ms a batch: built inline, when the caller asks (peek)
-        kwargs = _synthetic_kwargs(config)
-        return Prefetcher(lambda i: synthetic.make_batch(config.train.seed, i, d.batch_size,
-                                                         d.seq_len, split="train", **kwargs),
-                          start=start_step, depth=0)
-    return Prefetcher(glue.train_batch_fn(config), start=start_step, depth=d.prefetch,
-                      name=f"skyjax-data-{d.name}")
+    make, depth, name = _train_source(config)
+    return Prefetcher(make, start=start_step, depth=depth, name=name)
 
 
 def _synthetic_eval(config: Any) -> list[Batch]:

@@ -10,7 +10,8 @@ micro-batches, with the profile's fixed costs (version 2; zeros for a version 1 
               bandwidth[d_k][d_k+1]) [k < p - 1]; bandwidth 0 means unreachable (comm = inf)
   t_k       = compute_k + comm_k
   update_k  = update_call_s[d_k] + sum_{u in [a_k, b_k)} update_s[u][d_k]     (once per step)
-              [+ m input_s[d_0] when p = 1: putting the step's inputs, with no wait to hide in]
+              [+ m input_s[d_0] + batch_s when p = 1: putting the step's inputs and building
+              its batch (inline data sources), with no wait to hide them in]
   memory_k  = sum state_bytes + inflight_k * sum activation_bytes <= memory_bytes[d_k],
               inflight_k = m (GPipe) or min(m, p - k) (1F1B)
   T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s [+ the sharing penalty; at
@@ -55,7 +56,7 @@ class Tables:
     in_msg: np.ndarray  # [D] 2 message_s: a stage that is not first (a > 0)
     update_prefix: np.ndarray  # [D, U+1] prefix sums of update_s per device
     update_call: np.ndarray  # [D]
-    alone: np.ndarray  # [D] m input_s: what a plan of one stage on d adds to its update
+    alone: np.ndarray  # [D] m input_s + batch_s: what a plan of one stage on d adds to its update
     sync_s: float
     state_prefix: np.ndarray  # [U+1]
     act_prefix: np.ndarray  # [U+1]
@@ -137,7 +138,8 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
         update_prefix=np.concatenate([np.zeros((upd.shape[1], 1)), np.cumsum(upd.T, axis=1)],
                                      axis=1),
         update_call=np.asarray(profile.update_call_s, float),
-        alone=int(microbatches) * np.asarray(profile.input_s, float), sync_s=float(profile.sync_s),
+        alone=int(microbatches) * np.asarray(profile.input_s, float) + float(profile.batch_s),
+        sync_s=float(profile.sync_s),
         state_prefix=np.concatenate([[0.0], np.cumsum(state)]),
         act_prefix=np.concatenate([[0.0], np.cumsum(act)]),
         output_bytes=np.array([float(u["output_bytes"]) for u in units]),
