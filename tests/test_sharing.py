@@ -139,3 +139,34 @@ def test_calibration_corrects_the_device_not_the_contention():
     fixed, factors = replan.corrected_profile(prof, plan, busy)
     assert np.allclose(fixed.forward_s, prof.forward_s)
     assert list(factors.values()) == pytest.approx([1.0, 1.0])
+
+
+def test_replay_charges_the_lateness_of_a_waited_for_message():
+    """GPipe, 2 stages, m = 1, actions of 10 ms: F0 [0, 10), F1 after waiting 10 ms, B1, B0
+    after waiting 20.5 ms. A CPU device's receive looks every 10 % of its wait (at most 2 ms),
+    so it sees a message half that late on average: 0.5 ms, then 1 ms; another device's looks
+    every 0.2 ms after a 2 ms spin: 0.1 ms each. Without ``poll`` nothing is charged."""
+    from skyjax import polling
+    from skyjax.runtime.transport import transfer
+
+    args = ([0.01, 0.01], [0.01, 0.01], [0.0], "gpipe", 1, [None, None], [1.0, 1.0])
+    assert sharing.simulate_shared(*args)[0] == pytest.approx(0.04)
+    assert sharing.simulate_shared(*args, poll=[True, True])[0] == pytest.approx(0.0415)
+    assert sharing.simulate_shared(*args, poll=[False, False])[0] == pytest.approx(0.0402)
+    assert sharing.simulate_shared(*args, poll=[None, True])[0] == pytest.approx(0.0405)
+    assert polling.expected_lateness(0.0004, True) == 0.0  # within the first spin
+    assert polling.expected_lateness(0.1, True) == pytest.approx(0.001)  # the 2 ms cap
+    assert transfer.poll_pause is polling.poll_pause  # the model follows the runtime's rule
+
+
+def test_lateness_of_cpu_receives_in_T_where_a_replay_applies(monkeypatch):
+    """Two CPU stages on one host: the replayed step, and T with it, carries the lateness of
+    the receives that waited (0.5-1 ms each here)."""
+    prof = _shared(make_profile(np.full((2, 2), 0.005)), (1, 1))
+    prof.devices = [dict(dv, kind="cpu") for dv in prof.devices]
+    plan = plan_lib.evaluate(prof, [(0, 0, 1), (1, 1, 2)], "gpipe", 1)
+    late = sharing.replay_effect(plan, prof)
+    assert plan.step_time_s >= late[2] - 1e-12
+    assert simulate_plan(plan, prof).step_time_s == pytest.approx(plan.step_time_s)
+    monkeypatch.setattr(sharing, "expected_lateness", lambda waited, cpu: 0.0)
+    assert late[2] > sharing.replay_effect(plan, prof)[2] + 0.001

@@ -19,8 +19,9 @@ up to whole cores, at most ``host_cores``; both measured by the profiler). An ac
 running on a host ask for D = sum u_j > C cores, each progresses at rate C / D (processor
 sharing). ``simulate_shared`` replays the schedule's action lists with
 this rule, event by event; the cost model adds to T what sharing adds to the simulated step
-(``replay_effect``, which also adds the calls after idle of ``skyjax.plan.wake_cost``), so
-that where no host is shared and no call pays after idle nothing changes.
+(``replay_effect``, which also adds the calls after idle of ``skyjax.plan.wake_cost`` and the
+lateness of messages that a CPU device's receive waited for, ``skyjax.polling``), so that where
+no host is shared and no call pays after idle nothing changes.
 
 Pure functions over profile data; no JAX.
 """
@@ -33,6 +34,7 @@ import math
 from typing import Callable, Sequence
 
 from skyjax.plan.schedules import actions
+from skyjax.polling import expected_lateness
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.wake_cost import Table, stage_work_s, wake_extra, wake_table
 from skyjax.profile.format import Profile
@@ -90,7 +92,8 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
                     update_s: Sequence[float] | None = None, sync_s: float = 0.0,
                     demand: Sequence[float] | None = None,
                     capacity: Sequence[float] | None = None,
-                    wake: Sequence[Table | None] | None = None) -> tuple[float, list[float]]:
+                    wake: Sequence[Table | None] | None = None,
+                    poll: Sequence[bool | None] | None = None) -> tuple[float, list[float]]:
     """The step period and per-stage busy time of a schedule whose stages share hosts.
 
     Per stage k: forward / backward action durations when uncontended, ``delay_s[k]`` the link
@@ -102,8 +105,10 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
     ``sync_s`` after the last action. ``wake[k]`` (``skyjax.plan.wake_cost``): an action
     takes that much longer after its stage idled (the wait since its previous action ended,
     plus that action's part that is not CPU work where the stage has any: an emulated slow
-    device's sleep), as CPU work where the stage has any. With no shared host and no wake
-    costs this equals ``simulate``'s result.
+    device's sleep), as CPU work where the stage has any. ``poll[k]`` (None: not charged):
+    whether stage k's device is a CPU device, for the lateness of a message its receive waited
+    for (``skyjax.polling.expected_lateness`` of the wait). With no shared host, no wake costs
+    and no ``poll`` this equals ``simulate``'s result.
     """
     p, m = len(forward_s), microbatches
     lists = actions(schedule, p, m)
@@ -117,6 +122,7 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
     cores = [float(c) for c in demand] if demand is not None else [1.0] * p
     cap = {h: (float(capacity[h]) if capacity is not None else 1.0) for h in host if h is not None}
     wake = list(wake) if wake is not None else [None] * p
+    poll = list(poll) if poll is not None else [None] * p
     slept = [0.0] * p  # of the stage's previous action (none after the update)
     now, remaining = 0.0, sum(len(a) for a in lists)
     while remaining or any(r is not None for r in running):
@@ -127,6 +133,8 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
             ready = _ready(lists[k][pos[k]], k, p, end, delay)
             if ready is None:
                 continue
+            if poll[k] is not None and ready > free[k] and _receives(lists[k][pos[k]], k, p):
+                ready += expected_lateness(ready - free[k], poll[k])
             start = max(free[k], ready)
             if start <= now + _EPS:
                 a = lists[k][pos[k]]
@@ -165,6 +173,12 @@ def simulate_shared(forward_s: Sequence[float], backward_s: Sequence[float],
                     remaining -= 1
                 running[k] = None
     return max(free) + float(sync_s), busy
+
+
+def _receives(a, k: int, p: int) -> bool:
+    """Whether action ``a`` of stage k waits for a message (a forward's input from stage k - 1,
+    a backward's gradient from stage k + 1)."""
+    return k > 0 if a.kind == "F" else k < p - 1
 
 
 def _ready(a, k: int, p: int, end: dict, delay: list[float]) -> float | None:
@@ -252,7 +266,8 @@ def replay_effect(plan, profile: Profile) -> tuple[float, list[float], float] | 
     share = sharing["share"] if sharing else [shares[s.device] for s in plan.stages]
     alone, busy_alone = simulate_shared(*args, [None] * len(fwd), share, **kw)
     replay = sharing or {"host": [None] * len(fwd), "share": share}
-    full, busy_full = simulate_shared(*args, **replay, **kw, wake=wake)
+    poll = [profile.devices[s.device].get("kind") == "cpu" for s in plan.stages]
+    full, busy_full = simulate_shared(*args, **replay, **kw, wake=wake, poll=poll)
     return full - alone, [b / a if a > 0 else 1.0 for a, b in zip(busy_alone, busy_full)], full
 
 

@@ -27,16 +27,12 @@ import jax
 import numpy as np
 
 from skyjax import env_vars
+from skyjax.polling import poll_pause
 from skyjax.runtime.transport.base import (DEFAULT_TIMEOUT_S, LinkClock, TransportError,
                                            TransportTimeout, ordered_sum)
 from skyjax.tree import tree_nbytes
 
 _LOW31 = (1 << 31) - 1  # header words are int32: values are split / masked to 31 bits
-# A waiting receive (``poll_pause``): sleep(0) between looks for its first _SPIN_S (a CPU
-# device: _CPU_SPIN_S), then the pause doubles up to _POLL_MIN_CAP_S (a CPU device: up to
-# _POLL_SHARE of the time waited so far, within _POLL_MIN_CAP_S .. _POLL_MAX_S).
-_SPIN_S, _CPU_SPIN_S = 2e-3, 5e-4
-_POLL_MIN_CAP_S, _POLL_SHARE, _POLL_MAX_S = 200e-6, 0.1, 2e-3
 _CHECK_S = 0.5  # how often a waiting receive asks the peer watchdog
 
 
@@ -72,29 +68,6 @@ def _wait_ready(leaves: list, timeout_s: float, check: Any = None,
         time.sleep(pause)
         pause = poll_pause(pause, waited, cpu_device)
     return True
-
-
-def poll_pause(pause: float, waited_s: float, cpu_device: bool = False) -> float:
-    """The pause before a waiting receive's next look, after ``pause`` and ``waited_s`` so far.
-
-    A first spin (sleep(0), ~50-70 us with timer slack) for a message that is nearly there,
-    then the pause doubles up to 200 us: a message is seen at most ~200 us late. That is the
-    rule for a stage whose device is not the host's cores (a GPU, a TPU).
-
-    A CPU device computes on the host's cores, and there a wake-up is not free where other
-    stages' processes share them: three processes looking every 200 us made a fourth one's
-    layer-sized jitted call on the same 2 cores 10-14 % slower, every 2 ms 1-5 %
-    (``experiments/poll_cost.py``); in a 4-process pipeline on 2 cores every stage but the
-    bottleneck waits for most of the step, and the profile, timed one device at a time, never
-    saw that cost. So with ``cpu_device`` the spin lasts 0.5 ms (not 2) and the pause doubles up
-    to 10 % of the time waited, between 200 us and 2 ms: a message is seen at most ~10 % of its
-    wait late, and a long wait wakes the host rarely (three neighbours in waits of 50 / 10 ms:
-    +6 / +13 % on the computing process, against +15 / +19 % with the first rule)."""
-    if waited_s <= (_CPU_SPIN_S if cpu_device else _SPIN_S):
-        return 0.0
-    cap = (min(max(_POLL_MIN_CAP_S, _POLL_SHARE * waited_s), _POLL_MAX_S) if cpu_device
-           else _POLL_MIN_CAP_S)
-    return min(max(pause * 2, 10e-6), cap)
 
 
 _servers: dict[tuple[int, str], Any] = {}
