@@ -79,7 +79,8 @@ def with_batch_cost(profile: Profile, make: Callable[[int], Any] | None, workdir
     ahead, 0). The data source is the run's, not the cached profile's, so it is timed every run
     (~10 ms for synthetic data); process 0 times it and every process plans with its figure.
     Rewrites ``workdir/profile.json`` (process 0), the profile in use."""
-    seconds = measure_batch_build(make, repeats) if make is not None else 0.0
+    timed = make is not None and jax.process_index() == 0
+    seconds = measure_batch_build(make, repeats) if timed else 0.0
     if jax.process_count() > 1:
         from skyjax.runtime.distributed import broadcast_json
 
