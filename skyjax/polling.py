@@ -15,6 +15,11 @@ SPIN_S, CPU_SPIN_S = 2e-3, 5e-4
 POLL_MIN_CAP_S, POLL_SHARE, POLL_MAX_S = 200e-6, 0.1, 2e-3
 
 
+def _spinning(waited_s: float, cpu_device: bool) -> bool:
+    """Whether a receive that has waited ``waited_s`` still spins (sleep(0) between looks)."""
+    return waited_s <= (CPU_SPIN_S if cpu_device else SPIN_S)
+
+
 def _cap(waited_s: float, cpu_device: bool) -> float:
     return (min(max(POLL_MIN_CAP_S, POLL_SHARE * waited_s), POLL_MAX_S) if cpu_device
             else POLL_MIN_CAP_S)
@@ -36,7 +41,7 @@ def poll_pause(pause: float, waited_s: float, cpu_device: bool = False) -> float
     to 10 % of the time waited, between 200 us and 2 ms: a message is seen at most ~10 % of its
     wait late, and a long wait wakes the host rarely (three neighbours in waits of 50 / 10 ms:
     +6 / +13 % on the computing process, against +15 / +19 % with the first rule)."""
-    if waited_s <= (CPU_SPIN_S if cpu_device else SPIN_S):
+    if _spinning(waited_s, cpu_device):
         return 0.0
     return min(max(pause * 2, 10e-6), _cap(waited_s, cpu_device))
 
@@ -47,6 +52,6 @@ def expected_lateness(waited_s: float, cpu_device: bool = False) -> float:
     doubling reaches the cap within ~0.3 ms, left out), 0 within the first spin. A CPU
     device's receive after a 20 ms wait: 1 ms; the 4-process runs' messages after waits of
     10 ms and more arrived ~0.6-0.8 ms later than after shorter waits (session 17)."""
-    if waited_s <= (CPU_SPIN_S if cpu_device else SPIN_S):
+    if _spinning(waited_s, cpu_device):
         return 0.0
     return 0.5 * _cap(waited_s, cpu_device)

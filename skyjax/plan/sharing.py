@@ -34,9 +34,9 @@ import math
 from typing import Callable, Sequence
 
 from skyjax.plan.schedules import actions
-from skyjax.polling import expected_lateness
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.wake_cost import Table, stage_work_s, wake_extra, wake_table
+from skyjax.polling import expected_lateness
 from skyjax.profile.format import Profile
 
 _EPS = 1e-12
@@ -183,15 +183,11 @@ def _receives(a, k: int, p: int) -> bool:
 
 def _ready(a, k: int, p: int, end: dict, delay: list[float]) -> float | None:
     """When action ``a`` of stage k may start as far as its input is concerned (None: unknown)."""
-    if a.kind == "F":
-        if k == 0:
-            return 0.0
-        dep = end.get(("F", k - 1, a.microbatch))
-        return None if dep is None else dep + delay[k - 1]
-    if k == p - 1:
-        return end.get(("F", k, a.microbatch))
-    dep = end.get(("B", k + 1, a.microbatch))
-    return None if dep is None else dep + delay[k]
+    if not _receives(a, k, p):  # the first stage's forward, the last stage's backward
+        return 0.0 if a.kind == "F" else end.get(("F", k, a.microbatch))
+    src, link = (k - 1, k - 1) if a.kind == "F" else (k + 1, k)
+    dep = end.get((a.kind, src, a.microbatch))
+    return None if dep is None else dep + delay[link]
 
 
 def stage_sharing(plan, profile: Profile) -> dict | None:
