@@ -67,6 +67,7 @@ def test_local_hetero():
     assert config.cluster.num_devices == 4
     assert tuple(config.cluster.slowdowns) == (1, 2, 3, 6)
     assert 2 <= config.allocation.calibrate_steps < config.train.steps  # see the config's note
+    assert config.profile.passes > 1  # four devices on two shared cores: skyjax/profile/passes.py
     assert config.model.to_dict() == demo().model.to_dict()
 
 
@@ -117,6 +118,7 @@ def test_tuple_override_from_command_line():
                                                    "must be below config.train.steps"),
     ("--config.model.pretrained=/nonexistent", "config.model.pretrained='/nonexistent'"),
     ("--config.profile.repeats=0", "config.profile.repeats=0"),
+    ("--config.profile.passes=0", "config.profile.passes=0"),
 ])
 def test_bad_values_name_the_key(override, message):
     config = demo(override)

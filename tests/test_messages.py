@@ -22,11 +22,44 @@ def test_extras_keep_what_stands_out_of_the_noise():
     assert got["send_s"] == pytest.approx(0.001, rel=1e-6)
     assert got["recv_s"] == 0.0
     assert got["message_s"] == pytest.approx(0.0005, rel=1e-6)  # per call: half a send's
-    # noisy alone samples (median - fastest = 5 %) hide a 4 % extra, not a 10 % one
-    noisy = [0.0100, 0.0105, 0.0105, 0.0110]
-    got = messages.extras({"alone": noisy, "send": [t + 0.0004 for t in noisy],
-                           "recv": [t + 0.001 for t in noisy]})
-    assert got["send_s"] == 0.0 and got["recv_s"] == pytest.approx(0.001, rel=1e-6)
+    # Calls alone that spread by 30 %, as a slowed device's do on a shared host: a 1 ms send,
+    # paired round by round, stands out of its standard error (not of the calls' spread); a
+    # receive that only adds noise of the same size does not.
+    rng = np.random.default_rng(0)
+    noisy = list(0.030 * (1 + 0.3 * rng.random(20)))
+    jitter = 0.0002 * rng.standard_normal(20)
+    got = messages.extras({"alone": noisy, "send": list(np.add(noisy, 0.001 + jitter)),
+                           "recv": list(0.030 * (1 + 0.3 * rng.random(20)))})
+    assert got["send_s"] == pytest.approx(0.001, abs=0.0002)
+    assert got["recv_s"] == 0.0
+    # too few rounds to tell: a shift within twice its standard error counts as 0
+    assert messages.paired_extra([0.010, 0.011, 0.012], [0.0115, 0.0105, 0.0125]) == 0.0
+
+
+def test_send_cost_pooled_over_the_devices_of_a_host_and_kind():
+    rng = np.random.default_rng(1)
+
+    def probed(extra, spread, call):  # 20 rounds on a device whose calls alone spread so
+        alone = list(call * (1 + spread * rng.random(20)))
+        return messages.extras({"alone": alone,
+                                "send": list(np.add(alone, extra + spread * call
+                                                    * rng.standard_normal(20))),
+                                "recv": list(call * (1 + spread * rng.random(20)))})
+
+    # one host: a quiet device, and a slowed one whose own rounds cannot tell its 1 ms send;
+    # another host's device keeps its own figures
+    costs = [probed(0.001, 0.01, 0.008), probed(0.001, 0.2, 0.048),
+             probed(0.002, 0.01, 0.008), None]
+    devices = [{"host": "a", "kind": "cpu"}, {"host": "a", "kind": "cpu"},
+               {"host": "b", "kind": "cpu"}, {"host": "a", "kind": "cpu"}]
+    assert costs[0]["send_s"] > 0 and costs[1]["send_s"] == 0.0
+    own_b = dict(costs[2])
+    messages.pool_by_host(costs, devices)
+    for c in costs[:2]:
+        assert c["send_s"] == pytest.approx(0.001, abs=0.0003) and c["recv_s"] == 0.0
+        assert c["message_s"] == c["send_s"] / 2
+    assert costs[1]["own_send_s"] == 0.0 and costs[0]["own_send_s"] > 0
+    assert costs[2] == own_b and costs[3] is None
 
 
 def _probe_two(first_handle, repeats: int) -> list:

@@ -269,16 +269,17 @@ def test_link_probes_measure_emulated_links():
 @needs3
 def test_distributed_path_through_a_transport(monkeypatch):
     """profile_distributed on 3 'processes' (threads, one device each) over LocalTransport; the
-    processes time their devices one after another (none is timed beside another's load)."""
+    processes time their devices one after another (none is timed beside another's load), in
+    two passes whose turns run in opposite orders, and each unit's fastest pass is kept."""
     from skyjax.profile import distributed
     from skyjax.runtime.transport import LocalTransport
 
-    spans, measure_units = {}, distributed.units.measure_units
+    turns, measure_units = [], distributed.units.measure_units
 
-    def recorded(*args, only_devices, **kwargs):
+    def recorded(*args, only_devices, wake, **kwargs):
         start = time.perf_counter()
-        out = measure_units(*args, only_devices=only_devices, **kwargs)
-        spans[only_devices[0]] = (start, time.perf_counter())
+        out = measure_units(*args, only_devices=only_devices, wake=wake, **kwargs)
+        turns.append((start, time.perf_counter(), only_devices[0], wake, out))
         return out
 
     monkeypatch.setattr(distributed.units, "measure_units", recorded)
@@ -286,7 +287,7 @@ def test_distributed_path_through_a_transport(monkeypatch):
     c = tiny_config(3, slowdowns=(1, 1, 3), regions=("a", "a", "b"), link_latency_s=0.003)
     clu = cl.cluster_from_config(c)
     transport = LocalTransport(clu.jax_devices, clu.links, timeout_s=120)
-    opts = Options(repeats=5, link_repeats=3)
+    opts = Options(repeats=5, link_repeats=3, passes=2)
     workload, optimizer = Workload.from_config(c), make_optimizer(c.train)
     results = run_as_processes(
         lambda r: profile_distributed(workload, clu, optimizer, opts, transport.for_stage(r), r,
@@ -302,8 +303,21 @@ def test_distributed_path_through_a_transport(monkeypatch):
     # would not stand out by 2x. Against the two x1 devices' mean, not the larger one, so that one
     # noisy median on 2 shared cores does not decide it.
     assert total[2] > 2 * np.mean(total[:2])
-    order = sorted(spans.values())
-    assert len(order) == 3 and all(a[1] <= b[0] for a, b in zip(order, order[1:])), spans
+    order = sorted(turns, key=lambda t: t[0])
+    assert all(a[1] <= b[0] for a, b in zip(order, order[1:])), [t[:3] for t in order]
+    assert [t[2] for t in order] == [0, 1, 2, 2, 1, 0]  # the second pass in reverse
+    assert [t[3] for t in order] == [True] * 3 + [False] * 3  # calls after idle: first pass
+    assert prof.devices[2]["wake_s"]  # ... and kept
+    for d in range(3):  # per unit, the faster pass's time
+        first, second = (t[4] for t in order if t[2] == d)
+        for key, got in (("forward_s", prof.forward_s), ("backward_s", prof.backward_s)):
+            np.testing.assert_allclose(got[:, d], np.minimum(first[key][:, d],
+                                                             second[key][:, d]))
+    assert prof.extra["profiler"]["passes"] == 2
+    for d in range(3):  # each pass's work on each device, as measured
+        np.testing.assert_allclose(prof.extra["profiler"]["pass_work_s"][d], [
+            np.sum(t[4]["forward_s"][:, d] + t[4]["backward_s"][:, d]) for t in order
+            if t[2] == d])
     assert prof.latency_s[0, 2] == pytest.approx(0.003, rel=0.5)
     assert prof.latency_s[0, 1] < 0.002
     # every device's message costs were probed, and message_s is theirs (skyjax.profile.messages)

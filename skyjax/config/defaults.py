@@ -117,6 +117,10 @@ def _cluster() -> ml_collections.ConfigDict:
 def _profile() -> ml_collections.ConfigDict:
     p = ml_collections.ConfigDict()
     p.repeats = 5  # timed repetitions per unit and device (the mean of the fastest half is kept)
+    # Times every device this many times, in turns spread over the profile, keeping each unit's
+    # fastest pass: on a host whose speed moves one pass can catch a slow period for one device
+    # alone (skyjax/profile/passes.py). Costs that many times the unit timings.
+    p.passes = 1
     p.reprofile = False  # measure again even if workdir/profile.json exists
     p.path = ""  # plan from this profile.json instead of measuring ("" = measure or use the cache)
     # One process per device: time every device at once (faster) rather than one after another.

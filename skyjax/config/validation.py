@@ -243,6 +243,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
               f"below config.train.steps={config.train.steps}")
     _check_cluster(config.cluster)
     _at_least("config.profile.repeats", config.profile.repeats, 1)
+    _at_least("config.profile.passes", config.profile.passes, 1)
     _at_least("config.checkpoint.every", config.checkpoint.every, 0)
     _at_least("config.checkpoint.keep", config.checkpoint.keep, 0)
     if config.profile.path and not os.path.isfile(config.profile.path):

@@ -2,8 +2,8 @@
 
 Each process measures its own device for every unit kind (:mod:`skyjax.profile.units`), one
 process at a time unless ``Options.concurrent`` (processes sharing a host's cores would time each
-other's load); the results are gathered to process 0 through the runtime's transport, links are
-probed pairwise through the same transport (:func:`skyjax.profile.links.probe_links_across`), and process 0
+other's load), in ``Options.passes`` rounds of turns (:mod:`skyjax.profile.passes`); the results
+are gathered to process 0 through the runtime's transport, links are probed pairwise through the same transport (:func:`skyjax.profile.links.probe_links_across`), and process 0
 assembles the profile. :func:`load_or_measure_shared` is the cache under ``jax.distributed``:
 process 0 decides (cache hit or measure), every process takes part in measuring, and all of them
 get process 0's profile through the key-value store.
@@ -30,6 +30,7 @@ from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile, save_profile
 from skyjax.profile.measure import assemble, device_records, host_cores, host_cpus
 from skyjax.profile.options import Log, Options
+from skyjax.profile.passes import fastest_pass, pass_order
 from skyjax.runtime import tags
 from skyjax.runtime.distributed import broadcast_json
 
@@ -69,15 +70,22 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     if not options.concurrent:
         with _patient(transport):
             transport.barrier(tag_base)
-    for turn in ([rank] if options.concurrent else range(cluster.num_devices)):
-        if turn == rank:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
-                mine = units.measure_units(spec, sample, cluster, options, optimizer, log,
-                                           only_devices=[rank])
-        if not options.concurrent:
-            with _patient(transport):  # a turn may outlast the transport's usual timeout
-                transport.barrier(tag_base)  # the n-th barrier of a tag pairs with the n-th
+    # Every pass times each device once, in turns whose order reverses each pass; per unit the
+    # fastest pass is kept (skyjax.profile.passes).
+    timed: list[dict] = []
+    for p in range(options.passes):
+        for turn in ([rank] if options.concurrent else pass_order(cluster.num_devices, p)):
+            if turn == rank:
+                if options.passes > 1:
+                    log(f"[profile] pass {p + 1}/{options.passes}")
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
+                    timed.append(units.measure_units(spec, sample, cluster, options, optimizer,
+                                                     log, only_devices=[rank], wake=p == 0))
+            if not options.concurrent:
+                with _patient(transport):  # a turn may outlast the transport's usual timeout
+                    transport.barrier(tag_base)  # the n-th barrier of a tag pairs with the n-th
+    mine = fastest_pass(timed)
     unit_s = time.perf_counter() - start
     gathered = transport.gather_to_first(
         {"rank": rank, "forward_s": mine["forward_s"][:, rank].tolist(),
@@ -86,12 +94,14 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
          "overheads": {k: v[rank] for k, v in mine["overheads"].items()},
          "compile_s": mine["compile_s"], "memory": list(cluster.memory_bytes(rank)),
          "host": socket.gethostname(), "host_cores": host_cores(), "cpus": host_cpus(),
-         "cpu_cores": mine["cpu_cores"][rank], "wake": mine["wake"][rank]}, tag_base)
+         "cpu_cores": mine["cpu_cores"][rank], "wake": mine["wake"][rank],
+         "pass_work_s": mine["pass_work_s"][rank]}, tag_base)
     mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
     # what a message costs a stage computing beside it (the largest activation a stage sends)
     message_bytes = max(int(u["output_bytes"]) for u in mine["units"])
     message, tag = messages.probe_message_costs(transport, rank, cluster, message_bytes,
-                                                2 * options.link_repeats, tag)
+                                                messages.ROUNDS_PER_REPEAT * options.link_repeats,
+                                                tag)
     gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links,
                                                 "message": message}, tag)
     transport.barrier(tag + 1)
@@ -106,6 +116,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     over = {k: [0.0] * n for k in gathered[0]["overheads"]}
     cpu_cores = [float("nan")] * n
     wake: list = [None] * n
+    pass_work: list = [None] * n
     for g in gathered:
         fwd[:, g["rank"]] = g["forward_s"]
         bwd[:, g["rank"]] = g["backward_s"]
@@ -120,11 +131,13 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         devices[g["rank"]]["cpus"] = g["cpus"]
         cpu_cores[g["rank"]] = g["cpu_cores"]
         wake[g["rank"]] = g["wake"]
+        pass_work[g["rank"]] = g["pass_work_s"]
     one_way: dict[str, list[float]] = {}
     message_costs: list = [None] * n  # per device: send_s, recv_s, message_s (or None)
     for g in gathered_links:
         one_way.update(g["one_way"])
         message_costs[g["rank"]] = g["message"]
+    messages.pool_by_host(message_costs, devices)  # a send is its host's work
     over["message_s"] = [c["message_s"] if c else 0.0 for c in message_costs]
     lat, bw = links.link_matrices(n, options.link_sizes, one_way)
     idle_lat = lat.copy()
@@ -135,7 +148,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,
                     lat, bw, {"link_probe": "transport", "link_one_way_s": one_way,
                               "message_costs": message_costs,
-                              "idle_latency_s": idle_lat.tolist(),
+                              "idle_latency_s": idle_lat.tolist(), "pass_work_s": pass_work,
                               "units_s": unit_s, "compile_s": compile_s,
                               "profile_time_s": time.perf_counter() - start})
 

@@ -10,11 +10,18 @@ probe (:mod:`skyjax.profile.links`) times messages with both ends idle and sees 
 :func:`probe_message_costs`, every process in turn: its device's call (a fixed jitted program
 through the device's emulated slow-down, :func:`cluster.timed_call`) alone, right after a
 ``send`` of one message of the model's largest activation to a peer, and while a message from
-the peer arrives, interleaved so that drift hits all alike. The extras over the call alone
-(robust times; 0 below the noise, as for calls after idle: :func:`extras`) are the device's cost
-of sending and of receiving one message; ``message_s[d]``, which the cost model charges per
-message call (one send and one receive per neighbour and action), is their mean. On an
-accelerator, whose host thread waits while the device computes, it is about the ``send`` call.
+the peer arrives, interleaved round by round so that drift hits all alike. The extras over the
+call alone are the device's cost of sending and of receiving one message (:func:`extras`): per
+round the difference to the same round's call alone, their median, 0 unless it stands out of
+its own noise (twice its standard error, and 2 % of the call). ``message_s[d]``, which the cost
+model charges per message call (one send and one receive per neighbour and action), is their
+mean. The rounds are paired because a slowed device's single calls spread by more than a send
+costs: in a standalone probe of the shipped four-process config a send cost ~1 ms (medians
+1.0-1.3 ms over 30 rounds) on all four devices and a receive ~0, where the spread of the calls
+alone (up to 3.4 ms on the device slowed 6x) had hidden the send on every device in most
+profiles. Even paired, 20 rounds of a slowed device may not tell it: devices of one host and
+kind pool their rounds (:func:`pool_by_host`). On an accelerator, whose host thread waits while
+the device computes, it is about the ``send`` call.
 
 The same rounds time how late the sent message arrives (the peer's receive posted ahead; clocks
 matched by ping-pong, :func:`clock_offset`): a computing sender keeps its transfer thread from
@@ -34,10 +41,13 @@ import numpy as np
 
 from skyjax import cluster as cluster_lib
 from skyjax.profile.options import robust_time
-from skyjax.profile.wake import noise_floor
+from skyjax.profile.wake import NOISE_FLOOR
 
 WIDTH, DEPTH = 256, 20  # the probe call: DEPTH tanh(x @ x) of WIDTH^2 (~8 ms on one CPU core)
 MODES = ("alone", "send", "recv")
+# Rounds per link repeat (20 by default): with 10 a ~1 ms send stood out of its standard error
+# on one or two of four devices of the shipped four-process config, with 20 on all four.
+ROUNDS_PER_REPEAT = 4
 
 
 @jax.jit
@@ -47,19 +57,67 @@ def _call(x: jax.Array) -> jax.Array:
     return x
 
 
-def extras(samples: dict[str, list[float]]) -> dict[str, float]:
-    """``{"send_s", "recv_s", "message_s"}`` from the call's seconds per mode (:data:`MODES`):
-    the robust extra of a call after a send and during a receive over the call alone, each 0
-    below the noise (``skyjax.profile.wake.noise_floor`` of the alone samples), and
-    their mean, what the cost model charges per message call."""
-    base = robust_time(samples["alone"])
-    floor = noise_floor(samples["alone"])
-    out = {}
-    for mode in ("send", "recv"):
-        extra = robust_time(samples[mode]) - base
-        out[f"{mode}_s"] = float(extra) if extra > floor else 0.0
+def extras(samples: dict[str, list[float]]) -> dict[str, Any]:
+    """``{"send_s", "recv_s", "message_s"}`` from the call's seconds per mode (:data:`MODES`,
+    one sample of each per round, in the same order): the extra of a call after a send and
+    during a receive over the call alone (:func:`paired_extra`), and their mean, what the cost
+    model charges per message call. Also what :func:`pool_by_host` pools: the rounds'
+    differences (``send_diffs_s``, ``recv_diffs_s``) and the call alone (``call_s``)."""
+    out: dict[str, Any] = {f"{mode}_s": paired_extra(samples["alone"], samples[mode])
+                           for mode in ("send", "recv")}
     out["message_s"] = (out["send_s"] + out["recv_s"]) / 2
+    out["call_s"] = robust_time(samples["alone"])
+    for mode in ("send", "recv"):
+        out[f"{mode}_diffs_s"] = (np.asarray(samples[mode], float)
+                                  - np.asarray(samples["alone"], float)).tolist()
     return out
+
+
+def paired_extra(alone: list[float], other: list[float]) -> float:
+    """The median over rounds of ``other - alone`` (seconds; the same round's pair, so the
+    host's drift cancels) where it stands out of the noise (:func:`significant_median`, with
+    ``NOISE_FLOOR`` of the call alone: below it a difference is not a cost), else 0."""
+    diff = np.asarray(other, float) - np.asarray(alone, float)
+    return significant_median(diff, NOISE_FLOOR * robust_time(alone)) if diff.size else 0.0
+
+
+def significant_median(diff: Any, floor_s: float) -> float:
+    """The median of ``diff`` if it exceeds both ``floor_s`` and twice its standard error
+    (robust: ``1.25 x 1.48 MAD / sqrt(n)``, the median's under normal noise), else 0."""
+    diff = np.asarray(diff, float)
+    if diff.size == 0:
+        return 0.0
+    median = float(np.median(diff))
+    stderr = 1.2533 * 1.4826 * float(np.median(np.abs(diff - median))) / np.sqrt(diff.size)
+    return median if median > max(2.0 * stderr, floor_s) else 0.0
+
+
+def pool_by_host(costs: list[dict | None], devices: list[dict]) -> list[dict | None]:
+    """Each device's ``costs[d]`` (:func:`extras`) with ``send_s`` / ``recv_s`` / ``message_s``
+    pooled over the devices of its host and kind (``devices[d]["host"]``, ``["kind"]``): the
+    :func:`significant_median` of all their rounds' differences, over ``NOISE_FLOOR`` of the
+    group's shortest call. A send is the host's work (the transport's call and threads), the
+    same for every device there, while a device slowed 3-6x times calls that spread by more
+    than it: its own figure came out 0 in one or two of four devices in most profiles here,
+    the pooled one in none. The device's own figures stay as ``own_send_s`` / ``own_recv_s``;
+    a device alone on its host (or kind) keeps its own. Updated in place and returned."""
+    groups: dict[tuple, list[int]] = {}
+    for d, c in enumerate(costs):
+        if c and c.get("send_diffs_s") is not None:
+            groups.setdefault((devices[d].get("host"), devices[d].get("kind")), []).append(d)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        floor = NOISE_FLOOR * min(float(costs[d]["call_s"]) for d in members)
+        pooled = {mode: significant_median(
+            np.concatenate([costs[d][f"{mode}_diffs_s"] for d in members]), floor)
+            for mode in ("send", "recv")}
+        for d in members:
+            c = costs[d]
+            c["own_send_s"], c["own_recv_s"] = c["send_s"], c["recv_s"]
+            c["send_s"], c["recv_s"] = pooled["send"], pooled["recv"]
+            c["message_s"] = (pooled["send"] + pooled["recv"]) / 2
+    return costs
 
 
 def clock_offset(pings: list[tuple[float, float, float, float]]) -> float:

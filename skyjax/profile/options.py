@@ -24,7 +24,9 @@ class Options:
     ``link_repeats``: timed round trips per size; ``memory_analysis``: record the compiled
     programs' ``memory_analysis()``; ``concurrent``: with one process per device, every process
     times its device at the same time (faster) instead of one after another (processes that
-    share a host's cores would then time each other's load, each a different share of it)."""
+    share a host's cores would then time each other's load, each a different share of it);
+    ``passes``: how many times every device is timed, the fastest pass kept per unit
+    (:mod:`skyjax.profile.passes`: a host whose speed moves)."""
 
     repeats: int = 5
     min_repeats: int = 3
@@ -35,15 +37,17 @@ class Options:
     link_repeats: int = 5
     memory_analysis: bool = True
     concurrent: bool = False
+    passes: int = 1
 
     @classmethod
     def from_config(cls, config: Any, **overrides: Any) -> "Options":
-        """For the orchestrators: ``config.profile.repeats`` (``min_repeats`` no higher), then
-        ``overrides``."""
+        """For the orchestrators: ``config.profile.repeats`` (``min_repeats`` no higher),
+        ``.concurrent`` and ``.passes``, then ``overrides``."""
         section = getattr(config, "profile", None)
         repeats = int(getattr(section, "repeats", cls.repeats))
         opts = cls(repeats=repeats, min_repeats=min(cls.min_repeats, repeats),
-                   concurrent=bool(getattr(section, "concurrent", cls.concurrent)))
+                   concurrent=bool(getattr(section, "concurrent", cls.concurrent)),
+                   passes=int(getattr(section, "passes", cls.passes)))
         return dataclasses.replace(opts, **overrides)
 
 

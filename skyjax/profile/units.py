@@ -265,12 +265,13 @@ def _output_bytes(chain: list[bert.Unit], carry: Any) -> list[int]:
 
 def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: cluster_lib.Cluster,
                   options: Options, optimizer: optax.GradientTransformation, log: Log,
-                  only_devices: Sequence[int] | None = None) -> dict:
+                  only_devices: Sequence[int] | None = None, wake: bool = True) -> dict:
     """Times and sizes every unit of ``spec`` on the cluster's devices (or ``only_devices``).
 
     ``sample``: ``(first unit's carry, labels)`` of one micro-batch; ``optimizer``: the training
     optimizer (only its state's size is used). Returns ``units`` (profile records),
-    ``forward_s`` / ``backward_s`` ``[U, D]`` (NaN for devices not measured) and ``compile_s``.
+    ``forward_s`` / ``backward_s`` ``[U, D]`` (NaN for devices not measured) and ``compile_s``;
+    ``wake=False`` leaves out the calls after idle (a later pass: :mod:`skyjax.profile.passes`).
     """
     reps, cls = device_classes(cluster, options.dedup_devices, only_devices)
     targets = [(cluster.jax_devices[d], cluster.devices[d].slowdown) for d in reps]
@@ -338,9 +339,10 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
         cpu_wall += np.array([result.cpu_wall[k] for k in range(len(reps))])
     cores = [float(c / w) if w > 0 else float("nan") for c, w in cpu_wall]
     # calls after idle, on the longest and the shortest unit: skyjax.profile.wake
-    wake = wake_records(spec.chain, list(measured.values()), inputs, labels, targets,
-                        lambda unit, dev: device_params(unit.params, dev))
+    after_idle = wake_records(spec.chain, list(measured.values()), inputs, labels, targets,
+                              lambda unit, dev: device_params(unit.params, dev)) if wake \
+        else [None] * len(targets)
     return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s,
             "update_s": upd, "overheads": overheads,
             "cpu_cores": [cores[k] if k >= 0 else float("nan") for k in cls],
-            "wake": [wake[k] if k >= 0 else None for k in cls]}
+            "wake": [after_idle[k] if k >= 0 else None for k in cls]}
