@@ -59,7 +59,9 @@ def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], wor
             workdir, Workload.from_config(config), cluster, optim.make_optimizer(config.train),
             Options.from_config(config), chain=chain, reprofile=bool(config.profile.reprofile),
             transport=transport, namespace="train")
-    return profiler.with_batch_cost(profile, data_lib.inline_batch_maker(config), workdir)
+    # Only process 0 times the build (the others take its figure), so only it opens the source.
+    make = data_lib.inline_batch_maker(config) if jax.process_index() == 0 else None
+    return profiler.with_batch_cost(profile, make, workdir)
 
 
 def plan_phase(config: ml_collections.ConfigDict, profile: Profile) -> plan_lib.Plan:
