@@ -24,7 +24,7 @@ def get_config():
     config.cluster.num_devices = 4
     config.cluster.slowdowns = (1, 2, 3, 6)
     # Two shared cores move in speed from one second to the next: each device is timed in three
-    # passes, the fastest kept per unit (skyjax/profile/passes.py).
+    # passes, the median kept per unit (skyjax/profile/passes.py).
     config.profile.passes = 3
     config.lock()
     return config

@@ -169,6 +169,7 @@ def worker(spec_path: str) -> None:
                "spans": all_spans, "profile": profile.to_json(),
                "profile_s": profile.extra.get("profiler", {}).get("profile_time_s"),
                "calibration_profile": cal_profile if calibrated else None,
+               "calibration_steps": cal,
                "calibration_even_s": cal_even_s if calibrated else None}
         with open(os.path.join(spec["workdir"], "result.json"), "w") as f:
             json.dump(out, f)

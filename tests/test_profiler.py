@@ -270,7 +270,7 @@ def test_link_probes_measure_emulated_links():
 def test_distributed_path_through_a_transport(monkeypatch):
     """profile_distributed on 3 'processes' (threads, one device each) over LocalTransport; the
     processes time their devices one after another (none is timed beside another's load), in
-    two passes whose turns run in opposite orders, and each unit's fastest pass is kept."""
+    two passes whose turns run in opposite orders, and each unit's median pass is kept."""
     from skyjax.profile import distributed
     from skyjax.runtime.transport import LocalTransport
 
@@ -308,11 +308,10 @@ def test_distributed_path_through_a_transport(monkeypatch):
     assert [t[2] for t in order] == [0, 1, 2, 2, 1, 0]  # the second pass in reverse
     assert [t[3] for t in order] == [True] * 3 + [False] * 3  # calls after idle: first pass
     assert prof.devices[2]["wake_s"]  # ... and kept
-    for d in range(3):  # per unit, the faster pass's time
+    for d in range(3):  # per unit, the passes' median: of two, their mean
         first, second = (t[4] for t in order if t[2] == d)
         for key, got in (("forward_s", prof.forward_s), ("backward_s", prof.backward_s)):
-            np.testing.assert_allclose(got[:, d], np.minimum(first[key][:, d],
-                                                             second[key][:, d]))
+            np.testing.assert_allclose(got[:, d], (first[key][:, d] + second[key][:, d]) / 2)
     assert prof.extra["profiler"]["passes"] == 2
     for d in range(3):  # each pass's work on each device, as measured
         np.testing.assert_allclose(prof.extra["profiler"]["pass_work_s"][d], [

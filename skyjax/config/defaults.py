@@ -118,7 +118,7 @@ def _profile() -> ml_collections.ConfigDict:
     p = ml_collections.ConfigDict()
     p.repeats = 5  # timed repetitions per unit and device (the mean of the fastest half is kept)
     # Times every device this many times, in turns spread over the profile, keeping each unit's
-    # fastest pass: on a host whose speed moves one pass can catch a slow period for one device
+    # median pass: on a host whose speed moves one pass can catch a slow period for one device
     # alone (skyjax/profile/passes.py). Costs that many times the unit timings.
     p.passes = 1
     p.reprofile = False  # measure again even if workdir/profile.json exists

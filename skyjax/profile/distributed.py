@@ -30,7 +30,7 @@ from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile, save_profile
 from skyjax.profile.measure import assemble, device_records, host_cores, host_cpus
 from skyjax.profile.options import Log, Options
-from skyjax.profile.passes import fastest_pass, pass_order
+from skyjax.profile.passes import median_pass, pass_order
 from skyjax.runtime import tags
 from skyjax.runtime.distributed import broadcast_json
 
@@ -71,7 +71,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         with _patient(transport):
             transport.barrier(tag_base)
     # Every pass times each device once, in turns whose order reverses each pass; per unit the
-    # fastest pass is kept (skyjax.profile.passes).
+    # median pass is kept (skyjax.profile.passes).
     timed: list[dict] = []
     for p in range(options.passes):
         for turn in ([rank] if options.concurrent else pass_order(cluster.num_devices, p)):
@@ -85,7 +85,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
             if not options.concurrent:
                 with _patient(transport):  # a turn may outlast the transport's usual timeout
                     transport.barrier(tag_base)  # the n-th barrier of a tag pairs with the n-th
-    mine = fastest_pass(timed)
+    mine = median_pass(timed)
     unit_s = time.perf_counter() - start
     gathered = transport.gather_to_first(
         {"rank": rank, "forward_s": mine["forward_s"][:, rank].tolist(),

@@ -28,7 +28,7 @@ from skyjax.profile.cache import PROFILER_VERSION, cache_key
 from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile
 from skyjax.profile.options import Log, Options
-from skyjax.profile.passes import fastest_pass
+from skyjax.profile.passes import median_pass
 from skyjax.progress import ProfileProgress
 
 
@@ -131,12 +131,12 @@ def profile(workload: Workload, cluster: cluster_lib.Cluster,
         warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
         sample = sample_microbatch(workload.model, size, seq_len)
         timed = []
-        for p in range(options.passes):  # the fastest pass per unit: skyjax.profile.passes
+        for p in range(options.passes):  # the median pass per unit: skyjax.profile.passes
             if options.passes > 1:
                 log(f"[profile] pass {p + 1}/{options.passes}")
             timed.append(units.measure_units(spec, sample, cluster, options, optimizer, log,
                                              wake=p == 0))
-        measured = fastest_pass(timed)
+        measured = median_pass(timed)
         unit_s = time.perf_counter() - start
         lat, bw, raw = links.probe_links(cluster, options, log)
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,

@@ -25,7 +25,7 @@ class Options:
     programs' ``memory_analysis()``; ``concurrent``: with one process per device, every process
     times its device at the same time (faster) instead of one after another (processes that
     share a host's cores would then time each other's load, each a different share of it);
-    ``passes``: how many times every device is timed, the fastest pass kept per unit
+    ``passes``: how many times every device is timed, the median pass kept per unit
     (:mod:`skyjax.profile.passes`: a host whose speed moves)."""
 
     repeats: int = 5
