@@ -141,6 +141,28 @@ def test_calibration_corrects_the_device_not_the_contention():
     assert list(factors.values()) == pytest.approx([1.0, 1.0])
 
 
+def test_calibration_takes_one_factor_per_shared_host():
+    """Where devices share a host, one stage meeting more contention than predicted (x1.5) and
+    the other none: the host's measured over predicted compute scales every device of the host
+    alike, the idle one too (which stage met how much of the contention the model knows only on
+    average); a device on another host keeps its own ratio (x2)."""
+    prof = _shared(make_profile(np.full((6, 4), 0.1)), (1, 2, 1, 1), ["h", "h", "h", "g"])
+    prof = dataclasses.replace(prof, latency_s=np.zeros((4, 4)))
+    plan = plan_lib.evaluate(prof, [(0, 0, 2), (1, 2, 4), (3, 4, 6)], "1f1b", 8)
+    ratio = sharing.replay_effect(plan, prof)[1]
+    predicted = [s.compute_s * 8 * r for s, r in zip(plan.stages, ratio)]
+    busy = [predicted[0] * 1.5, predicted[1], predicted[2] * 2.0]
+    fixed, factors = replan.corrected_profile(prof, plan, busy)
+    assert factors == pytest.approx({0: 1.5, 1: 1.0, 3: 2.0})
+    host = (busy[0] + busy[1]) / (predicted[0] + predicted[1])  # b = 0: stage 1 has no excess
+    scale = fixed.forward_s[0] / prof.forward_s[0]
+    assert scale == pytest.approx([host, host, host, 2.0])
+    again = plan_lib.evaluate(fixed, [(0, 0, 2), (1, 2, 4), (3, 4, 6)], "1f1b", 8)
+    shared = sum(s.compute_s * 8 * r for s, r in zip(again.stages[:2],
+                                                    sharing.replay_effect(again, fixed)[1]))
+    assert shared == pytest.approx(busy[0] + busy[1], rel=0.05)  # the host's total is kept
+
+
 def test_replay_charges_the_lateness_of_a_waited_for_message():
     """GPipe, 2 stages, m = 1, actions of 10 ms: F0 [0, 10), F1 after waiting 10 ms, B1, B0
     after waiting 20.5 ms. A CPU device's receive looks every 10 % of its wait (at most 2 ms),
