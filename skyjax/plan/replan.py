@@ -84,7 +84,7 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     of the shipped model (four devices, two cores; session 19), per-device factors put the
     calibrated plan's step within 10 % in 6 (mean |error| 13.8 %, up to 35 %: the small first
     stage met more contention than predicted and its device's factor came out 1.1-1.2x, which
-    the one-stage plan then paid on every unit), the host's factor in 7 (8.6 %, up to 16 %).
+    the one-stage plan then paid on every unit), the host's factor in 7 (8.6 %, up to 17.6 %).
 
     Links: with ``comm_s`` (measured link waits per step of each stage,
     ``skyjax.plan.compare``), every link's latency grows by the mean excess per message seen on

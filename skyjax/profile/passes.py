@@ -17,8 +17,9 @@ speed. Over eight 4-process runs of the shipped model the fastest pass under-pre
 one-stage plan, by 2-12 % (mean 8.5 %), and a profile whose passes spread 36 % on one device
 (run b1, session 19) put that plan 23 % under its measured step, where the median pass gave
 1.4 %. Paired over twelve runs (session 19; docs/design.md), the optimal plan's error averaged
-+0.8 % with the median and +6.5 % with the fastest. (Within a pass, :func:`~skyjax.profile.options.robust_time` still keeps the fastest
-half of the repeats: there a slow sample is another process's burst inside one call.)
++0.8 % with the median and +6.5 % with the fastest. (Within a pass,
+:func:`~skyjax.profile.options.robust_time` still keeps the fastest half of the repeats: there a
+slow sample is another process's burst inside one call.)
 
 The calls-after-idle extras (:mod:`skyjax.profile.wake`) are differences measured within one
 pass and the CPU-share figures describe a call, not a speed: both come from the first pass,
