@@ -91,6 +91,29 @@ def message_delays(result: dict) -> dict[str, tuple[float, float, float]]:
     return out
 
 
+def contention_split(result: dict) -> dict[str, list[tuple[dict, float]]]:
+    """Per plan of several stages on a shared host: ``compare.contention_split`` over every
+    measured step, each stage beside the slow-down the model predicted for it."""
+    from skyjax.plan import Plan
+    from skyjax.plan.compare import contention_split as split
+    from skyjax.plan.sharing import host_groups
+    from skyjax.profile.format import Profile
+    from skyjax.trace import Span
+
+    profile = Profile.from_json(result["profile"])
+    if host_groups(profile) is None:
+        return {}
+    out = {}
+    for s, steps in result.get("spans", {}).items():
+        plan = Plan.from_json(result["plans"][s])
+        if len(plan.stages) < 2 or s not in result.get("compare", {}):
+            continue
+        rows = split(plan, profile, [[Span(*sp) for sp in step] for step in steps])
+        slow = [r["predicted"]["slowdown"] for r in result["compare"][s]["stages"]]
+        out[s] = list(zip(rows, slow))
+    return out
+
+
 def report(result: dict, overhead: dict | None, args, model: dict) -> None:
     """The benchmark's tables; ``model``: the config overrides of the model it ran (unless
     ``args.shipped``)."""
@@ -134,6 +157,23 @@ def report(result: dict, overhead: dict | None, args, model: dict) -> None:
                  f"({(b - m * st['compute_s'] * q) / b:+.0%}, x{q:.2f})"
                  for st, b, q in zip(p["stages"], result["busy"][s], slow)]
         print(f"  {s:8s} " + "  ".join(cells))
+    split = contention_split(result)
+    if split:
+        print("\nper stage action on a shared host, ms: predicted alone (the profile) : measured "
+              "when no other stage of the host computed during its CPU part (how many) : all "
+              "measured; all / alone against the slow-down predicted for the stage (the "
+              "contention; alone / predicted is the action's own cost):")
+        for s, rows in split.items():
+            cells = []
+            for r, q in rows:
+                for kind in "FB":
+                    c = r[kind]
+                    alone = f"{1e3 * c['alone_s']:.1f}" if c["alone_s"] else "-"
+                    ratio = f"{c['all_s'] / c['alone_s']:.2f}" if c["alone_s"] else "-"
+                    cells.append(f"{names[r['device']]} {kind} {1e3 * c['predicted_s']:.1f} : "
+                                 f"{alone} ({c['alone_count']}) : {1e3 * c['all_s']:.1f}, "
+                                 f"x{ratio} vs x{q:.2f}")
+            print(f"  {s:8s} " + "\n           ".join(cells))
     print("\nlast step per stage, measured / predicted seconds: compute, comm (link waits), idle;"
           " and the schedule replayed with the measured action times:")
     for s, c in result.get("compare", {}).items():

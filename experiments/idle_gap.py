@@ -57,6 +57,23 @@ def time_stage(units, carry, labels, microbatches: int, gap_s: float, repeats: i
     return fastest_half(fwd), fastest_half(bwd), out
 
 
+def demo_chain(granularity: str) -> tuple:
+    """``configs/local_hetero.py``'s config, its model's units at ``granularity`` and one
+    micro-batch of input carry and labels (what the benchmarks time as stages)."""
+    from configs import local_hetero
+    from skyjax.models import bert
+    from skyjax.models.build import build_model
+    from skyjax.profile.chain import sample_microbatch
+
+    config = local_hetero.get_config()
+    chain = bert.units(build_model(config.model, 0), granularity)
+    m = config.pipeline.microbatches
+    names = {f.name for f in dataclasses.fields(bert.BertConfig)}
+    model = bert.BertConfig(**{k: v for k, v in config.model.items() if k in names})
+    carry, labels = sample_microbatch(model, config.data.batch_size // m, config.data.seq_len)
+    return config, chain, carry, labels
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--granularity", default="layer", choices=("layer", "sublayer"))
@@ -64,17 +81,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
 
-    from configs import local_hetero
-    from skyjax.models import bert
-    from skyjax.models.build import build_model
-    from skyjax.profile.chain import sample_microbatch
-
-    config = local_hetero.get_config()
-    chain = bert.units(build_model(config.model, 0), args.granularity)
+    config, chain, carry, labels = demo_chain(args.granularity)
     m = config.pipeline.microbatches
-    names = {f.name for f in dataclasses.fields(bert.BertConfig)}
-    model = bert.BertConfig(**{k: v for k, v in config.model.items() if k in names})
-    carry, labels = sample_microbatch(model, config.data.batch_size // m, config.data.seq_len)
     print(f"{len(chain)} units ({args.granularity}), micro-batch {config.data.batch_size // m} x "
           f"{config.data.seq_len}; forward + backward, ms (fastest half of {args.repeats})")
     print(f"{'':18s} {'sum of units':>13s} {'whole stage':>12s}")

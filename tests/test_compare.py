@@ -154,3 +154,32 @@ def test_predicted_compute_carries_the_sharing_slowdown():
         assert a["predicted"]["slowdown"] == 1.0
         assert s["predicted"]["slowdown"] == pytest.approx(r)
         assert s["predicted"]["compute_s"] == pytest.approx(a["predicted"]["compute_s"] * r)
+
+
+def test_contention_split_separates_actions_that_ran_alone():
+    """An action counts as alone where no other stage of its host was in its CPU part (a
+    device slowed k times computes for the first 1/k of a span) during its own; the predicted
+    call leaves the message calls out, as a measured span does."""
+    import dataclasses
+
+    from skyjax.plan.compare import contention_split
+    from tests.test_sharing import _shared
+
+    base, _ = _plan()
+    blocks = [(0, 0, 3), (1, 3, 6)]
+    step = [Span(0, "F", 0, 0.0, 1.0), Span(1, "F", 0, 1.0, 3.0),  # stage 1 computes 1..2
+            Span(0, "F", 1, 2.0, 3.5),  # beside stage 1's B0 from 3 (stage 1 sleeps 2..3)
+            Span(1, "B", 0, 3.0, 5.0),  # computes 3..4, beside stage 0's F1 until 3.5
+            Span(0, "B", 0, 5.0, 7.0)]
+    one_host = dataclasses.replace(_shared(base, (1, 2, 3)), message_s=np.full(3, 0.1))
+    plan = plan_lib.evaluate(one_host, blocks, "1f1b", 4)
+    rows = contention_split(plan, one_host, [step])
+    assert rows[0]["F"] == {"predicted_s": pytest.approx(1.0 * 3 + one_host.forward_call_s[0]),
+                            "alone_s": 1.0, "alone_count": 1, "all_s": 1.25}
+    assert rows[1]["F"]["alone_s"] == 2.0 and rows[1]["F"]["alone_count"] == 1
+    assert rows[1]["B"] == {"predicted_s": pytest.approx(2 * 2.0 * 3 + one_host.backward_call_s[1]),
+                            "alone_s": None, "alone_count": 0, "all_s": 2.0}
+    apart = dataclasses.replace(_shared(base, (1, 2, 3), ["a", "b", "c"]),
+                                message_s=np.full(3, 0.1))
+    rows = contention_split(plan_lib.evaluate(apart, blocks, "1f1b", 4), apart, [step])
+    assert rows[1]["B"]["alone_count"] == 1  # other hosts' stages take nothing from it

@@ -18,7 +18,9 @@
 It also replays the schedule with the *measured* action times and predicted links
 (``replayed_step_s``): when the replay is close to the measured step but far from the predicted
 one, the compute terms were wrong; when the measured step is far above the replay, the time went
-into communication, synchronisation or the update. Pure Python (no JAX): spans are
+into communication, synchronisation or the update. ``contention_split`` (the benchmark's
+report) splits a stage's actions over many steps by whether another stage of its host computed
+beside them: their own cost apart from the contention. Pure Python (no JAX): spans are
 :class:`skyjax.trace.Span` records, as the runtime and the simulator both produce them.
 """
 
@@ -28,6 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
+from skyjax.plan.sharing import cpu_shares, host_groups
 from skyjax.plan.simulate import simulate, simulate_plan
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
@@ -72,6 +75,53 @@ def _message_waits(spans: Sequence[Span], p: int) -> list[tuple[int, float, bool
                 continue
             prev = prev_end.get((stage, kind, mb), src.end)
             out.append((k, s.start - max(src.end, prev), prev <= src.end))
+    return out
+
+
+def contention_split(plan: Plan, profile: Profile, steps: Sequence[Sequence[Span]],
+                     overlap: float = 0.05) -> list[dict]:
+    """Per stage, which part of its actions' error is their own and which is contention.
+
+    For stages that share a host's cores (``skyjax.plan.sharing``), an action ran *alone*
+    where no other stage of its host was in its CPU part during its own CPU part (a span's
+    first ``cpu_shares`` of its time: an emulated device slowed k times computes, then
+    sleeps), up to ``overlap`` of it. Per stage and kind (``"F"``, ``"B"``): the predicted
+    uncontended call (``stage_actions_s`` less the message calls, which a span, the timed
+    call, leaves out), the median of the actions that ran alone and their count, and the
+    median of all. Alone against predicted is the call's own cost (the profile's unit times
+    and call cost; the calls after idle, ``skyjax.plan.wake_cost``, are in both alone and
+    all); all against alone is what the other stages' compute cost it, which the model
+    predicts with the calls after idle as the stage's ``slowdown`` (``stage_comparison``).
+    ``steps``: each step's spans, as measured."""
+    fwd, bwd, _ = stage_actions_s(plan, profile)
+    p = len(plan.stages)
+    msg = [float(profile.message_s[st.device]) * ((k > 0) + (k < p - 1))
+           for k, st in enumerate(plan.stages)]
+    groups = host_groups(profile) or [None] * profile.num_devices
+    shares = cpu_shares(profile)
+    host = [groups[st.device] for st in plan.stages]
+    share = [shares[st.device] for st in plan.stages]
+    runs: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
+    for step in steps:
+        cpu = [(s.stage, s.start, s.start + share[s.stage] * (s.end - s.start)) for s in step]
+        for s in step:
+            own_end = s.start + share[s.stage] * (s.end - s.start)
+            shared = sum(max(0.0, min(own_end, e) - max(s.start, b)) for k, b, e in cpu
+                         if k != s.stage and host[k] is not None and host[k] == host[s.stage])
+            alone, every = runs.setdefault((s.stage, s.kind), ([], []))
+            every.append(s.end - s.start)
+            if shared <= overlap * (own_end - s.start):
+                alone.append(s.end - s.start)
+    out = []
+    for k in range(p):
+        rec = {"stage": k, "device": plan.stages[k].device}
+        for kind, predicted in (("F", fwd[k] - msg[k]), ("B", bwd[k] - msg[k])):
+            alone, every = runs.get((k, kind), ([], []))
+            rec[kind] = {"predicted_s": predicted,
+                         "alone_s": float(np.median(alone)) if alone else None,
+                         "alone_count": len(alone),
+                         "all_s": float(np.median(every)) if every else None}
+        out.append(rec)
     return out
 
 

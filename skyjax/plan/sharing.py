@@ -209,14 +209,13 @@ def cpu_demand(profile: Profile) -> list[float]:
     """Per device, the host cores its calls need while computing: the whole number of cores
     its measured average use (``cpu_cores``: process CPU time / wall time of unslowed calls)
     rounds up to, at most the cores its process may use (``host_cores``); 1 where unknown.
-    Not the average itself, though processes that only compute slow each other as the average
-    predicts (``experiments/contention.py``: two running the demo model's stage, ~1.5 of 2
-    cores busy alone, took 1.7x as long per call; average 1.5x, whole cores 2x). A pipeline's
-    stages on a shared host slow each other more than their compute does (transfers, waiting
-    receives, each process's own runtime work): planned with the average, five 4-process runs
-    under-predicted their two- and three-stage plans by 8-19 %, and the planner chose those
-    over one stage that measured faster. Whole cores price them within 10 % (and over-charge
-    four-stage plans: docs/design.md, "Shared hosts")."""
+    Not the average itself: processes that compute at once slow each other by between what the
+    two predict, moving from run to run (``experiments/contention.py``: two running the demo
+    model's stage, ~1.5 of 2 cores busy alone, took 1.6-1.8x as long per call; average 1.5x,
+    whole cores 2x), and planned with the average, five 4-process runs under-predicted their
+    two- and three-stage plans by 8-19 %, and the planner chose those over one stage that
+    measured faster. Whole cores price them within 10 % (and over-charge four-stage plans:
+    docs/design.md, "Shared hosts")."""
     out = []
     for dv in profile.devices:
         c = dv.get("cpu_cores")
