@@ -86,17 +86,14 @@ def contention_split(plan: Plan, profile: Profile, steps: Sequence[Sequence[Span
     where no other stage of its host was in its CPU part during its own CPU part (a span's
     first ``cpu_shares`` of its time: an emulated device slowed k times computes, then
     sleeps), up to ``overlap`` of it. Per stage and kind (``"F"``, ``"B"``): the predicted
-    uncontended call (``stage_actions_s`` less the message calls, which a span, the timed
-    call, leaves out), the median of the actions that ran alone and their count, and the
-    median of all. Alone against predicted is the call's own cost (the profile's unit times
-    and call cost; the calls after idle, ``skyjax.plan.wake_cost``, are in both alone and
-    all); all against alone is what the other stages' compute cost it, which the model
-    predicts with the calls after idle as the stage's ``slowdown`` (``stage_comparison``).
-    ``steps``: each step's spans, as measured."""
+    uncontended action (``stage_actions_s``: unit times, call cost and message calls, as the
+    model charges them, though a span times only the call), the median of the actions that ran
+    alone and their count, and the median of all. Alone against predicted is the action's own cost (calls after idle,
+    ``skyjax.plan.wake_cost``, included); all against alone is what the other stages' compute
+    cost it. The model predicts both together as the stage's ``slowdown``
+    (``stage_comparison``). ``steps``: each step's spans, as measured."""
     fwd, bwd, _ = stage_actions_s(plan, profile)
     p = len(plan.stages)
-    msg = [float(profile.message_s[st.device]) * ((k > 0) + (k < p - 1))
-           for k, st in enumerate(plan.stages)]
     groups = host_groups(profile) or [None] * profile.num_devices
     shares = cpu_shares(profile)
     host = [groups[st.device] for st in plan.stages]
@@ -115,7 +112,7 @@ def contention_split(plan: Plan, profile: Profile, steps: Sequence[Sequence[Span
     out = []
     for k in range(p):
         rec = {"stage": k, "device": plan.stages[k].device}
-        for kind, predicted in (("F", fwd[k] - msg[k]), ("B", bwd[k] - msg[k])):
+        for kind, predicted in (("F", fwd[k]), ("B", bwd[k])):
             alone, every = runs.get((k, kind), ([], []))
             rec[kind] = {"predicted_s": predicted,
                          "alone_s": float(np.median(alone)) if alone else None,
