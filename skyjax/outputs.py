@@ -68,14 +68,15 @@ def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any,
 
 
 def stage_report(plan: plan_lib.Plan, profile: Profile, last_step: Any,
-                 boundaries: Sequence[float] = ()) -> dict:
+                 boundaries: Sequence[float] = (), steps: Sequence[Any] = ()) -> dict:
     """Per stage, predicted vs measured compute, comm and idle of the last step, and the step
-    boundary (:func:`skyjax.plan.compare.stage_comparison`): ``stage_comparison`` in
-    summary.json and trace.json."""
+    boundary (:func:`skyjax.plan.compare.stage_comparison`; ``steps``: the plan's recent steps'
+    spans, for the split of its actions by contention): ``stage_comparison`` in summary.json
+    and trace.json."""
     from skyjax.plan.compare import stage_comparison
 
     spans = last_step.spans if last_step else []
-    return stage_comparison(plan, profile, spans, boundaries)
+    return stage_comparison(plan, profile, spans, boundaries, steps)
 
 
 def make_summary(config: ml_collections.ConfigDict, plan: dict, result: dict,

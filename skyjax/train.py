@@ -16,6 +16,7 @@ Usable from a notebook as well as from ``python -m skyjax.main``.
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any
 
@@ -40,6 +41,9 @@ from skyjax.runtime.replanner import Replanner, calibration_plan
 from skyjax.tree import tree_size
 
 Batch = dict[str, Any]
+# steps of the plan in use at the end whose spans summary.json's stage_comparison splits by
+# contention (skyjax.plan.compare.contention_split)
+RECENT_STEPS = 50
 
 
 def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], workdir: str,
@@ -150,6 +154,7 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
     metrics: dict[str, float] = {}
     evals: list[dict] = []
     boundaries: list[float] = []
+    recent: collections.deque = collections.deque(maxlen=RECENT_STEPS)  # the final plan's spans
     last = prev = None
     start = time.perf_counter()
     batches = data_lib.train_batches(config, start_step)
@@ -162,6 +167,8 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             last = executor.train_step(*train_step_inputs(executor, batches, step, t.steps))
             step_times.append(time.perf_counter() - tic)
             boundaries += step_boundary_s([prev.spans if prev else [], last.spans])
+            if step > start_step:  # the first step holds compiles and one-off work
+                recent.append(last.spans)
             # the first step's boundary also holds its first log line and one-off work
             prev = last if step > start_step else None
             progress.update(step + 1, last.loss)
@@ -180,14 +187,15 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             if replanner is not None and step + 1 < t.steps:
                 replanner.observe(step, last)
                 running, executor = executor, replanner.maybe_switch(step, executor)
-                if executor is not running:  # another plan: its own boundaries
+                if executor is not running:  # another plan: its own boundaries and spans
                     boundaries, prev = [], None
+                    recent.clear()
             checkpoint.after_step(saver, step, executor)
     finally:
         progress.close()
         getattr(batches, "close", lambda: None)()
     return {"metrics": metrics, "step_times": step_times, "evals": evals, "last_step": last,
-            "boundaries": boundaries,
+            "boundaries": boundaries, "recent_spans": list(recent),
             "train_time_s": time.perf_counter() - start, "executor": executor}
 
 
@@ -264,7 +272,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    time.perf_counter() - wall_start)
     summary["memory"] = memory_report(config, chain, mine, rss_start)
     summary["stage_comparison"] = outputs.stage_report(plan, profile, result["last_step"],
-                                                       result["boundaries"])
+                                                       result["boundaries"],
+                                                       result["recent_spans"])
     out.write_json("trace.json", outputs.trace_json(plan, profile, result["last_step"],
                                                     summary["stage_comparison"]))
     if out.is_chief:  # plan.png, timeline.png

@@ -183,3 +183,10 @@ def test_contention_split_separates_actions_that_ran_alone():
                                 message_s=np.full(3, 0.1))
     rows = contention_split(plan_lib.evaluate(apart, blocks, "1f1b", 4), apart, [step])
     assert rows[1]["B"]["alone_count"] == 1  # other hosts' stages take nothing from it
+    # stage_comparison (summary.json) carries the split where two of the plan's stages share a
+    # host, and only there
+    rep = stage_comparison(plan_lib.evaluate(one_host, blocks, "1f1b", 4), one_host, step,
+                           steps=[step, step])
+    assert [r["F"]["alone_count"] for r in rep["contention"]] == [2, 2]
+    assert "contention" not in stage_comparison(plan_lib.evaluate(apart, blocks, "1f1b", 4),
+                                                apart, step, steps=[step])

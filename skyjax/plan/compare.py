@@ -133,10 +133,13 @@ def step_boundary_s(steps: Sequence[Sequence[Span]]) -> list[float]:
 
 
 def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span],
-                     boundaries: Sequence[float] = ()) -> dict:
+                     boundaries: Sequence[float] = (),
+                     steps: Sequence[Sequence[Span]] = ()) -> dict:
     """Per-stage predicted vs measured compute, comm, idle (per step), the replayed step and
     the step boundary (module doc). ``spans``: one step's F/B spans of every stage (empty:
-    predicted only); ``boundaries``: measured ``step_boundary_s`` of the plan (their median)."""
+    predicted only); ``boundaries``: measured ``step_boundary_s`` of the plan (their median);
+    ``steps``: more steps' spans of the plan, split by ``contention_split`` (``contention``)
+    where two of its stages share a host's cores."""
     p, m = len(plan.stages), plan.microbatches
     fwd, bwd, link = stage_actions_s(plan, profile)
     sim = simulate_plan(plan, profile)
@@ -173,4 +176,8 @@ def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span],
                           update_s=[s.update_s for s in plan.stages], sync_s=profile.sync_s)
         out["replayed_step_s"] = replay.step_time_s
         out["measured_span_s"] = window
+    groups = host_groups(profile)
+    hosts = [groups[st.device] for st in plan.stages] if groups else []
+    if steps and any(h is not None and hosts.count(h) > 1 for h in hosts):
+        out["contention"] = contention_split(plan, profile, steps)
     return out
