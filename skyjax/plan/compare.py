@@ -18,9 +18,10 @@
 It also replays the schedule with the *measured* action times and predicted links
 (``replayed_step_s``): when the replay is close to the measured step but far from the predicted
 one, the compute terms were wrong; when the measured step is far above the replay, the time went
-into communication, synchronisation or the update. ``contention_split`` (the benchmark's
-report) splits a stage's actions over many steps by whether another stage of its host computed
-beside them: their own cost apart from the contention. Pure Python (no JAX): spans are
+into communication, synchronisation or the update. Where stages share a host's cores,
+``contention_split`` (``contention``; the benchmark's report) splits a stage's actions over many
+steps by whether another stage of its host computed beside them: their own cost apart from the
+contention. Pure Python (no JAX): spans are
 :class:`skyjax.trace.Span` records, as the runtime and the simulator both produce them.
 """
 
@@ -88,10 +89,10 @@ def contention_split(plan: Plan, profile: Profile, steps: Sequence[Sequence[Span
     sleeps), up to ``overlap`` of it. Per stage and kind (``"F"``, ``"B"``): the predicted
     uncontended action (``stage_actions_s``: unit times, call cost and message calls, as the
     model charges them, though a span times only the call), the median of the actions that ran
-    alone and their count, and the median of all. Alone against predicted is the action's own cost (calls after idle,
-    ``skyjax.plan.wake_cost``, included); all against alone is what the other stages' compute
-    cost it. The model predicts both together as the stage's ``slowdown``
-    (``stage_comparison``). ``steps``: each step's spans, as measured."""
+    alone and their count, and the median of all. Alone against predicted is the action's own
+    cost (calls after idle, ``skyjax.plan.wake_cost``, included); all against alone is what the
+    other stages' compute cost it. The model predicts both together as the stage's
+    ``slowdown`` (``stage_comparison``). ``steps``: each step's spans, as measured."""
     fwd, bwd, _ = stage_actions_s(plan, profile)
     p = len(plan.stages)
     groups = host_groups(profile) or [None] * profile.num_devices
