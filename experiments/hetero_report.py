@@ -96,17 +96,15 @@ def contention_split(result: dict) -> dict[str, list[tuple[dict, float]]]:
     measured step, each stage beside the slow-down the model predicted for it."""
     from skyjax.plan import Plan
     from skyjax.plan.compare import contention_split as split
-    from skyjax.plan.sharing import host_groups
+    from skyjax.plan.sharing import stage_sharing
     from skyjax.profile.format import Profile
     from skyjax.trace import Span
 
     profile = Profile.from_json(result["profile"])
-    if host_groups(profile) is None:
-        return {}
     out = {}
     for s, steps in result.get("spans", {}).items():
         plan = Plan.from_json(result["plans"][s])
-        if len(plan.stages) < 2 or s not in result.get("compare", {}):
+        if stage_sharing(plan, profile) is None or s not in result.get("compare", {}):
             continue
         rows = split(plan, profile, [[Span(*sp) for sp in step] for step in steps])
         slow = [r["predicted"]["slowdown"] for r in result["compare"][s]["stages"]]

@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from skyjax.plan.sharing import cpu_shares, host_groups
+from skyjax.plan.sharing import cpu_shares, host_groups, stage_sharing
 from skyjax.plan.simulate import simulate, simulate_plan
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
@@ -101,11 +101,11 @@ def contention_split(plan: Plan, profile: Profile, steps: Sequence[Sequence[Span
     share = [shares[st.device] for st in plan.stages]
     runs: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
     for step in steps:
-        cpu = [(s.stage, s.start, s.start + share[s.stage] * (s.end - s.start)) for s in step]
-        for s in step:
-            own_end = s.start + share[s.stage] * (s.end - s.start)
-            shared = sum(max(0.0, min(own_end, e) - max(s.start, b)) for k, b, e in cpu
-                         if k != s.stage and host[k] is not None and host[k] == host[s.stage])
+        cpu = [(s, s.start + share[s.stage] * (s.end - s.start)) for s in step]  # CPU part ends
+        for s, own_end in cpu:
+            shared = sum(max(0.0, min(own_end, e) - max(s.start, o.start)) for o, e in cpu
+                         if o.stage != s.stage and host[o.stage] is not None
+                         and host[o.stage] == host[s.stage])
             alone, every = runs.setdefault((s.stage, s.kind), ([], []))
             every.append(s.end - s.start)
             if shared <= overlap * (own_end - s.start):
@@ -177,8 +177,6 @@ def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span],
                           update_s=[s.update_s for s in plan.stages], sync_s=profile.sync_s)
         out["replayed_step_s"] = replay.step_time_s
         out["measured_span_s"] = window
-    groups = host_groups(profile)
-    hosts = [groups[st.device] for st in plan.stages] if groups else []
-    if steps and any(h is not None and hosts.count(h) > 1 for h in hosts):
+    if steps and stage_sharing(plan, profile) is not None:  # two stages share a host's cores
         out["contention"] = contention_split(plan, profile, steps)
     return out
