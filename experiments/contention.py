@@ -183,6 +183,8 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    from skyjax.plan.sharing import whole_cores
+
     cores = float(len(os.sched_getaffinity(0)))
     rows: dict[tuple, list] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,7 +201,7 @@ def main() -> None:
                 base = (alone["F"] + alone["B"]) / 2
                 got = [(lambda t: (t["F"] + t["B"]) / 2 / base)(mean_call_s(x, window))
                        for x in recs]
-                whole = predicted(alone, ks, min(math.ceil(use - 0.05), cores), cores)
+                whole = predicted(alone, ks, whole_cores(use, cores), cores)
                 avg = predicted(alone, ks, use, cores)
                 busy = [x["cpu_per_busy"] for x in recs]
                 rows.setdefault(ks, []).append((got, whole, avg, busy))

@@ -223,11 +223,18 @@ def cpu_demand(profile: Profile) -> list[float]:
             out.append(1.0)
             continue
         cores = dv.get("host_cores")
-        need = float(math.ceil(float(c) - 0.05))  # ~1.0 measured for a one-thread call is 1
-        if isinstance(cores, (int, float)) and cores > 0:
-            need = min(need, float(cores))
-        out.append(max(need, 1.0))
+        out.append(whole_cores(float(c), float(cores) if isinstance(cores, (int, float))
+                               and cores > 0 else None))
     return out
+
+
+def whole_cores(cpu_cores: float, host_cores: float | None = None) -> float:
+    """The whole cores an average use of ``cpu_cores`` rounds up to (at least 1, at most
+    ``host_cores`` where known): ``cpu_demand``'s rule for one device."""
+    need = float(math.ceil(cpu_cores - 0.05))  # ~1.0 measured for a one-thread call is 1
+    if host_cores is not None:
+        need = min(need, host_cores)
+    return max(need, 1.0)
 
 
 def host_capacity(profile: Profile) -> list[float]:
