@@ -150,10 +150,17 @@ def test_wake_extras_below_the_noise_are_zero():
 
 def test_heuristic_planner_bounds_the_analytic_T_and_reports_the_penalty():
     """The searches do not see the replay penalty: on the heuristic path too, the plan and its
-    bound are those of the profile without wake costs, and T carries the penalty on top."""
+    bound are those of the profile without wake costs, and T carries the penalty on top, where
+    the replayed step is longer than the analytic T. Wake costs that the idle stage's slack
+    absorbs (the analytic T charges the whole of its time, the replay overlaps it) add
+    nothing."""
     base = make_profile(np.array([[0.1, 0.3]] * 6))
-    prof = _with_wake(base, [[[0.01, 0.02]], [[0.01, 0.02]]])
     plain = plan_lib.plan(base, "optimal", "1f1b", 4, force_heuristic=True, subsets=False)
+    absorbed = _with_wake(base, [[[0.01, 0.02]], [[0.01, 0.02]]])
+    small = plan_lib.plan(absorbed, "optimal", "1f1b", 4, force_heuristic=True, subsets=False)
+    assert small.replay_penalty_s == 0 and small.step_time_s == pytest.approx(plain.step_time_s)
+    assert simulate_plan(small, absorbed).step_time_s < small.step_time_s
+    prof = _with_wake(base, [[[0.01, 0.2]], [[0.01, 0.2]]])  # stage 1 then paces the step
     waking = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True, subsets=False)
     assert [s.units for s in waking.stages] == [s.units for s in plain.stages]
     assert waking.replay_penalty_s > 0 and not waking.exact

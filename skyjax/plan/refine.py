@@ -48,7 +48,7 @@ _INF = math.inf
 
 def refine_plan(profile: Profile, t: Tables, sol: Solution, plan: Plan) -> Plan:
     """The planner's hook: ``plan`` (sol priced) or, where ``refine`` finds a better
-    assignment, that one priced, whichever has the lower step time (the sharing penalty, which
+    assignment, that one priced, whichever has the lower step time (the replay penalty, which
     the DP does not see, included)."""
     new = refine(t, sol)
     if new is sol:

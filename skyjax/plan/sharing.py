@@ -18,8 +18,8 @@ up to whole cores, at most ``host_cores``; both measured by the profiler). An ac
 (uncontended) duration t runs its CPU part phi_d t first, then the rest; while the CPU parts
 running on a host ask for D = sum u_j > C cores, each progresses at rate C / D (processor
 sharing). ``simulate_shared`` replays the schedule's action lists with
-this rule, event by event; the cost model adds to T what sharing adds to the simulated step
-(``replay_effect``, which also adds the calls after idle of ``skyjax.plan.wake_cost`` and the
+this rule, event by event; T is the replayed step where that is longer than the analytic T
+(``replay_effect``'s replay also has the calls after idle of ``skyjax.plan.wake_cost`` and the
 lateness of messages that a CPU device's receive waited for, ``skyjax.polling``), so that where
 no host is shared and no call pays after idle nothing changes.
 
@@ -285,12 +285,12 @@ def best_subset(profile: Profile, base, plan_on: Callable[[Profile], object],
                 evaluate: Callable[[list], object]):
     """The best of ``base`` and the plans on every proper subset of the shared hosts' devices.
 
-    The searches optimise T without the sharing penalty, which favours spreading work over
+    The searches optimise the analytic T, without the replay, which favours spreading work over
     every device; on a shared host, leaving a slow device out can be faster because the others
     then compete less. ``plan_on(restricted)`` plans a profile whose left-out devices hold no
     memory; ``evaluate(assignment)`` prices an assignment on the full profile. The
     result is not exact under the model with sharing; its ``lower_bound_s`` is the analytic
-    optimum's (sharing only adds time: actions keep their order, so slowing one only delays).
+    optimum's (a plan's T is never below its analytic T).
     """
     groups = host_groups(profile)
     if groups is None or base.strategy == "even":
