@@ -110,6 +110,25 @@ def test_penalty_in_T_and_simulation():
                                                                  8).step_time_s)
 
 
+def test_T_is_the_larger_of_the_analytic_T_and_the_replay_not_their_sum():
+    """Four stages with links on one host: the analytic T charges the bottleneck's transfers in
+    every repeat, which the replay overlaps (the unshared replay is shorter than the analytic T).
+    T is the shared replay's step, not the analytic T plus what sharing adds to the replay,
+    which would count those transfers' time twice; and never below the analytic T."""
+    latency = np.full((4, 4), 0.05) - 0.05 * np.eye(4)
+    base = make_profile(np.full((8, 4), 0.05), latency=latency)
+    prof = _shared(base, (1, 2, 3, 6))
+    assignment = [(0, 0, 2), (1, 2, 4), (2, 4, 6), (3, 6, 8)]
+    analytic = plan_lib.evaluate(base, assignment, "1f1b", 4).step_time_s
+    plan = plan_lib.evaluate(prof, assignment, "1f1b", 4)
+    added, _, replayed = sharing.replay_effect(plan, prof)
+    assert replayed - added < analytic  # the unshared replay overlaps the transfers
+    assert plan.step_time_s == pytest.approx(replayed) and replayed > analytic
+    assert plan.step_time_s < analytic + added - 0.05  # the old sum
+    assert plan.analytic_s == pytest.approx(analytic)
+    assert simulate_plan(plan, prof).step_time_s == pytest.approx(plan.step_time_s)
+
+
 def test_planner_leaves_out_a_device_when_sharing_makes_it_slower():
     """Two equal CPU devices on one host: splitting halves each stage but both then run at
     half speed (the host does the same work), and the link adds its delay; one device alone is
