@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from skyjax.names import SCHEDULES
-from skyjax.plan.sharing import replay_effect
+from skyjax.plan.sharing import replayed_step
 from skyjax.plan.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
 
@@ -234,8 +234,8 @@ def evaluate_tables(profile: Profile, t: Tables, assignment: Assignment, strateg
     # each of its m - 1 repeats, which the replay overlaps with its neighbours' compute, so
     # adding the replay's contention on top counted that time twice (the shipped 4-process
     # even plans came out 13 % above their measured steps on average; docs/design.md)
-    effect = replay_effect(out, profile)
-    penalty = max(effect[2] - out.step_time_s, 0.0) if effect is not None else 0.0
+    replayed = replayed_step(out, profile)
+    penalty = max(replayed - out.step_time_s, 0.0) if replayed is not None else 0.0
     if penalty > 0:
         if out.exact:  # the searches optimise T without it: the optimum is a bound only
             out.exact, out.lower_bound_s = False, out.step_time_s

@@ -261,6 +261,25 @@ def replay_effect(plan, profile: Profile) -> tuple[float, list[float], float] | 
     """What host sharing and calls after idle (``skyjax.plan.wake_cost``) add to a plan's
     simulated step (seconds), each stage's busy-time ratio (replayed / without them), and the
     replayed step itself; None when neither applies to its stages."""
+    replay = _replay(plan, profile)
+    if replay is None:
+        return None
+    full, busy_full, plain = replay
+    alone, busy_alone = plain()
+    return full - alone, [b / a if a > 0 else 1.0 for a, b in zip(busy_alone, busy_full)], full
+
+
+def replayed_step(plan, profile: Profile) -> float | None:
+    """``replay_effect``'s replayed step alone, without the plain replay it is compared with
+    (the cost model needs only this); None where neither sharing nor calls after idle apply."""
+    replay = _replay(plan, profile)
+    return None if replay is None else replay[0]
+
+
+def _replay(plan, profile: Profile
+            ) -> tuple[float, list[float], Callable[[], tuple[float, list[float]]]] | None:
+    """The plan's replay with host sharing, calls after idle and poll lateness: its step, its
+    per-stage busy time, and the same replay without them (a call, run only where wanted)."""
     sharing = stage_sharing(plan, profile)
     wake = [wake_table(profile.devices[s.device], stage_work_s(profile, s.device, s.units))
             for s in plan.stages]
@@ -271,11 +290,10 @@ def replay_effect(plan, profile: Profile) -> tuple[float, list[float], float] | 
     kw = {"update_s": [s.update_s for s in plan.stages], "sync_s": float(profile.sync_s)}
     shares = cpu_shares(profile)
     share = sharing["share"] if sharing else [shares[s.device] for s in plan.stages]
-    alone, busy_alone = simulate_shared(*args, [None] * len(fwd), share, **kw)
     replay = sharing or {"host": [None] * len(fwd), "share": share}
     poll = [profile.devices[s.device].get("kind") == "cpu" for s in plan.stages]
     full, busy_full = simulate_shared(*args, **replay, **kw, wake=wake, poll=poll)
-    return full - alone, [b / a if a > 0 else 1.0 for a, b in zip(busy_alone, busy_full)], full
+    return full, busy_full, lambda: simulate_shared(*args, [None] * len(fwd), share, **kw)
 
 
 MAX_SUBSET_DEVICES = 8  # devices on shared hosts up to which every subset of them is tried
