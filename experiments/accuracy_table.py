@@ -64,20 +64,25 @@ def describe(spec: dict[str, Any]) -> str:
     return " ".join(str(p) for p in parts)
 
 
+def _read_json(path: str) -> Any:
+    """The file's JSON, or None where it does not exist."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workdirs", nargs="+", help="hetero_benchmark.py --workdir directories")
     args = parser.parse_args(argv)
     rows = []
     for workdir in args.workdirs:
-        path = os.path.join(workdir, "result.json")
-        if not os.path.exists(path):
+        result = _read_json(os.path.join(workdir, "result.json"))
+        if result is None:
             print(f"{workdir}: no result.json (the run did not finish); skipped")
             continue
-        with open(path) as f:
-            result = json.load(f)
-        spec_path = os.path.join(workdir, "spec.json")
-        spec = json.load(open(spec_path)) if os.path.exists(spec_path) else {}
+        spec = _read_json(os.path.join(workdir, "spec.json")) or {}
         rows.append((os.path.basename(os.path.normpath(workdir)), describe(spec),
                      run_figures(result)))
     print(f"{'run':10s} {'setting':30s} {'even':>7s} {'optimal':>8s} {'speed-up':>9s}  "
