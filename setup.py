@@ -24,8 +24,8 @@ setup(
         "ml_collections>=1.0",
         "numpy>=1.26",
         # plan.png / timeline.png at the end of every run and `python -m skyjax.plan --plot`
-        # (skyjax/plots.py, imported only when drawing). TensorBoard event files need no
-        # package: skyjax/tensorboard.py writes them itself (viewing them: pip install tensorboard).
+        # (skyjax/report/plots.py, imported only when drawing). TensorBoard event files need no
+        # package: skyjax/report/tensorboard.py writes them itself (viewing them: pip install tensorboard).
         "matplotlib>=3.8",
     ],
     extras_require={

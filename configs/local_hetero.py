@@ -16,15 +16,17 @@ def get_config():
     config.pipeline.microbatches = 4
     config.allocation.strategy = "optimal"
     config.allocation.granularity = "layer"
-    # Four emulated devices share this host's cores: the cost model adds their contention
-    # (skyjax.plan.sharing); what the profile's timings still miss of the running pipeline is
-    # corrected from the first steps' measured times, then the plan of the corrected profile runs.
+    # Four emulated devices are processes sharing this host's cores: the shared-host model
+    # (skyjax/hostmodel/) adds their contention to the cost model; what the profile's timings
+    # still miss of the running pipeline is corrected from the first steps' measured times, then
+    # the plan of the corrected profile runs.
+    config.cluster.shared_host = True
     config.allocation.calibrate_steps = 6
     config.cluster.mode = "distributed"
     config.cluster.num_devices = 4
     config.cluster.slowdowns = (1, 2, 3, 6)
     # Two shared cores move in speed from one second to the next: each device is timed in three
-    # passes, the median kept per unit (skyjax/profile/passes.py).
+    # passes, the median kept per unit (skyjax/hostmodel/passes.py).
     config.profile.passes = 3
     config.lock()
     return config

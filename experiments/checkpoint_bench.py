@@ -9,7 +9,7 @@ Save: every unit's params and AdamW state from one process (``CheckpointManager.
 copy, safetensors write, fsync, completeness check, commit). Restore: every unit back from the
 files (``restore_units``). Recovery: ``python -m skyjax.main`` (local, SIGKILLed, run again on
 another plan) and ``python -m skyjax.launch --max_restarts 1`` (3 processes, one SIGKILLed,
-finishing on 2); the same functions drive ``tests/test_fault.py``.
+finishing on 2); ``tests/test_fault.py`` checks the losses of the same kills.
 """
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "local_demo.py")
-# A short demo run: every step logged, no eval, one profiling repeat.
-FAST = ["--config.train.log_every=1", "--config.data.eval_examples=0",
+# A short demo run on one device (not the demo's 4 emulated ones, nor its calibration steps):
+# every step logged, no eval, one profiling repeat.
+FAST = ["--config.cluster.num_devices=1", "--config.cluster.slowdowns=()",
+        "--config.pipeline.microbatches=1", "--config.allocation.calibrate_steps=0",
+        "--config.train.log_every=1", "--config.data.eval_examples=0",
         "--config.profile.repeats=1"]
 
 

@@ -32,7 +32,7 @@ import time
 
 from experiments.plan_scale import paper_case
 from skyjax import plan as plan_lib
-from skyjax.plan.chain_bound import chain_bound
+from skyjax.plan.certificates.chain_bound import chain_bound
 from skyjax.plan.classes import link_groups
 from skyjax.plan.refine import least_sum
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     for m in args.microbatches:
         print(f"GPipe, m = {m}: walking the caps over all region orders", flush=True)
         c0 = time.process_time()
-        p = plan_lib.plan(prof, "optimal", "gpipe", m)
+        p = plan_lib.plan(prof, "optimal", "gpipe", m, certify=True)
         plan_cpu = time.process_time() - c0
         lb = p.step_time_s if p.exact else p.lower_bound_s
         t = plan_lib.tables(prof, "gpipe", m)

@@ -62,15 +62,14 @@ def worker(spec_path: str) -> None:
     import jax
     import numpy as np
 
-    from experiments import stage_probe
     from skyjax import cluster as cluster_lib, data as data_lib, train
     from skyjax import plan as plan_lib
     from skyjax.plan import simulate
-    from skyjax.plan.compare import measured_comm, stage_comparison
+    from skyjax.report.compare import measured_comm, stage_comparison
     from skyjax.plan import replan
     from skyjax.models import bert
     from skyjax.models.build import build_model
-    from skyjax.runtime import distributed
+    from skyjax.transport import group as distributed
     from skyjax.runtime.replanner import stage_busy
     from skyjax.profile.format import Profile
 
@@ -87,7 +86,7 @@ def worker(spec_path: str) -> None:
              for s in ("even", "optimal")}
     executors = {s: train.make_executor(config, chain, p, cluster, transport)
                  for s, p in plans.items()}
-    batches = data_lib.train_batches(config)
+    batches = data_lib.StepBatches(data_lib.train_batches(config))  # train.train_step_inputs
     times: dict[str, list[float]] = {s: [] for s in plans}
     busy: dict[str, list[list[float]]] = {s: [] for s in plans}  # per step, per stage
     spans: dict[str, list] = {s: [] for s in plans}  # the last measured step's F/B spans
@@ -132,7 +131,6 @@ def worker(spec_path: str) -> None:
             step += 1
         for d in (times, busy, spans, all_spans, comm):
             d["calibrated"] = []
-    probes: dict[str, list] = {}  # experiments.stage_probe, per plan: this process's rounds
     for r in range(1, args.rounds + 1):
         order = list(plans) if r % 2 else list(reversed(plans))
         for s in order:
@@ -146,10 +144,6 @@ def worker(spec_path: str) -> None:
                 all_spans[s].append([dataclasses.astuple(sp) for sp in spans[s]])
                 comm[s].append(measured_comm(spans[s], len(plans[s].stages)))
                 step += 1
-            stage_probe.probe_round(executors[s].stage, all_spans[s][-args.steps:], transport,
-                                    probes.setdefault(s, []))
-    stage_probe.probe_units(executors, plans, chain, profile, config, probes, transport,
-                            spec["workdir"])
     if jax.process_index() == 0:
         out = {"plans": {s: p.to_json() for s, p in plans.items()}, "times": times,
                "busy": {s: np.median(np.array(b), axis=0).tolist() for s, b in busy.items()},
@@ -271,9 +265,6 @@ def main() -> None:
         result = json.load(f)
     overhead = None if args.skip_overhead else one_stage_overhead(args)
     report(result, overhead, args, MODEL)
-    from experiments import stage_probe
-
-    stage_probe.print_report(workdir, args.processes, result["device_names"])
     print(f"\n(profile, logs and raw times in {workdir})")
 
 

@@ -35,13 +35,13 @@ def ideal_step_s(profile, microbatches: int) -> float:
 
 
 def host_bound_s(profile, microbatches: int) -> float | None:
-    """Where the devices share one host's cores (``skyjax.plan.sharing``): no plan beats the
+    """Where the devices share one host's cores (``skyjax.hostmodel.sharing``): no plan beats the
     host doing all the CPU work at full capacity. Each unit's CPU work is its time x CPU share
     x cores busy on the device where that is least; the step takes at least m x its sum / the
     host's cores. None where no host is shared."""
     import numpy as np
 
-    from skyjax.plan import sharing
+    from skyjax.hostmodel import sharing
 
     if sharing.host_groups(profile) is None:
         return None
@@ -52,10 +52,10 @@ def host_bound_s(profile, microbatches: int) -> float | None:
 
 def step_boundaries(result: dict, steps_per_block: int) -> dict[str, tuple[float, float]]:
     """Per plan: (median measured, predicted) step boundary (``compare.step_boundary_s``) over
-    consecutive steps of each block (a probe round separates blocks); the prediction is the
+    consecutive steps of each block (other plans' blocks run between); the prediction is the
     one ``compare.stage_comparison`` put in the result."""
-    from skyjax.plan.compare import step_boundary_s
-    from skyjax.trace import Span
+    from skyjax.report.compare import step_boundary_s
+    from skyjax.spans import Span
 
     out = {}
     for s, steps in result.get("spans", {}).items():
@@ -74,10 +74,10 @@ def message_delays(result: dict) -> dict[str, tuple[float, float, float]]:
     import numpy as np
 
     from skyjax.plan import Plan
-    from skyjax.plan.compare import message_delays as delays
+    from skyjax.report.compare import message_delays as delays
     from skyjax.plan.stage_times import stage_actions_s
     from skyjax.profile.format import Profile
-    from skyjax.trace import Span
+    from skyjax.spans import Span
 
     profile = Profile.from_json(result["profile"])
     out = {}
@@ -95,10 +95,10 @@ def contention_split(result: dict) -> dict[str, list[tuple[dict, float]]]:
     """Per plan of several stages on a shared host: ``compare.contention_split`` over every
     measured step, each stage beside the slow-down the model predicted for it."""
     from skyjax.plan import Plan
-    from skyjax.plan.compare import contention_split as split
-    from skyjax.plan.sharing import stage_sharing
+    from skyjax.report.compare import contention_split as split
+    from skyjax.hostmodel.sharing import stage_sharing
     from skyjax.profile.format import Profile
-    from skyjax.trace import Span
+    from skyjax.spans import Span
 
     profile = Profile.from_json(result["profile"])
     out = {}

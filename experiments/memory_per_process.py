@@ -30,8 +30,8 @@ def overrides(args: argparse.Namespace, distributed: bool) -> list[str]:
          "model.vocab_size": 30522, "model.max_position_embeddings": 512,
          "data.seq_len": args.seq_len, "data.batch_size": 4, "data.eval_examples": 0,
          "pipeline.microbatches": 2, "train.steps": args.steps, "train.log_every": 1,
-         "allocation.strategy": "even", "profile.repeats": 1,
-         "cluster.num_devices": args.processes if distributed else 1,
+         "allocation.strategy": "even", "allocation.calibrate_steps": 0, "profile.repeats": 1,
+         "cluster.num_devices": args.processes if distributed else 1, "cluster.slowdowns": "()",
          "cluster.mode": "distributed" if distributed else "local"}
     return [f"--config.{k}={v}" for k, v in o.items()]
 

@@ -26,7 +26,7 @@ from skyjax.profile.options import Options  # noqa: E402
 
 
 def demo(devices=1, slowdowns=()):
-    c = config_defaults.base_config()  # = configs/local_demo.py
+    c = config_defaults.base_config()  # configs/local_demo.py on one device
     c.cluster.num_devices = devices
     c.cluster.slowdowns = slowdowns
     return c

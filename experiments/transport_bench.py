@@ -4,8 +4,8 @@
 
 Transports compared (float32 messages, two stages / processes on this host):
 
-- ``local``: :class:`skyjax.runtime.transport.LocalTransport`, two threads, two CPU devices;
-- ``transfer``: :class:`skyjax.runtime.transport.TransferServerTransport` (what distributed runs
+- ``local``: :class:`skyjax.transport.LocalTransport`, two threads, two CPU devices;
+- ``transfer``: :class:`skyjax.transport.TransferServerTransport` (what distributed runs
   use): a ``jax.experimental.transfer`` pull plus a key-value-store notice per message;
 - ``transfer_raw``: the same pulls without the notice (ids agreed in advance): the notice's cost;
 - ``device_put``: cross-process ``jax.device_put`` between single-device shardings
@@ -49,7 +49,7 @@ def bench_local(sizes) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from skyjax.runtime.transport import LocalTransport
+    from skyjax.transport import LocalTransport
 
     devs = jax.local_devices()
     devs = [devs[0], devs[1 % len(devs)]]
@@ -83,7 +83,7 @@ def bench_local(sizes) -> list[dict]:
 
 def _worker(sizes) -> None:
     from skyjax.launch import free_port
-    from skyjax.runtime import distributed
+    from skyjax.transport import group as distributed
 
     info = distributed.initialize(timeout_s=60)
     import jax
@@ -92,8 +92,8 @@ def _worker(sizes) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from skyjax.runtime.transport import TransferServerTransport
-    from skyjax.runtime.transport.transfer import transfer_server
+    from skyjax.transport import TransferServerTransport
+    from skyjax.transport.transfer import transfer_server
 
     me = info.process_id
     dev = jax.local_devices()[0]

@@ -1,8 +1,8 @@
 """Every environment variable skyjax reads or sets, named once.
 
 The launcher (``skyjax.launch``) sets the first four for each child; ``jax.distributed`` start-up
-(``skyjax.runtime.distributed``) reads them; the transfer-server transport reads
-``TRANSFER_HOST``; ``skyjax.cluster.malloc`` reads ``KEEP_FREED_MEMORY``. ``XLA_FLAGS`` is
+(``skyjax.transport.group``) reads them; the transfer-server transport reads
+``TRANSFER_HOST``; ``skyjax.hostmodel.malloc`` reads ``KEEP_FREED_MEMORY``. ``XLA_FLAGS`` is
 XLA's own (``skyjax.cluster.ensure_host_device_count`` adds the host device count to it before
 JAX starts).
 """

@@ -4,7 +4,7 @@
 
 runs ``python -m skyjax.main <args after -->`` four times, with a coordinator on 127.0.0.1 at a free
 port, announced to each child through ``SKYJAX_COORDINATOR``, ``SKYJAX_NUM_PROCESSES`` and
-``SKYJAX_PROCESS_ID`` (read by :func:`skyjax.runtime.distributed.initialize`). Each child's output
+``SKYJAX_PROCESS_ID`` (read by :func:`skyjax.transport.group.initialize`). Each child's output
 lines are prefixed with ``[pK] ``. As soon as one child fails, or the timeout passes, every child is
 stopped (SIGTERM to its process group, SIGKILL after a grace period) and the launcher exits
 non-zero. No child outlives the launcher: on Ctrl-C / SIGTERM it stops them first, and each child
@@ -66,7 +66,7 @@ def core_slices(num_processes: int, cores: Sequence[int] | None = None) -> list[
     """Disjoint, contiguous, near-equal slices of ``cores`` (default: the cores this process may
     run on), one per process: what ``--bind_cores`` binds each child to, as SLURM's
     ``--cpu-bind=cores`` would, so that local processes stop sharing cores (the profile records
-    each one's cores; ``skyjax.plan.sharing`` then models no contention between them)."""
+    each one's cores; ``skyjax.hostmodel.sharing`` then models no contention between them)."""
     cores = sorted(os.sched_getaffinity(0) if cores is None else cores)
     if len(cores) < num_processes:
         raise ValueError(f"--bind_cores: {num_processes} processes but only {len(cores)} "

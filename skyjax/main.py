@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
             DataError) as e:  # bad input named in one line (file, tensor, unit), no traceback
         sys.exit(f"{type(e).__name__}: {e}")
     if config.cluster.mode == "distributed":
-        from skyjax.runtime import distributed
+        from skyjax.transport import group as distributed
 
         distributed.shutdown()
 
@@ -81,7 +81,7 @@ def start_jax(config) -> None:
     config, our launcher's environment, or SLURM / TPU auto-detection), or ask for
     ``config.cluster.num_devices`` CPU devices when a local run has too few."""
     if config.cluster.mode == "distributed":
-        from skyjax.runtime import distributed
+        from skyjax.transport import group as distributed
 
         distributed.initialize(coordinator_address=config.cluster.coordinator_address or None)
     else:

@@ -9,5 +9,5 @@ STRATEGIES = ("even", "optimal", "dynamic")  # allocation strategies (skyjax.pla
 GRANULARITIES = ("layer", "sublayer")  # how the model is cut into units (skyjax.models.units)
 MODES = ("local", "distributed")  # one process for all stages, or one process per stage
 # Exit status of a process that stopped because a peer process was lost (the launcher restarts
-# the job on the survivors; skyjax.runtime.transport.watchdog).
+# the job on the survivors; skyjax.transport.watchdog).
 EXIT_PEER_LOST = 75

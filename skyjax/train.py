@@ -9,7 +9,7 @@ here:
 4. run: the pipeline executor of ``skyjax.runtime`` (local: one thread per stage device;
    distributed: this process's stage under ``jax.distributed``), the train loop, evaluation on
    every split;
-5. outputs: ``summary.json``, ``plan.json``, ``metrics.jsonl``, ``trace.json`` (``skyjax.outputs``).
+5. outputs: ``summary.json``, ``plan.json``, ``metrics.jsonl``, ``trace.json`` (``skyjax.report.outputs``).
 
 Usable from a notebook as well as from ``python -m skyjax.main``.
 """
@@ -24,12 +24,14 @@ import jax
 import ml_collections
 from absl import logging
 
-from skyjax import checkpoint, cluster as cluster_lib, data as data_lib, optim, outputs, watch
+from skyjax import checkpoint, cluster as cluster_lib, data as data_lib, optim
+from skyjax.report import outputs, watch
 from skyjax import plan as plan_lib
 from skyjax.baseline import microbatch_rng
 from skyjax.config import validate_config
-from skyjax.plan.compare import step_boundary_s
+from skyjax.report.compare import step_boundary_s
 from skyjax.models import bert, build
+from skyjax.plan.extension import ExtraCost
 from skyjax.profile import profiler
 from skyjax.profile.chain import Workload
 from skyjax.profile.format import Profile, load_profile
@@ -41,16 +43,28 @@ from skyjax.runtime.replanner import Replanner, calibration_plan
 from skyjax.tree import tree_size
 
 Batch = dict[str, Any]
-# steps of the plan in use at the end whose spans summary.json's stage_comparison splits by
-# contention (skyjax.plan.compare.contention_split)
+# steps of the plan in use at the end whose spans summary.json's stage_comparison reports on
+# (the shared-host model splits them by contention)
 RECENT_STEPS = 50
 
 
+def shared_host(config: ml_collections.ConfigDict) -> tuple[ExtraCost | None, Any]:
+    """The optional shared-host model (``config.cluster.shared_host``, :mod:`skyjax.hostmodel`):
+    its cost terms for the planner and its probes for the profiler, with this process prepared
+    for it; ``(None, None)`` otherwise, and then nothing of it is imported."""
+    if not config.cluster.shared_host:
+        return None, None
+    from skyjax import hostmodel
+
+    hostmodel.activate()
+    return hostmodel.SharedHostModel(), hostmodel.probes()
+
+
 def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], workdir: str,
-                  cluster: cluster_lib.Cluster, transport: Any = None) -> Profile:
+                  cluster: cluster_lib.Cluster, transport: Any = None,
+                  probes: Any = None) -> Profile:
     """Per-unit timings on every device: ``config.profile.path`` if given, else the cached
-    ``workdir/profiles/<key>.json`` or a new measurement (:func:`profiler.profile_or_load`);
-    with this run's data source's batch cost (``batch_s``, :func:`profiler.with_batch_cost`)."""
+    ``workdir/profiles/<key>.json`` or a new measurement (:func:`profiler.profile_or_load`)."""
     if config.profile.path:
         profile = load_profile(config.profile.path)
         if profile.num_units != len(chain) or profile.num_devices != cluster.num_devices:
@@ -58,20 +72,18 @@ def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], wor
                 f"config.profile.path={config.profile.path!r} has {profile.num_units} units and "
                 f"{profile.num_devices} devices; this run has {len(chain)} units "
                 f"({config.allocation.granularity}) and {cluster.num_devices} devices")
-    else:
-        profile = profiler.profile_or_load(
-            workdir, Workload.from_config(config), cluster, optim.make_optimizer(config.train),
-            Options.from_config(config), chain=chain, reprofile=bool(config.profile.reprofile),
-            transport=transport, namespace="train")
-    # Only process 0 times the build (the others take its figure), so only it opens the source.
-    make = data_lib.inline_batch_maker(config) if jax.process_index() == 0 else None
-    return profiler.with_batch_cost(profile, make, workdir)
+        return profile
+    return profiler.profile_or_load(
+        workdir, Workload.from_config(config), cluster, optim.make_optimizer(config.train),
+        Options.from_config(config, host=probes), chain=chain,
+        reprofile=bool(config.profile.reprofile), transport=transport, namespace="train")
 
 
-def plan_phase(config: ml_collections.ConfigDict, profile: Profile) -> plan_lib.Plan:
+def plan_phase(config: ml_collections.ConfigDict, profile: Profile,
+               extra: ExtraCost | None = None) -> plan_lib.Plan:
     """The plan for the profile (``dynamic`` plans as ``optimal`` and re-plans while training)."""
     return plan_lib.plan(profile, config.allocation.strategy, config.pipeline.schedule,
-                         config.pipeline.microbatches)
+                         config.pipeline.microbatches, extra=extra)
 
 
 def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0) -> Any:
@@ -79,8 +91,8 @@ def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0) -
     heartbeat watchdog that turns a lost peer into an error naming it."""
     if jax.process_count() == 1:
         return None
-    from skyjax.runtime import distributed
-    from skyjax.runtime.transport import TransferServerTransport
+    from skyjax.transport import group as distributed
+    from skyjax.transport import TransferServerTransport
 
     distributed.start_watchdog(peer_timeout_s)
 
@@ -145,7 +157,7 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
                eval_sets: dict[str, list[Batch]], replanner: Replanner | None = None,
                start_step: int = 0, saver: checkpoint.CheckpointManager | None = None) -> dict:
     """Runs ``config.train.steps`` pipelined steps; returns times, metrics, the last spans, the
-    step boundaries of the plan in use at the end (``skyjax.plan.compare.step_boundary_s``,
+    step boundaries of the plan in use at the end (``skyjax.report.compare.step_boundary_s``,
     between consecutive steps after the first with no evaluation or re-plan between them) and
     the executor in use at the end (re-planning may have replaced it)."""
     t = config.train
@@ -157,12 +169,12 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
     recent: collections.deque = collections.deque(maxlen=RECENT_STEPS)  # the final plan's spans
     last = prev = None
     start = time.perf_counter()
-    batches = data_lib.train_batches(config, start_step)
+    batches = data_lib.StepBatches(data_lib.train_batches(config, start_step), start_step)
     progress = watch.train_progress(config, out.is_chief)  # lines with ETA; a bar on a terminal
     try:
         for step in range(start_step, t.steps):
-            # where this process's stage reads no batch it is not built; where it does, the
-            # next one is built while the stage first waits in this step (train_step_inputs)
+            # the step's batch and the next one's, built ahead by the prefetch thread; none
+            # where this process's stage reads no batch (train_step_inputs)
             tic = time.perf_counter()
             last = executor.train_step(*train_step_inputs(executor, batches, step, t.steps))
             step_times.append(time.perf_counter() - tic)
@@ -200,23 +212,22 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
 
 
 def train_step_inputs(executor: Any, batches: Any, step: int, steps: int) -> tuple:
-    """``executor.train_step``'s arguments for ``step`` of ``steps``: the step's batch from
-    ``batches`` (a :class:`skyjax.data.prefetch.Prefetcher`; None, skipped, where the executor's
-    stage does not read it) and ``upcoming``, its ``peek`` (None after the last step)."""
-    if not getattr(executor, "needs_batch", True):
-        batches.skip()
-        return step, None, None
-    batch = next(batches)
-    return step, batch, (batches.peek if step + 1 < steps else None)
+    """``executor.train_step``'s arguments for ``step`` of ``steps``: the step's batch and the
+    next step's (None after the last step), ready from ``batches`` (a
+    :class:`skyjax.data.StepBatches`); both None, skipped, where the executor's stage reads no
+    batch."""
+    batch, next_batch = batches.take(step, getattr(executor, "needs_batch", True),
+                                     step + 1 < steps)
+    return step, batch, next_batch
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Profile -> plan -> train -> eval; process 0 writes ``workdir/summary.json`` and returns it
     (other processes return the same summary without writing)."""
     wall_start = time.perf_counter()
-    cluster_lib.keep_freed_memory()  # profile and steps alike (skyjax.cluster.malloc)
     rss_start = memory.current_rss_bytes()
     validate_config(config)
+    extra, probes = shared_host(config)
     resume = checkpoint.prepare(config, workdir)  # refuses another run's checkpoint, by name
     out = outputs.Outputs(workdir, is_chief=jax.process_index() == 0,
                           resumed_from_step=resume.step if resume else 0)
@@ -231,13 +242,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                  config.allocation.granularity, num_params)
     cluster = cluster_lib.cluster_from_config(config)
     transport = make_transport(cluster, config.cluster.peer_timeout_s)
-    profile = profile_phase(config, chain, workdir, cluster, transport)
-    plan = plan_phase(config, profile)
+    profile = profile_phase(config, chain, workdir, cluster, transport, probes)
+    plan = plan_phase(config, profile, extra)
     start_step = resume.step if resume else 0
     calibrate = config.allocation.calibrate_steps
     calibrate = calibrate if start_step + calibrate < config.train.steps else 0
     if calibrate:  # the first steps run on every device; then the plan of the measured times
-        plan = calibration_plan(profile, plan)
+        plan = calibration_plan(profile, plan, extra)
         logging.info("calibration: steps %d-%d run on the plan below, then the units move to "
                      "the plan of the times measured there", start_step + 1,
                      start_step + calibrate)
@@ -254,11 +265,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     eval_sets = data_lib.eval_splits(config) if config.data.eval_examples else {}
     every = config.allocation.replan_every if config.allocation.strategy == "dynamic" else 0
     replanner = Replanner(every, profile, plan, calibrate_steps=calibrate,
-                          start_step=start_step, strategy=config.allocation.strategy)
+                          start_step=start_step, strategy=config.allocation.strategy,
+                          extra=extra)
     try:
         result = train_loop(config, executor, out, eval_sets, replanner,
                             resume.step if resume else 0, saver)
         result["resumed_from_step"] = resume.step if resume else 0
+        result["calibration_strategy"] = plan.strategy  # the plan the run started on
         executor = result.pop("executor")
         final_evals = evaluate_splits(executor, eval_sets, config.train.steps, out)
     finally:
@@ -273,9 +286,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     summary["memory"] = memory_report(config, chain, mine, rss_start)
     summary["stage_comparison"] = outputs.stage_report(plan, profile, result["last_step"],
                                                        result["boundaries"],
-                                                       result["recent_spans"])
+                                                       result["recent_spans"], extra)
     out.write_json("trace.json", outputs.trace_json(plan, profile, result["last_step"],
-                                                    summary["stage_comparison"]))
+                                                    summary["stage_comparison"], extra))
     if out.is_chief:  # plan.png, timeline.png
         watch.write_pictures(workdir, plan, profile, result["last_step"], cluster.jax_devices)
     out.write_json("summary.json", summary)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -11,105 +10,8 @@ import pytest
 from skyjax import plan as plan_lib
 from skyjax.plan import InfeasibleError, classes, heuristic
 from skyjax.profile.format import Profile
-
-
-def make_profile(fwd, bwd=None, *, state=None, act=None, out=None, memory=None, latency=None,
-                 bandwidth=None) -> Profile:
-    fwd = np.asarray(fwd, float)
-    u, d = fwd.shape
-    bwd = 2 * fwd if bwd is None else np.asarray(bwd, float)
-    state = np.ones(u) if state is None else state
-    act = np.zeros(u) if act is None else act
-    out = np.ones(u) if out is None else out
-    memory = np.full(d, 1e18) if memory is None else memory
-    latency = np.zeros((d, d)) if latency is None else np.asarray(latency, float)
-    bandwidth = np.full((d, d), 1e12) if bandwidth is None else np.asarray(bandwidth, float)
-    return Profile.from_json({
-        "version": 1, "microbatch": {"size": 8, "seq_len": 128},
-        "units": [{"name": f"u{i}", "state_bytes": float(state[i]),
-                   "activation_bytes": float(act[i]), "output_bytes": float(out[i])}
-                  for i in range(u)],
-        "devices": [{"name": f"d{j}", "memory_bytes": float(memory[j])} for j in range(d)],
-        "forward_s": fwd.tolist(), "backward_s": bwd.tolist(),
-        "links": {"latency_s": latency.tolist(), "bandwidth_Bps": bandwidth.tolist()}})
-
-
-def random_profile(rng: np.random.Generator, d: int, u: int) -> Profile:
-    """Heterogeneous times, memory, links (some unreachable), tight-ish memory."""
-    speed = rng.uniform(0.3, 3.0, d)
-    fwd = rng.uniform(0.05, 1.0, (u, 1)) * speed[None] * rng.uniform(0.7, 1.4, (u, d))
-    bwd = fwd * rng.uniform(1.2, 2.5, (u, d))
-    state = rng.integers(1, 100, u) * 1000.0
-    act = rng.integers(0, 40, u) * 1000.0
-    out = rng.integers(1, 100, u) * 1e5
-    memory = rng.uniform(0.15, 1.2, d) * (state.sum() + 3 * act.sum())
-    latency = rng.uniform(0.0, 0.05, (d, d))
-    bandwidth = rng.choice([1e7, 1e8, 1e9], (d, d)) * (rng.random((d, d)) > 0.15)
-    return make_profile(fwd, bwd, state=state, act=act, out=out, memory=memory, latency=latency,
-                        bandwidth=bandwidth)
-
-
-def brute_force(p: Profile, schedule: str, m: int) -> float:
-    """min T over every device subset, order and cut, straight from the cost model."""
-    work = p.forward_s + p.backward_s
-    u, d = work.shape
-    pre = np.concatenate([np.zeros((1, d)), np.cumsum(work, axis=0)])  # [U+1, D]
-    sp = np.concatenate([[0], np.cumsum([x["state_bytes"] for x in p.units])])
-    ap = np.concatenate([[0], np.cumsum([x["activation_bytes"] for x in p.units])])
-    ob = np.array([x["output_bytes"] for x in p.units])
-    mem = np.array([x["memory_bytes"] for x in p.devices])
-    best = math.inf
-    for n in range(1, min(u, d) + 1):
-        combos = list(itertools.combinations(range(1, u), n - 1))
-        cuts = np.array(combos, int).reshape(len(combos), n - 1)
-        a = np.concatenate([np.zeros((len(cuts), 1), int), cuts], axis=1)
-        b = np.concatenate([cuts, np.full((len(cuts), 1), u)], axis=1)
-        infl = np.array([m if schedule == "gpipe" else min(m, n - k) for k in range(n)])
-        need = (sp[b] - sp[a]) + infl * (ap[b] - ap[a])
-        for devs in itertools.permutations(range(d), n):
-            dv = np.array(devs)
-            if (need > mem[dv]).any(axis=1).all():
-                continue
-            times = pre[b, dv] - pre[a, dv]
-            for k in range(n - 1):
-                bw = p.bandwidth_Bps[devs[k], devs[k + 1]]
-                lat = p.latency_s[devs[k], devs[k + 1]]
-                times[:, k] += 2 * (lat + ob[b[:, k] - 1] / bw) if bw > 0 else math.inf
-            total = times.sum(axis=1) + ((m - 1) * times.max(axis=1) if m > 1 else 0.0)
-            total[(need > mem[dv]).any(axis=1)] = math.inf
-            best = min(best, float(total.min()))
-    return best
-
-
-def check_plan_valid(prof: Profile, plan: plan_lib.Plan) -> None:
-    devs = [s.device for s in plan.stages]
-    assert len(set(devs)) == len(devs)
-    assert plan.stages[0].units[0] == 0 and plan.stages[-1].units[1] == prof.num_units
-    for s, nxt in zip(plan.stages, plan.stages[1:]):
-        assert s.units[1] == nxt.units[0]
-        assert prof.bandwidth_Bps[s.device, nxt.device] > 0
-    for s in plan.stages:
-        assert s.memory_bytes <= prof.devices[s.device]["memory_bytes"]
-    again = plan_lib.evaluate(prof, [(s.device, *s.units) for s in plan.stages], plan.schedule,
-                               plan.microbatches)
-    assert again.step_time_s == pytest.approx(plan.step_time_s, rel=1e-12)
-
-
-def check_optimal_equals(prof, schedule: str, m: int, want: float, case) -> plan_lib.Plan | None:
-    """The optimal plan against the brute-force optimum ``want``: infeasible exactly when
-    ``want`` is infinite (then None), else exact, equal to it, valid, and above both bounds."""
-    if math.isinf(want):
-        with pytest.raises(InfeasibleError):
-            plan_lib.plan(prof, "optimal", schedule, m)
-        return None
-    got = plan_lib.plan(prof, "optimal", schedule, m)
-    assert got.exact
-    assert got.step_time_s == pytest.approx(want, rel=1e-9), case
-    t = plan_lib.tables(prof, schedule, m)
-    assert plan_lib.lower_bound(t) <= want * (1 + 1e-9)
-    assert plan_lib.min_bottleneck(t) <= got.bottleneck_s * (1 + 1e-9)
-    check_plan_valid(prof, got)
-    return got
+from tests.helpers import (brute_force, check_optimal_equals, check_plan_valid, make_profile,
+                           random_profile, region_profile)
 
 
 def test_optimal_matches_brute_force_random():
@@ -280,7 +182,6 @@ def test_chain_dp_caps_independent():
     """The chain DP's sum for a cap does not depend on the other caps run with it (the cap
     search reuses a round's ends), and the plan rebuilt for a cap has that sum."""
     from skyjax.plan.chain_dp import ChainDP
-    from tests.test_bounds import region_profile
     rng = np.random.default_rng(5)
     for i in range(12):
         prof = region_profile(rng, int(rng.integers(2, 5)), int(rng.integers(2, 6)), 2)
@@ -357,7 +258,6 @@ def test_fastest_subsets_find_starved_optimum(monkeypatch):
 def test_fastest_subsets_never_worse(monkeypatch):
     """On random region cases the step only replaces the plan by a better one, never goes below
     the brute-force optimum, and the plan stays valid."""
-    from tests.test_bounds import region_profile
     rng = np.random.default_rng(12)
     steps = []
     real = heuristic._fastest_subsets

@@ -18,28 +18,9 @@ import pytest
 from skyjax import plan as plan_lib
 from skyjax.plan import order_search, planner
 from skyjax.plan.group_bound import group_bound
-from skyjax.plan.region_bound import region_bound
-from tests.test_allocator import check_plan_valid, make_profile, random_profile
-from tests.test_cost_overheads import brute_force, with_overheads
-
-
-def region_profile(rng: np.random.Generator, d: int, u: int, regions: int):
-    """Devices of a few speed kinds in regions: fast links inside, slow ones across, memory
-    that binds with many micro-batches in flight."""
-    kind = rng.integers(1, 4, d)
-    region = np.sort(rng.integers(0, regions, d))
-    fwd = rng.uniform(0.2, 1.0, (u, 1)) * kind[None, :]
-    state = rng.integers(1, 50, u) * 1000.0
-    act = rng.integers(1, 20, u) * 1000.0
-    memory = rng.uniform(0.3, 1.0, d) * (state.sum() + 2 * act.sum())
-    if rng.random() < 0.5:
-        memory[:] = memory.max()  # equal memory: the in-flight level argument at its tightest
-    same = region[:, None] == region[None, :]
-    latency = np.where(same, 0.001, rng.uniform(0.2, 1.0))
-    bandwidth = np.where(same, 1e9, 1e6)
-    out = rng.integers(1, 100, u) * 1e4
-    return make_profile(fwd, state=state, act=act, out=out, memory=memory, latency=latency,
-                        bandwidth=bandwidth)
+from skyjax.plan.certificates.region_bound import region_bound
+from tests.helpers import (brute_force, check_plan_valid, make_profile, random_profile,
+                           realign_profile, region_profile, with_overheads)
 
 
 def check_bounds(prof, schedule: str, m: int, case) -> bool:
@@ -151,16 +132,6 @@ def test_region_bound_below_optimum():
     assert region_bound(plan_lib.tables(prof, "gpipe", 8), upper=want) == -math.inf
 
 
-def realign_profile(m: int = 16):
-    """17 units whose memory needs repeat 1, 1, 2 (so a block's size depends on where it
-    starts), 4 fast devices with 5 bytes and 2 slow ones (x2.5) with 2: at GPipe m the optimum
-    puts a slow device holding one unit between fast ones (tests/test_refine.py uses it too)."""
-    need = np.array([1.0, 1.0, 2.0] * 6)[:17]
-    fwd = np.ones((17, 1)) * np.array([1.0] * 4 + [2.5] * 2)[None] / 3
-    return make_profile(fwd, state=np.zeros(17), act=need / m, out=np.ones(17),
-                        memory=np.array([5.0] * 4 + [2.0] * 2))
-
-
 def test_interleaved_order_realigns_memory_bound_blocks(monkeypatch):
     """GPipe, memory binding by where a block starts (needs 1, 1, 2 repeating from unit 0 = B:
     a fast device's 5 bytes hold 4 units from B or C, 3 from A): the optimum puts a slow
@@ -178,7 +149,7 @@ def test_interleaved_order_realigns_memory_bound_blocks(monkeypatch):
     assert [s.units for s in got.stages][2] == (8, 9)
     monkeypatch.setattr(order_search, "memory_bound", lambda *a: False)
     # the GPipe refinement (tests/test_refine.py) realigns these blocks too: off here
-    monkeypatch.setattr(planner, "refine_plan", lambda profile, t, sol, out: out)
+    monkeypatch.setattr(planner, "refine_plan", lambda profile, t, sol, out, extra=None: out)
     without = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
     assert without.step_time_s > want.step_time_s * 1.1
 

@@ -11,21 +11,19 @@ looser one, alone and after group_bound (which shares its B grid).
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan import chain_bound as chain_mod
-from skyjax.plan.chain_bound import PricedChain, chain_bound
+from skyjax.plan.certificates import chain_bound as chain_mod
+from skyjax.plan.certificates.chain_bound import PricedChain, chain_bound
 from skyjax.plan.classes import link_groups
 from skyjax.plan.group_bound import GroupBound, group_bound
-from skyjax.plan.master_lp import master_prices
-from tests.test_allocator import random_profile
-from tests.test_bounds import region_profile
-from tests.test_cost_overheads import brute_force, with_overheads
+from skyjax.plan.certificates.master_lp import master_prices
+from tests.helpers import (all_plans, as_solution, brute_force, group_visits, random_profile,
+                           region_instances, region_profile, with_overheads)
 
 
 def _check(prof, m: int, case) -> tuple[bool, bool]:
@@ -128,61 +126,22 @@ def test_chain_bound_applies_to_gpipe_only(monkeypatch):
     assert chain_bound(plan_lib.tables(prof, "gpipe", 4), upper=1e9) == -math.inf
 
 
-def _all_plans(t):
-    """Every plan that fits memory and links (devices in order, cuts) as (its Solution, its
-    crossings, whether it visits every link group exactly once in one run)."""
-    from tests.test_refine import _solution
-
-    groups = link_groups(t)
-    group_of = {d: i for i, g in enumerate(groups) for d in g}
-    u = t.num_units
-    for n in range(1, min(u, t.num_devices) + 1):
-        for devs in itertools.permutations(range(t.num_devices), n):
-            seq = [group_of[d] for d in devs]
-            crossings = sum(a != b for a, b in zip(seq, seq[1:]))
-            once = crossings + 1 == len(set(seq)) == len(groups)
-            for cuts in itertools.combinations(range(1, u), n - 1):
-                bounds = (0,) + cuts + (u,)
-                sol = _solution(t, list(zip(devs, bounds, bounds[1:])))
-                if sol is not None:
-                    yield sol, crossings, once
-
-
-def region_tables(seed: int, count: int, devices: tuple[int, int], units: tuple[int, int]):
-    """(rng, GPipe tables) of random region instances (2 or 3 regions, a third with call
-    costs, m = 2, 4, 8 in turn) with at least two link groups."""
-    rng = np.random.default_rng(seed)
-    for i in range(count):
-        prof = region_profile(rng, int(rng.integers(*devices)), int(rng.integers(*units)),
-                              int(rng.integers(2, 4)))
-        if i % 3 == 0:
-            prof = with_overheads(prof, rng, 0.05)
-        t = plan_lib.tables(prof, "gpipe", (2, 4, 8)[i % 3])
-        if len(link_groups(t)) >= 2:
-            yield rng, t
-
-
-def test_revisits_bound_and_the_once_each_walk_bracket_the_optimum():
-    """``chain_bound(revisits=True)`` is below every plan that does not visit each group once,
-    and ``experiments.gpipe_optimum``'s walk over caps returns the least T of those that do;
-    so together they bound the optimum (brute force over every plan)."""
-    from experiments.gpipe_optimum import once_each_optimum
-    from tests.test_refine import _step
-
+def test_revisits_bound_is_below_every_plan_that_does_not_visit_each_group_once():
+    """``chain_bound(revisits=True)`` is below every plan that does not visit each link group
+    once, in one run (brute force over every plan); with the least T of the plans that do, it
+    bounds the optimum."""
     n = 0
-    for i, (_, t) in enumerate(region_tables(35, 80, (2, 5), (3, 6))):
-        plans = [(_step(t, sol), o) for sol, _, o in _all_plans(t)]
+    for i, (_, prof, t) in enumerate(region_instances(35, 80, (2, 5), (3, 6))):
+        groups = link_groups(t)
+        plans = [(p.step_time_s, group_visits(groups, p)[1])
+                 for p in all_plans(prof, "gpipe", t.microbatches)]
         once = min((x for x, o in plans if o), default=math.inf)
         other = min((x for x, o in plans if not o), default=math.inf)
         if not math.isfinite(min(once, other)):
             continue
-        walk, _, _ = once_each_optimum(t, math.inf, verbose=False)
-        assert walk == pytest.approx(once, rel=1e-9) if math.isfinite(once) else walk == once
         if math.isfinite(other):
             got = chain_bound(t, upper=other, revisits=True)
             assert got <= other * (1 + 1e-9), (i, got, other)
-        assert min(walk, chain_bound(t, upper=min(once, other), revisits=True)) \
-            <= min(once, other) * (1 + 1e-9)
         n += 1
     assert n >= 30, n
 
@@ -200,7 +159,9 @@ def test_chain_with_g_crossings_holds_every_revisiting_plan():
         if not gb.ok or len(gb.groups) != 2:
             continue
         assert not t.update_call.any() and not t.update_prefix.any()  # total = sum t_k
-        revisits = [sol for sol, crossings, _ in _all_plans(t) if crossings >= 2]
+        groups = link_groups(t)
+        revisits = [as_solution(p) for p in all_plans(prof, "gpipe", t.microbatches)
+                    if group_visits(groups, p)[0] >= 2]
         if not revisits:
             continue
         best = min(revisits, key=lambda sol: sol.total)

@@ -17,7 +17,7 @@ from skyjax.checkpoint import (CheckpointError, CheckpointManager, CheckpointMis
 from skyjax.checkpoint import layout
 from skyjax.models import bert
 from skyjax.runtime.local_executor import LocalExecutor
-from tests import test_runtime_local as ref
+from tests import helpers as ref
 
 RUN = {"seed": 0, "dataset": "synthetic"}
 M = 2

@@ -39,7 +39,7 @@ def _run(tmp_path, nprocs: int, spec: dict) -> tuple[int, str]:
 
 
 def _plan(blocks, devices):
-    from tests import test_runtime_local as ref
+    from tests import helpers as ref
 
     return ref.make_plan(blocks, "1f1b", M, devices).to_json()
 
@@ -51,7 +51,7 @@ def _optimizer():
 def test_saved_by_three_restored_by_two_bit_for_bit_and_same_losses(tmp_path):
     from skyjax.checkpoint import find_resume, restore_units
     from skyjax.checkpoint.names import state_entries
-    from tests import test_runtime_local as ref
+    from tests import helpers as ref
 
     ckpt = str(tmp_path / "checkpoints")
     # 3 processes in reverse order, uneven blocks.
@@ -90,7 +90,7 @@ def test_saved_by_three_restored_by_two_bit_for_bit_and_same_losses(tmp_path):
 
 def test_killed_in_a_save_keeps_the_previous_checkpoint_and_survivors_name_it(tmp_path):
     from skyjax.checkpoint import committed_steps, find_resume, restore_units
-    from tests import test_runtime_local as ref
+    from tests import helpers as ref
 
     """No launcher here (it would stop the survivors at once): the survivors must notice."""
     ckpt = str(tmp_path / "checkpoints")
@@ -146,10 +146,10 @@ def _worker() -> None:
     from skyjax.checkpoint import store
     from skyjax.checkpoint.names import state_entries
     from skyjax.plan import Plan
-    from skyjax.runtime import distributed
+    from skyjax.transport import group as distributed
     from skyjax.runtime.distributed_executor import DistributedExecutor
-    from skyjax.runtime.transport import TransferServerTransport
-    from tests import test_runtime_local as ref
+    from skyjax.transport import TransferServerTransport
+    from tests import helpers as ref
 
     with open(os.environ["SKYJAX_TEST_SPEC"]) as f:
         spec = json.load(f)

@@ -1,4 +1,4 @@
-"""skyjax.plan.compare: per-stage predicted vs measured (summary.json / trace.json ``stages``)."""
+"""skyjax.report.compare: per-stage predicted vs measured (summary.json / trace.json ``stages``)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan.compare import stage_comparison
+from skyjax.report.compare import stage_comparison
 from skyjax.plan.simulate import simulate_plan
-from skyjax.trace import Span
-from tests.test_allocator import make_profile
+from skyjax.spans import Span
+from tests.helpers import make_profile, shared_profile
 
 
 def _plan():
@@ -112,7 +112,7 @@ def test_calibration_splits_a_per_action_host_cost_from_device_factors():
 
 
 def test_step_boundary_is_last_end_to_next_first_start():
-    from skyjax.plan.compare import step_boundary_s
+    from skyjax.report.compare import step_boundary_s
 
     one = [Span(0, "F", 0, 0.0, 1.0), Span(1, "F", 0, 1.1, 2.0), Span(0, "B", 0, 2.5, 3.0)]
     two = [Span(0, "F", 0, 3.2, 4.0), Span(1, "F", 0, 4.1, 5.0), Span(0, "B", 0, 5.5, 6.5)]
@@ -122,7 +122,7 @@ def test_step_boundary_is_last_end_to_next_first_start():
 
 
 def test_message_delays_only_where_the_consumer_was_free():
-    from skyjax.plan.compare import measured_comm, message_delays
+    from skyjax.report.compare import measured_comm, message_delays
 
     # GPipe, 2 stages, m = 2: stage 1 is still busy with F1(0) when F0(1) ends
     spans = [Span(0, "F", 0, 0.0, 1.0), Span(0, "F", 1, 1.0, 2.0),
@@ -138,16 +138,18 @@ def test_message_delays_only_where_the_consumer_was_free():
 def test_predicted_compute_carries_the_sharing_slowdown():
     """Stages sharing a host's cores are predicted to compute slower by the replayed sharing
     ratio (what the measured spans show), and the same stages apart are not."""
-    from skyjax.plan.sharing import replay_effect
-    from tests.test_sharing import _shared
+    from skyjax.hostmodel import SharedHostModel
+    from skyjax.hostmodel.sharing import replay_effect
 
+    host = SharedHostModel()
     base, _ = _plan()
     blocks = [(0, 0, 3), (1, 3, 5), (2, 5, 6)]
-    apart = _shared(base, (1, 1, 1), ["a", "b", "c"])
-    alone = stage_comparison(plan_lib.evaluate(apart, blocks, "1f1b", 4), apart, [])
-    one_host = _shared(base, (1, 1, 1))
-    plan = plan_lib.evaluate(one_host, blocks, "1f1b", 4)
-    shared = stage_comparison(plan, one_host, [])
+    apart = shared_profile(base, (1, 1, 1), ["a", "b", "c"])
+    alone = stage_comparison(plan_lib.evaluate(apart, blocks, "1f1b", 4, extra=host), apart, [],
+                             extra=host)
+    one_host = shared_profile(base, (1, 1, 1))
+    plan = plan_lib.evaluate(one_host, blocks, "1f1b", 4, extra=host)
+    shared = stage_comparison(plan, one_host, [], extra=host)
     ratio = replay_effect(plan, one_host)[1]
     assert max(ratio) > 1.2
     for a, s, r in zip(alone["stages"], shared["stages"], ratio):
@@ -162,8 +164,8 @@ def test_contention_split_separates_actions_that_ran_alone():
     action is the model's (message calls included)."""
     import dataclasses
 
-    from skyjax.plan.compare import contention_split
-    from tests.test_sharing import _shared
+    from skyjax.hostmodel import SharedHostModel
+    from skyjax.hostmodel.contention import contention_split
 
     base, _ = _plan()
     blocks = [(0, 0, 3), (1, 3, 6)]
@@ -171,7 +173,7 @@ def test_contention_split_separates_actions_that_ran_alone():
             Span(0, "F", 1, 2.0, 3.5),  # beside stage 1's B0 from 3 (stage 1 sleeps 2..3)
             Span(1, "B", 0, 3.0, 5.0),  # computes 3..4, beside stage 0's F1 until 3.5
             Span(0, "B", 0, 5.0, 7.0)]
-    one_host = dataclasses.replace(_shared(base, (1, 2, 3)), message_s=np.full(3, 0.1))
+    one_host = dataclasses.replace(shared_profile(base, (1, 2, 3)), message_s=np.full(3, 0.1))
     plan = plan_lib.evaluate(one_host, blocks, "1f1b", 4)
     rows = contention_split(plan, one_host, [step])
     assert rows[0]["F"] == {"predicted_s": pytest.approx(3.0 + one_host.forward_call_s[0] + 0.1),
@@ -179,14 +181,18 @@ def test_contention_split_separates_actions_that_ran_alone():
     assert rows[1]["F"]["alone_s"] == 2.0 and rows[1]["F"]["alone_count"] == 1
     assert rows[1]["B"] == {"predicted_s": pytest.approx(12.0 + one_host.backward_call_s[1] + 0.1),
                             "alone_s": None, "alone_count": 0, "all_s": 2.0}
-    apart = dataclasses.replace(_shared(base, (1, 2, 3), ["a", "b", "c"]),
+    apart = dataclasses.replace(shared_profile(base, (1, 2, 3), ["a", "b", "c"]),
                                 message_s=np.full(3, 0.1))
     rows = contention_split(plan_lib.evaluate(apart, blocks, "1f1b", 4), apart, [step])
     assert rows[1]["B"]["alone_count"] == 1  # other hosts' stages take nothing from it
     # stage_comparison (summary.json) carries the split where two of the plan's stages share a
     # host, and only there
+    host = SharedHostModel()
     rep = stage_comparison(plan_lib.evaluate(one_host, blocks, "1f1b", 4), one_host, step,
-                           steps=[step, step])
+                           steps=[step, step], extra=host)
     assert [r["F"]["alone_count"] for r in rep["contention"]] == [2, 2]
     assert "contention" not in stage_comparison(plan_lib.evaluate(apart, blocks, "1f1b", 4),
-                                                apart, step, steps=[step])
+                                                apart, step, steps=[step], extra=host)
+    # without the shared-host model nothing of it is reported
+    assert "contention" not in stage_comparison(plan_lib.evaluate(one_host, blocks, "1f1b", 4),
+                                                one_host, step, steps=[step, step])

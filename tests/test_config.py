@@ -54,11 +54,25 @@ def test_stable_keys():
     assert config.allocation.strategy in ("even", "optimal", "dynamic")
     assert config.allocation.granularity in ("layer", "sublayer")
     assert config.cluster.mode in ("local", "distributed")
-    assert config.cluster.slowdowns == ()
+    assert len(config.cluster.slowdowns) == config.cluster.num_devices
 
 
-def test_demo_defaults_equal_base_config():
-    assert demo().to_dict() == config_defaults.base_config().to_dict()
+# what configs/local_demo.py changes of the defaults (skyjax/config/defaults.py says so)
+DEMO_CHANGES = {("cluster", "num_devices"), ("cluster", "slowdowns"),
+                ("pipeline", "microbatches"), ("allocation", "calibrate_steps")}
+
+
+def test_demo_defaults_equal_base_config_but_the_cluster():
+    """The defaults are the demo's but for its emulated devices, micro-batches and calibration:
+    the demo times the even split over 4 devices of unequal speed, then the chosen plan."""
+    ours, base = demo().to_dict(), config_defaults.base_config().to_dict()
+    changed = {(group, key) for group in base for key in base[group]
+               if ours[group][key] != base[group][key]}
+    assert changed == DEMO_CHANGES
+    assert base["cluster"]["num_devices"] == 1 and ours["cluster"]["num_devices"] == 4
+    assert len(set(ours["cluster"]["slowdowns"])) > 1  # unequal speeds
+    assert 2 <= ours["allocation"]["calibrate_steps"] < ours["train"]["steps"]
+    assert ours["allocation"]["strategy"] == "optimal"
 
 
 def test_local_hetero():
@@ -67,7 +81,7 @@ def test_local_hetero():
     assert config.cluster.num_devices == 4
     assert tuple(config.cluster.slowdowns) == (1, 2, 3, 6)
     assert 2 <= config.allocation.calibrate_steps < config.train.steps  # see the config's note
-    assert config.profile.passes > 1  # four devices on two shared cores: skyjax/profile/passes.py
+    assert config.profile.passes > 1  # four devices on two shared cores: skyjax/hostmodel/passes.py
     assert config.model.to_dict() == demo().model.to_dict()
 
 
@@ -100,11 +114,13 @@ def test_tuple_override_from_command_line():
     ("--config.model.hidden_act=swiglu", "config.model.hidden_act='swiglu'"),
     ("--config.train.learning_rate=-0.1", "config.train.learning_rate=-0.1 must be > 0"),
     ("--config.train.steps=0", "config.train.steps=0"),
-    ("--config.cluster.slowdowns=(0.5,)", "config.cluster.slowdowns[0]=0.5 must be >= 1"),
+    ("--config.cluster.slowdowns=(0.5, 1, 1, 1)",
+     "config.cluster.slowdowns[0]=0.5 must be >= 1"),
     ("--config.cluster.slowdowns=(1, 2)", "config.cluster.slowdowns has 2 entries but "
-                                          "config.cluster.num_devices=1"),
+                                          "config.cluster.num_devices=4"),
     ("--config.cluster.regions=('eu', 'us')", "config.cluster.regions has 2 entries"),
-    ("--config.cluster.memory_caps_bytes=(-1,)", "config.cluster.memory_caps_bytes[0]=-1"),
+    ("--config.cluster.memory_caps_bytes=(-1, 0, 0, 0)",
+     "config.cluster.memory_caps_bytes[0]=-1"),
     ("--config.cluster.coordinator_address=localhost", "config.cluster.coordinator_address"),
     ("--config.model.hidden_dropout_prob=1.0", "config.model.hidden_dropout_prob=1.0"),
     ("--config.model.num_labels=2", "config.model.num_labels=2 but the synthetic task has 3"),

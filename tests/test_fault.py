@@ -1,7 +1,8 @@
 """Killed runs end with the losses of runs never interrupted (float32, <= 1e-5):
 ``skyjax.main`` SIGKILLed after a checkpoint and run again on another plan and device count;
 one of 3 processes under ``skyjax.launch --max_restarts 1`` SIGKILLed, the job finishing on the 2
-survivors. Drivers: ``experiments/checkpoint_bench.py``. Every process ends by itself."""
+survivors (drivers in tests/helpers.py; ``experiments/checkpoint_bench.py --recovery`` times the
+same kills). Every process ends by itself."""
 
 from __future__ import annotations
 
@@ -9,21 +10,24 @@ import os
 
 import pytest
 
-from experiments import checkpoint_bench as bench
+from tests.helpers import (DEMO, ONE_DEVICE, kill_and_resume_local, kill_one_of_launched,
+                           main_summary)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-BASE = ["--config", bench.DEMO, "--config.train.steps=14", "--config.checkpoint.every=4",
-        *bench.FAST]
+# A short demo run on one device: every step logged, no eval, one profiling repeat.
+BASE = ["--config", DEMO, *ONE_DEVICE, "--config.train.steps=14", "--config.checkpoint.every=4",
+        "--config.train.log_every=1", "--config.data.eval_examples=0",
+        "--config.profile.repeats=1"]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return bench.run_main(str(tmp_path_factory.mktemp("ref")), BASE)["final_loss"]
+    return main_summary(str(tmp_path_factory.mktemp("ref")), BASE)["final_loss"]
 
 
 def test_sigkilled_run_resumes_on_another_plan_with_equal_loss(tmp_path, reference):
-    r = bench.kill_and_resume_local(
+    r = kill_and_resume_local(
         str(tmp_path), BASE + ["--config.cluster.num_devices=2",
                                "--config.pipeline.microbatches=2"],
         BASE + ["--config.allocation.granularity=sublayer"], kill_after_checkpoint=4)
@@ -37,7 +41,7 @@ def test_sigkilled_run_resumes_on_another_plan_with_equal_loss(tmp_path, referen
 
 
 def test_one_of_three_processes_killed_job_finishes_on_two(tmp_path, reference):
-    r = bench.kill_one_of_launched(
+    r = kill_one_of_launched(
         str(tmp_path), BASE + ["--config.cluster.mode=distributed",
                                "--config.cluster.num_devices=3",
                                "--config.cluster.slowdowns=(1, 1, 2)",

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from skyjax.names import EXIT_PEER_LOST
-from skyjax.runtime.transport.watchdog import DONE, LEFT, PeerLost, PeerWatchdog
+from skyjax.transport.watchdog import DONE, LEFT, PeerLost, PeerWatchdog
 
 
 class FakeKV:
@@ -110,10 +110,10 @@ def test_process_0_waits_for_a_silent_survivor_only_so_long():
     dog = PeerWatchdog(kv, 0, 3, 0.3, grace_s=0.2, exit=exits.append).start()
     assert _wait_for(lambda: dog.lost is not None)
     lost_at = dog.lost_at
-    assert _wait_for(lambda: exits, 10)
+    assert _wait_for(lambda: exits, 10)  # not for ever
     waited = time.monotonic() - lost_at
     assert exits == [EXIT_PEER_LOST]
-    assert 0.3 + 0.2 < waited < 0.3 + 0.2 + 2.0 + 1.5, waited  # timeout + grace + margin
+    assert waited >= 0.3 + 0.2 + 2.0, waited  # until its deadline: timeout + grace + margin
 
 
 def test_a_survivor_that_left_is_not_blamed():

@@ -28,7 +28,7 @@ SPLITS = ["validation_matched", "validation_mismatched"]
 
 def make_checkpoint(path: str) -> str:
     """The tiny HF checkpoint with a vocabulary beside it (data.tokenizer defaults to it)."""
-    from tests.test_glue import write_vocab
+    from tests.helpers import write_vocab
 
     shutil.copytree(FIXTURE, path, ignore=shutil.ignore_patterns("reference.npz"))
     return write_vocab(path)
@@ -163,7 +163,7 @@ def _worker() -> None:
     config = finetune_config(spec["checkpoint"], **spec["overrides"])
     skyjax_main.start_jax(config)
     from skyjax import train
-    from skyjax.runtime import distributed
+    from skyjax.transport import group as distributed
 
     with mocked():
         train.train_and_evaluate(config, spec["workdir"])

@@ -20,6 +20,7 @@ from skyjax.config import defaults as config_defaults
 from skyjax.config import validate_config
 from skyjax.data import glue
 from skyjax.data.prefetch import Prefetcher
+from tests.helpers import VOCAB, write_vocab
 
 tfds = pytest.importorskip("tensorflow_datasets")  # the "test" / "tfds" extra installs it
 transformers = pytest.importorskip("transformers")
@@ -27,19 +28,6 @@ transformers = pytest.importorskip("transformers")
 NUM_EXAMPLES = 20  # examples per mocked split
 BATCH = 8
 SEQ_LEN = 16  # mock pairs are 6-28 tokens here: some fit, some are truncated
-
-# WordPiece over the mock data's alphabet (" abcdefghij"): whole pieces, continuations, and no
-# "##j", so a word with a later "j" becomes [UNK].
-VOCAB = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghij")
-         + ["##" + c for c in "abcdefghi"] + ["abc", "##de", "hi", "##fg", "j"])
-
-
-def write_vocab(path, tokens=VOCAB) -> str:
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "vocab.txt"), "w") as f:
-        f.write("\n".join(tokens) + "\n")
-    return str(path)
-
 
 @pytest.fixture(scope="module")
 def vocab_dir(tmp_path_factory):
@@ -157,7 +145,7 @@ def test_every_task_matches_tfds_and_builds(name, vocab_dir, mock):
 
 def test_batches_equal_the_tokenizer_on_the_same_pairs(vocab_dir, reference_tokenizer, mock):
     name = "glue/mnli"
-    config = make_config(vocab_dir, name, prefetch=0)
+    config = make_config(vocab_dir, name, prefetch=1)
     batches = take(data.train_batches(config), 6)  # 48 stream positions: 2.4 epochs of 20
     rows = source_rows(name, "train")
     order = glue.EpochOrder(config.train.seed, NUM_EXAMPLES)
@@ -215,21 +203,20 @@ def test_start_step_equals_the_kth_batch(vocab_dir, mock, k):
 
 
 def test_prefetch_depth_does_not_change_batches(vocab_dir, mock):
-    inline = take(data.train_batches(make_config(vocab_dir, prefetch=0)), 4)
-    assert_batches_equal(take(data.train_batches(make_config(vocab_dir, prefetch=1)), 4), inline)
-    assert_batches_equal(take(data.train_batches(make_config(vocab_dir, prefetch=4)), 4), inline)
+    one = take(data.train_batches(make_config(vocab_dir, prefetch=1)), 4)
+    assert_batches_equal(take(data.train_batches(make_config(vocab_dir, prefetch=2)), 4), one)
+    assert_batches_equal(take(data.train_batches(make_config(vocab_dir, prefetch=4)), 4), one)
 
 
-def test_inline_batch_maker_is_the_sources_own_function_or_none(vocab_dir, mock, monkeypatch):
-    """What the loop's thread builds (the cost model's ``batch_s`` times it): GLUE without a
-    prefetch thread gives the function behind ``train_batches``; with one, nothing (and the
-    tokenizer and split are not opened for it)."""
-    inline = take(data.train_batches(make_config(vocab_dir, prefetch=0)), 3)
-    make = data.inline_batch_maker(make_config(vocab_dir, prefetch=0))
-    assert_batches_equal([make(i) for i in range(3)], inline)
-    config = make_config(vocab_dir, prefetch=2)
-    monkeypatch.setattr(glue, "train_batch_fn", lambda c: pytest.fail("opened the data"))
-    assert data.inline_batch_maker(config) is None
+def test_prefetch_zero_is_refused():
+    """Every source's batches are built by the prefetch thread: a depth of 0 is a config error
+    naming the key, and the Prefetcher refuses it too."""
+    config = config_defaults.base_config()
+    config.data.prefetch = 0
+    with pytest.raises(ValueError, match=r"config\.data\.prefetch=0 must be >= 1"):
+        validate_config(config)
+    with pytest.raises(ValueError, match="depth=0"):
+        Prefetcher(lambda i: i, depth=0)
 
 
 def test_prefetcher_runs_ahead_stops_and_forwards_errors():
@@ -263,34 +250,57 @@ def test_prefetcher_runs_ahead_stops_and_forwards_errors():
     assert not set(threading.enumerate()) - before, "the prefetch threads should have stopped"
 
 
-@pytest.mark.parametrize("depth", [0, 2])
-def test_prefetcher_peek_and_skip_keep_the_order(depth):
-    """``peek`` gives what the next ``next`` returns (built now when inline), ``skip`` moves
-    past a batch, unbuilt when inline; a batch that fails in ``peek`` gives None there and is
-    raised by the ``next`` that would have returned it (in the training loop, not inside a
-    pipeline step, where ``peek`` runs)."""
+def test_prefetcher_skip_builds_nothing_until_its_thread_starts():
+    """``skip`` before the first ``next`` moves past a batch unbuilt (a process whose stage
+    reads no batch builds none); the thread then starts at the batch after it."""
     made = []
 
     def make(i):
         made.append(i)
-        if i == 4:
-            raise RuntimeError("batch 4 is broken")
+        return i
+
+    it = Prefetcher(make, start=3, depth=2)
+    it.skip()
+    it.skip()
+    time.sleep(0.05)
+    assert made == []  # no thread yet
+    assert next(it) == 5 and made[0] == 5
+    it.skip()  # the thread has started: taken from its queue, in order
+    assert next(it) == 7
+    it.close()
+
+
+def test_step_batches_take_ready_batches_in_step_order():
+    """``StepBatches.take``: the step's batch and the next step's (held for the next take), none
+    for a stage that reads no batch; a batch that fails to build is raised by its own step's
+    take, not by the step before it, which takes it ahead."""
+    made = []
+
+    def make(i):
+        made.append(i)
+        if i == 5:
+            raise RuntimeError("batch 5 is broken")
         return {"index": i}
 
-    it = Prefetcher(make, start=0, depth=depth)
-    first = it.peek()
-    assert first == {"index": 0} and it.peek() is first and next(it) is first
-    it.skip()  # 1
-    assert next(it) == {"index": 2}
-    if depth == 0:
-        assert made == [0, 2]  # batch 1 was never built
-    assert it.peek() == {"index": 3} and next(it) == {"index": 3}
-    assert it.peek() is None
-    with pytest.raises(RuntimeError, match="batch 4"):
-        next(it)
-    assert it.peek() is None
-    with pytest.raises(StopIteration):
-        next(it)
+    steps = data.StepBatches(Prefetcher(make, start=1, depth=2), start=1)
+    assert steps.take(1, read=False) == (None, None)  # skipped before the thread starts
+    batch, ahead = steps.take(2)
+    assert batch == {"index": 2} and ahead == {"index": 3} and 1 not in made
+    again, ahead = steps.take(3)
+    assert again is not None and again == {"index": 3} and ahead == {"index": 4}
+    assert steps.take(4, read=False) == (None, None)  # the held batch is dropped
+    with pytest.raises(ValueError, match="step 6 taken where step 5 comes next"):
+        steps.take(6)
+    steps = data.StepBatches(Prefetcher(make, start=4, depth=2), start=4)
+    batch, ahead = steps.take(4)
+    assert batch == {"index": 4} and ahead is None
+    with pytest.raises(RuntimeError, match="batch 5"):
+        steps.take(5)
+    steps.close()
+    last = data.StepBatches(Prefetcher(make, start=0, depth=1))
+    assert last.take(0, ahead=False) == ({"index": 0}, None)
+    assert last.take(1, ahead=False)[0] == {"index": 1}
+    last.close()
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ UPDATE_MSG = "pinned value changed: update the pin only if the change of the mat
 
 
 def _demo_step():
-    config = base_config()  # = configs/local_demo.py
+    config = base_config()  # configs/local_demo.py on one device
     model = build_model(config.model, config.train.seed)
     chain = bert.units(model, config.allocation.granularity)
     params = [u.params for u in chain]

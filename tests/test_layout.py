@@ -1,7 +1,8 @@
-"""The package layout keeps its promises (docs/design.md, "Layout"): no import cycle between
-skyjax's modules (lazy imports inside functions count too), nothing imports the orchestration
-(``skyjax.train``, ``skyjax.main``, ``skyjax.launch``), the planner and the config checks import
-no JAX, no module grows past ~400 lines, and nothing edits ``sys.path``."""
+"""The package layout keeps its promises (docs/design.md, "Layout"): packages import one way, in
+the order of ``LAYERS`` (every import, lazy ones inside functions too), no import cycle between
+modules, nothing imports the orchestration or the entry points, the optional shared-host model
+and the reporting package are imported by none of the core, the planner and the config checks
+import no JAX, no module grows past ~400 lines, and nothing edits ``sys.path``."""
 
 from __future__ import annotations
 
@@ -97,6 +98,83 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# Lowest first: a module may import its own package and the packages of lower rows only.
+LAYERS: list[set[str]] = [
+    {"names", "env_vars", "jsonio", "tree", "metrics", "optim", "spans"},
+    {"models", "data", "cluster"},
+    {"config"},  # checks values against what models, data and cluster accept
+    {"programs", "transport", "baseline"},
+    {"profile"},
+    {"plan"},
+    {"runtime"},
+    {"hostmodel"},  # optional: the shared-host model, handed to the core through plan.extension
+    {"checkpoint"},
+    {"report"},
+    {"train", "watch", "survivors"},
+    {"main", "launch", "entry"},
+]
+# Command-line entry points: they parse flags and wire layers together, so they sit at the top.
+ENTRY_POINTS = {"skyjax.plan.cli", "skyjax.plan.__main__", "skyjax.profile.cli",
+                "skyjax.profile.__main__"}
+
+
+def _group(module: str) -> str:
+    """The package (first name under skyjax) a module belongs to, or "entry"."""
+    if module in ENTRY_POINTS:
+        return "entry"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "skyjax"
+
+
+def _row(group: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if group in layer:
+            return i
+    raise AssertionError(f"package {group!r} has no row in LAYERS")
+
+
+def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports that point to a package in the same row (not the same package) or a higher row."""
+    out = []
+    for src, dsts in graph.items():
+        if src == "skyjax":
+            continue
+        for dst in dsts:
+            a, b = _group(src), _group(dst)
+            if a != b and _row(b) >= _row(a):
+                out.append((src, dst))
+    return sorted(out)
+
+
+def test_layer_checker_finds_an_upward_import():
+    assert _upward({"skyjax.plan.cost": {"skyjax.runtime.pipeline"}}) == [
+        ("skyjax.plan.cost", "skyjax.runtime.pipeline")]
+    assert _upward({"skyjax.runtime.pipeline": {"skyjax.plan.cost"}}) == []
+    assert _upward({"skyjax.plan.cli": {"skyjax.hostmodel.sharing"}}) == []
+
+
+def test_every_package_has_a_row():
+    for module in _graph():
+        if module != "skyjax":
+            _row(_group(module))
+
+
+def test_packages_import_one_way():
+    assert _upward(_graph()) == []
+
+
+def test_core_runs_without_the_shared_host_model():
+    """Planning, simulating and running never import skyjax.hostmodel unless a caller hands it
+    in: importing the core leaves it unloaded."""
+    code = ("import sys, skyjax.plan, skyjax.plan.simulate, skyjax.plan.replan, skyjax.runtime, "
+            "skyjax.profile.profiler, skyjax.report.outputs, skyjax.train; "
+            "print(sorted(m for m in sys.modules if m.startswith('skyjax.hostmodel')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_cycle_detector_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
@@ -107,7 +185,7 @@ def test_no_import_cycles():
 
 
 def test_nothing_imports_the_orchestration():
-    top = {"skyjax.train", "skyjax.main", "skyjax.launch"}
+    top = {"skyjax.train", "skyjax.main", "skyjax.launch"} | ENTRY_POINTS
     offenders = {(src, dst) for src, dsts in _graph().items() for dst in dsts
                  if dst in top and src not in top | {"skyjax.main"}}
     assert not offenders, f"modules importing the orchestration: {sorted(offenders)}"
@@ -115,7 +193,7 @@ def test_nothing_imports_the_orchestration():
 
 @pytest.mark.parametrize("module", ["skyjax.plan", "skyjax.plan.cli", "skyjax.plan.simulate",
                                     "skyjax.plan.replan", "skyjax.config", "skyjax.cluster",
-                                    "skyjax.profile.format", "skyjax.trace", "skyjax.names",
+                                    "skyjax.profile.format", "skyjax.spans", "skyjax.names",
                                     "skyjax.survivors", "skyjax.launch"])
 def test_modules_that_import_no_jax(module):
     code = f"import sys, {module}; print('jax' in sys.modules)"

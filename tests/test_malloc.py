@@ -1,4 +1,4 @@
-"""skyjax.cluster.malloc: freed host memory is kept for reuse, so buffers allocated again and again
+"""skyjax.hostmodel.malloc: freed host memory is kept for reuse, so buffers allocated again and again
 (a pipeline's residuals, every action) stop faulting in fresh pages."""
 
 from __future__ import annotations

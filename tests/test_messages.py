@@ -1,4 +1,4 @@
-"""skyjax.profile.messages: what a message costs the stages that exchange it while computing."""
+"""skyjax.hostmodel.messages: what a message costs the stages that exchange it while computing."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from skyjax import cluster as cl
 from skyjax.config import defaults as config_defaults
-from skyjax.profile import messages
-from skyjax.runtime.transport import LocalTransport
-from tests.threads import run_as_processes
+from skyjax.hostmodel import messages
+from skyjax.transport import LocalTransport
+from tests.helpers import run_as_processes
 
 
 def test_extras_keep_what_stands_out_of_the_noise():
@@ -98,11 +98,12 @@ def test_probe_finds_each_devices_cost_per_message():
     cost is not checked: device 0's busy send runs during it, on the same process's cores.)"""
     (costly, tag0), (free, tag1) = _probe_two(lambda link: _CostlySends(link, 0.010), 8)
     assert tag0 == tag1 > 10  # both walked the same tags
-    # 10 ms busy (wall clock) after each send; a loaded host's noise, 1-2 ms in the robust
-    # times on 2 shared cores, must not hide it nor make a free send look like it
-    assert 0.007 < costly["send_s"] < 0.030, costly
+    # 10 ms busy (wall clock) after each send: found, at half of it or more (a loaded host's
+    # noise, 1-2 ms in the robust times on 2 shared cores, must not hide it), and a free send
+    # does not look like it
+    assert costly["send_s"] > 0.005, costly
     assert costly["message_s"] == pytest.approx((costly["send_s"] + costly["recv_s"]) / 2)
-    assert free["send_s"] < costly["send_s"] / 3, (free, costly)
+    assert free["send_s"] < costly["send_s"] / 2, (free, costly)
 
 
 def test_one_device_has_no_message_cost():
@@ -172,6 +173,8 @@ def test_probe_finds_the_devices_whose_messages_arrive_late():
     (send start to the peer's receive, clocks matched by ping-pong) show it on device 0 only."""
     (late, _), (prompt, _) = _probe_two(lambda link: _LateSends(link, 0.005), 6)
     assert late["peer"] == 1 and prompt["peer"] == 0 and len(late["delays_s"]) == 6
-    # 5 ms late (a loaded host adds its noise on top); the prompt device's are far below
-    assert 0.0045 < float(np.median(late["delays_s"])) < 0.015, late["delays_s"]
-    assert float(np.median(prompt["delays_s"])) < 0.0025, prompt["delays_s"]
+    # 5 ms late (a sleep: a lower bound, less the clock match's error; a loaded host adds its
+    # noise on top); the prompt device's by at least half of that less
+    late_s, prompt_s = float(np.median(late["delays_s"])), float(np.median(prompt["delays_s"]))
+    assert late_s > 0.004, late["delays_s"]
+    assert prompt_s < late_s - 0.0025, (prompt["delays_s"], late["delays_s"])

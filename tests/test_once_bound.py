@@ -16,17 +16,19 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.plan.classes import link_groups
-from skyjax.plan.once_bound import OnceEach
-from tests.test_bounds import region_profile
-from tests.test_chain_bound import _all_plans, region_tables
-from tests.test_cost_overheads import with_overheads
+from skyjax.plan.certificates.once_bound import OnceEach
+from tests.helpers import (all_plans, as_solution, brute_force, group_visits, paper_case,
+                           region_instances, region_profile, with_overheads)
 
 
 def _instances(seed: int, count: int):
     """(rng, tables, once-each plans as (sum, bottleneck)) of random region instances with at
-    least two link groups and one once-each plan."""
-    for rng, t in region_tables(seed, count, (2, 6), (3, 7)):
-        once = [(sol.total, sol.bottleneck) for sol, _, o in _all_plans(t) if o]
+    least two link groups and one once-each plan (brute force over every plan)."""
+    for rng, prof, t in region_instances(seed, count, (2, 6), (3, 7)):
+        groups = link_groups(t)
+        once = [(sol.total, sol.bottleneck)
+                for sol in (as_solution(p) for p in all_plans(prof, "gpipe", t.microbatches)
+                            if group_visits(groups, p)[1])]
         if once:
             yield rng, t, once
 
@@ -68,8 +70,6 @@ def test_relaxed_and_cut_least_sum_stays_below_every_once_each_plan():
 def test_paper_case_gpipe_m32_gap_is_within_one_percent():
     """The issue's hardest row: at m = 32 the chain bound alone leaves 1.3 %; plans visiting
     each region once, bounded apart, bring the planner's own gap to 1 %."""
-    from experiments.plan_scale import paper_case
-
     p = plan_lib.plan(paper_case(), "optimal", "gpipe", 32)
     assert p.exact or p.step_time_s <= p.lower_bound_s * 1.01 * (1 + 1e-9), (
         p.step_time_s, p.lower_bound_s)
@@ -78,8 +78,7 @@ def test_paper_case_gpipe_m32_gap_is_within_one_percent():
 def test_chain_bound_with_a_goal_lifts_some_bounds_and_stays_below_the_optimum():
     """With the goal at the optimum, chain_bound bounds once-each plans apart wherever it is
     below: never above the optimum, and higher than without on some instances."""
-    from skyjax.plan.chain_bound import chain_bound
-    from tests.test_cost_overheads import brute_force
+    from skyjax.plan.certificates.chain_bound import chain_bound
 
     rng = np.random.default_rng(43)
     n = lifted = 0

@@ -1,4 +1,4 @@
-"""Profiling in several passes (skyjax.profile.passes): each unit's median pass is kept."""
+"""Profiling in several passes (skyjax.hostmodel.passes): each unit's median pass is kept."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from skyjax.optim import make_optimizer
 from skyjax.profile import measure as measure_lib
 from skyjax.profile.chain import Workload
 from skyjax.profile.options import Options
-from skyjax.profile.passes import median_pass, pass_order
-from tests.test_profiler import quiet, tiny_config
+from skyjax.hostmodel.passes import median_pass, pass_order
+from tests.helpers import quiet, tiny_config
 
 nan = math.nan
 

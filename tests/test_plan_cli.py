@@ -12,7 +12,7 @@ import pytest
 
 from skyjax.plan import cli as plan_cli
 from skyjax.profile.format import save_profile
-from tests.test_allocator import make_profile
+from tests.helpers import make_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

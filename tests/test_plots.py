@@ -1,6 +1,7 @@
-"""Pictures (skyjax.plots): the plan and the timeline for 4 and for 64 devices (a synthetic
-64-node profile, as experiments/paper_reproduction.py builds it), the measured per-stage numbers,
-and that drawing stays out of the import path (no matplotlib, no JAX until a picture is asked)."""
+"""Pictures (skyjax.report.plots): the plan and the timeline for 4 and for 64 devices (a synthetic
+64-node profile from the FLOP model of experiments/paper_reproduction.py), the measured
+per-stage numbers, and that drawing stays out of the import path (no matplotlib, no JAX until a
+picture is asked)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,12 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.paper_reproduction import GIB, BertShape, bert_units, synth_profile, \
-    uniform_links
 from skyjax import plan as plan_lib
 from skyjax.plan.simulate import simulate_plan
-from skyjax.trace import Span
-from tests.test_allocator import make_profile
+from skyjax.spans import Span
+from tests.helpers import GIB, bert_units, make_profile, synth_profile, uniform_links
 
-plots = pytest.importorskip("skyjax.plots")
+plots = pytest.importorskip("skyjax.report.plots")
 pytest.importorskip("matplotlib")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +40,7 @@ def four_devices():
 def sixty_four_devices():
     slow = np.random.default_rng(35).integers(1, 7, 64)
     lat, bw = uniform_links(64, 10e9 / 8, 50e-6)
-    prof = synth_profile(bert_units(BertShape(layers=40)), slow, np.full(64, 16 * GIB), lat, bw)
+    prof = synth_profile(bert_units(layers=40), slow, np.full(64, 16 * GIB), lat, bw)
     return prof, plan_lib.plan(prof, "even", "1f1b", 32)
 
 
@@ -86,7 +85,7 @@ def test_timeline_without_measured_step(tmp_path):
 
 
 def test_drawing_is_not_on_the_import_path():
-    code = ("import sys, skyjax.plots, skyjax.plan.cli; "
+    code = ("import sys, skyjax.report.plots, skyjax.plan.cli; "
             "print('matplotlib' in sys.modules, 'jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)

@@ -39,7 +39,7 @@ def test_roundtrip_keeps_unknown_keys(tmp_path):
     want.update(version=2, update_s=[[0.0, 0.0]] * 3, overheads={
         "forward_call_s": [0.0, 0.0], "backward_call_s": [0.0, 0.0],
         "update_call_s": [0.0, 0.0], "message_s": [0.0, 0.0], "input_s": [0.0, 0.0],
-        "sync_s": 0.0, "batch_s": 0.0})
+        "sync_s": 0.0})
     assert p.to_json() == want
     path = tmp_path / "profile.json"
     save_profile(p, str(path))

@@ -1,4 +1,4 @@
-"""Progress lines with an ETA (skyjax.progress): the training line, the live bar only on a
+"""Progress lines with an ETA (skyjax.report.progress): the training line, the live bar only on a
 terminal, and the profiler's "device d/D, ETA" suffix, also on a real (tiny) profile."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from skyjax.progress import Progress, ProfileProgress, eta_s, format_duration
+from skyjax.report.progress import Progress, ProfileProgress, eta_s, format_duration
 
 
 class FakeClock:
@@ -89,7 +89,7 @@ def test_profile_progress_appends_device_and_eta():
 
 
 def test_real_profile_lines_carry_the_eta():
-    from tests.test_profiler import measure, tiny_config
+    from tests.helpers import measure, tiny_config
 
     seen: list[str] = []
     measure(tiny_config(2, layers=1, slowdowns=(1, 2)), log=seen.append)

@@ -18,28 +18,24 @@ import pytest
 from skyjax import plan as plan_lib
 from skyjax.plan import planner, refine as refine_mod
 from skyjax.plan.classes import link_groups
-from skyjax.plan.cost import Solution, check_assignment, stage_costs
-from tests.test_allocator import check_plan_valid, random_profile
-from tests.test_bounds import realign_profile, region_profile
-from tests.test_cost_overheads import brute_force, with_overheads
+from skyjax.plan.cost import Solution, check_assignment
+from tests.helpers import (all_plans, as_solution, brute_force, check_plan_valid, paper_case,
+                           price, random_profile, realign_profile, region_profile,
+                           with_overheads)
 
 
-def _solution(t, assignment) -> Solution | None:
-    """An assignment as a Solution (None if it does not fit memory or links)."""
-    stages = stage_costs(t, assignment)
-    if any(s.memory_bytes > t.memory[s.device] for s in stages):
-        return None
-    times = [s.time_s for s in stages]
-    if not all(math.isfinite(x) for x in times):
-        return None
-    return Solution(float(sum(times)) + stages[0].update_s, float(max(times)), list(assignment))
+def _solution(prof, t, assignment) -> Solution | None:
+    """An assignment as a Solution, priced by the cost model (None if it does not fit memory or
+    links)."""
+    plan = price(prof, assignment, t.schedule, t.microbatches)
+    return None if plan is None else as_solution(plan)
 
 
 def _step(t, sol: Solution) -> float:
     return sol.total + (t.microbatches - 1) * sol.bottleneck + t.sync_s
 
 
-def _random_incumbent(rng, t, groups) -> Solution | None:
+def _random_incumbent(rng, prof, t, groups) -> Solution | None:
     """A random plan visiting every region once (random region order, devices, cuts)."""
     u = t.num_units
     order = rng.permutation(len(groups))
@@ -49,38 +45,36 @@ def _random_incumbent(rng, t, groups) -> Solution | None:
         return None
     cuts = sorted(rng.choice(np.arange(1, u), len(devs) - 1, replace=False).tolist())
     bounds = [0] + cuts + [u]
-    return _solution(t, [(d, a, b) for d, a, b in zip(devs, bounds, bounds[1:])])
+    return _solution(prof, t, [(d, a, b) for d, a, b in zip(devs, bounds, bounds[1:])])
 
 
-def _plans(t, groups, order: list[int]):
+def _plans(prof, t, groups, order: list[int]):
     """Every plan visiting ``order``'s regions in that order, each once, that fits GPipe memory
-    and its links (refine's space at an infinite cap)."""
-    u = t.num_units
+    and its links (refine's space at an infinite cap), as Solutions: the brute force's plans
+    (tests/helpers.py) on such device orders."""
     group_of = {d: i for i, g in enumerate(groups) for d in g}
     pos = {g: i for i, g in enumerate(order)}
-    devices = [d for g in order for d in groups[g]]
-    for n in range(len(order), min(u, len(devices)) + 1):
-        for devs in itertools.permutations(devices, n):
-            seq = [pos[group_of[d]] for d in devs]
-            if seq[0] != 0 or any(b not in (a, a + 1) for a, b in zip(seq, seq[1:])) \
-                    or seq[-1] != len(order) - 1:
-                continue
-            for cuts in itertools.combinations(range(1, u), n - 1):
-                bounds = (0,) + cuts + (u,)
-                sol = _solution(t, list(zip(devs, bounds, bounds[1:])))
-                if sol is not None:
-                    yield sol
+
+    def in_space(devs) -> bool:
+        if any(group_of[d] not in pos for d in devs):
+            return False
+        seq = [pos[group_of[d]] for d in devs]
+        return seq[0] == 0 and seq[-1] == len(order) - 1 and all(
+            b in (a, a + 1) for a, b in zip(seq, seq[1:]))
+
+    for plan in all_plans(prof, "gpipe", t.microbatches, devices_ok=in_space):
+        yield as_solution(plan)
 
 
-def _brute_sum(t, groups, order: list[int], cap: float) -> float:
+def _brute_sum(prof, t, groups, order: list[int], cap: float) -> float:
     """Least sum (stage times + the first update) over refine's space at cap."""
-    return min((s.total for s in _plans(t, groups, order) if s.bottleneck <= cap),
+    return min((s.total for s in _plans(prof, t, groups, order) if s.bottleneck <= cap),
                default=math.inf)
 
 
-def _check(t, sol: Solution, new: Solution) -> None:
+def _check(prof, t, sol: Solution, new: Solution) -> None:
     check_assignment(t, new.assignment)
-    again = _solution(t, new.assignment)
+    again = _solution(prof, t, new.assignment)
     assert again is not None  # memory and links fit
     assert again.total == pytest.approx(new.total, rel=1e-12)
     assert new.bottleneck <= sol.bottleneck * (1 + 1e-9)
@@ -101,14 +95,14 @@ def test_refine_equals_brute_force_over_its_space(kind):
                 prof = with_overheads(prof, rng, 0.05)
         t = plan_lib.tables(prof, "gpipe", int(rng.choice([1, 4, 8])))
         groups = link_groups(t)
-        sol = _random_incumbent(rng, t, groups)
+        sol = _random_incumbent(rng, prof, t, groups)
         if sol is None:
             continue
         new = refine_mod.refine(t, sol)
-        _check(t, sol, new)
+        _check(prof, t, sol, new)
         order = list(dict.fromkeys(
             next(i for i, g in enumerate(groups) if dv in g) for dv, _, _ in sol.assignment))
-        want = _brute_sum(t, groups, order, sol.bottleneck * (1 + 1e-10))
+        want = _brute_sum(prof, t, groups, order, sol.bottleneck * (1 + 1e-10))
         assert new.total == pytest.approx(want, rel=1e-9), (kind, d, u)
         checked += 1
         improved += new is not sol
@@ -129,14 +123,14 @@ def test_refine_reaches_optimum_when_order_and_bottleneck_are():
         if not math.isfinite(want):
             continue
         for order in itertools.permutations(range(len(groups))):
-            plans = list(_plans(t, groups, list(order)))
+            plans = list(_plans(prof, t, groups, list(order)))
             best = min(plans, key=lambda x: _step(t, x), default=None)
             if best is None or _step(t, best) > want * (1 + 1e-9):
                 continue
             same = [x for x in plans if abs(x.bottleneck - best.bottleneck) <= 1e-12 * want]
             worst = max(same, key=lambda x: x.total)
             got = refine_mod.refine(t, worst)
-            _check(t, worst, got)
+            _check(prof, t, worst, got)
             assert _step(t, got) == pytest.approx(want, rel=1e-9)
             hits += worst is not best
             break
@@ -147,7 +141,7 @@ def test_refine_leaves_other_cases_alone(monkeypatch):
     rng = np.random.default_rng(4)
     prof = region_profile(rng, 5, 6, 2)
     t = plan_lib.tables(prof, "1f1b", 4)
-    sol = _solution(t, [(0, 0, 3), (4, 3, 6)])
+    sol = _solution(prof, t, [(0, 0, 3), (4, 3, 6)])
     assert refine_mod.refine(t, sol) is sol  # 1F1B: in-flight counts depend on position
     t = plan_lib.tables(prof, "gpipe", 4)
     groups = link_groups(t)
@@ -155,10 +149,10 @@ def test_refine_leaves_other_cases_alone(monkeypatch):
         a, b = groups[0][0], groups[1][0]
         c = next((x for x in groups[0] if x != a), None)
         if c is not None:
-            sol = _solution(t, [(a, 0, 2), (b, 2, 4), (c, 4, 6)])
+            sol = _solution(prof, t, [(a, 0, 2), (b, 2, 4), (c, 4, 6)])
             if sol is not None:
                 assert refine_mod.refine(t, sol) is sol
-    sol = _random_incumbent(rng, t, groups)
+    sol = _random_incumbent(rng, prof, t, groups)
     monkeypatch.setattr(refine_mod, "MAX_STATES", 1)  # over the state cap: unchanged
     assert refine_mod.refine(t, sol) is sol
 
@@ -205,8 +199,6 @@ def test_refine_realigns_memory_bound_blocks(monkeypatch):
 def test_paper_case_gpipe32_improves():
     """The issue's row: 483 units x 64 nodes, GPipe m = 32; the heuristic's 2.885 becomes 2.873
     (interleaved device kinds no fixed order contains)."""
-    from experiments.plan_scale import paper_case
-
     got = plan_lib.plan(paper_case(), "optimal", "gpipe", 32)
     assert got.step_time_s < 2.8735
     assert len({s.device for s in got.stages}) == len(got.stages)
@@ -225,13 +217,13 @@ def test_least_sum_equals_brute_force_per_order():
         t = plan_lib.tables(prof, "gpipe", int(rng.choice([1, 4, 8])))
         groups = link_groups(t)
         for order in itertools.permutations(range(len(groups))):
-            plans = list(_plans(t, groups, list(order)))
+            plans = list(_plans(prof, t, groups, list(order)))
             if not plans:
                 assert refine_mod.least_sum(t, list(order), math.inf, groups) is None
                 continue
             cap = float(rng.choice([s.bottleneck for s in plans])) * (1 + 1e-10)
             got = refine_mod.least_sum(t, list(order), cap, groups)
-            want = _brute_sum(t, groups, list(order), cap)
+            want = _brute_sum(prof, t, groups, list(order), cap)
             assert got is not None and got.total == pytest.approx(want, rel=1e-9), (i, order)
             assert got.bottleneck <= cap
             check_assignment(t, got.assignment)

@@ -10,7 +10,7 @@ from skyjax import plan as plan_lib
 from skyjax.plan import replan
 from skyjax.profile.format import Profile, save_profile
 
-from tests.test_main import tiny_config
+from tests.helpers import tiny_run_config
 
 
 def uniform_profile(units: int, devices: int, unit_s: float = 1e-3) -> Profile:
@@ -65,7 +65,7 @@ def test_dynamic_run_moves_units_and_keeps_the_math(tmp_path):
     summaries = {}
     for strategy, every, calibrate in (("optimal", 0, 0), ("dynamic", 3, 0),
                                        ("optimal", 0, 3)):
-        config = tiny_config(steps=6)
+        config = tiny_run_config(steps=6)
         config.model.hidden_size, config.model.intermediate_size = 64, 256  # compute > overhead
         config.data.batch_size = 16
         config.model.hidden_dropout_prob = 0.1

@@ -41,7 +41,7 @@ def _run(tmp_path, nprocs: int, spec: dict) -> None:
 
 def _plan(blocks, devices, schedule, m):
     """plan.json of a hand-made plan (the workers read it with ``Plan.from_json``)."""
-    from tests import test_runtime_local as ref
+    from tests import helpers as ref
 
     return ref.make_plan(blocks, schedule, m, devices).to_json()
 
@@ -53,7 +53,7 @@ def _plan(blocks, devices, schedule, m):
     ("gpipe", [(0, 5)], [1], 2),  # p = 1 on process 1; processes 0 and 2 idle
 ])
 def test_one_step_gradients_equal_full_model_grad(tmp_path, schedule, blocks, devices, m):
-    from tests import test_runtime_local as ref
+    from tests import helpers as ref
 
     _run(tmp_path, 3, {"mode": "grad", "plan": _plan(blocks, devices, schedule, m), "steps": 1})
     chain = ref.fresh_chain()
@@ -69,7 +69,7 @@ def test_one_step_gradients_equal_full_model_grad(tmp_path, schedule, blocks, de
 
 
 def test_losses_equal_single_device_training(tmp_path):
-    from tests import test_runtime_local as ref
+    from tests import helpers as ref
 
     steps, m, clip = 3, 2, 0.5
     plan = _plan([(0, 3), (3, 5)], [1, 0], "1f1b", m)
@@ -81,7 +81,7 @@ def test_losses_equal_single_device_training(tmp_path):
 
 def test_rebuild_moves_units_between_processes_without_changing_the_math(tmp_path):
     """Re-planning mid-run: units (params + optimizer state) move to other processes."""
-    from tests import test_runtime_local as ref
+    from tests import helpers as ref
 
     steps, m, clip = 4, 2, 0.5
     first = _plan([(0, 1), (1, 3), (3, 5)], [0, 1, 2], "1f1b", m)
@@ -97,11 +97,11 @@ def test_rebuild_moves_units_between_processes_without_changing_the_math(tmp_pat
 
 def _worker() -> None:
     from skyjax.plan import Plan
-    from skyjax.runtime import distributed
+    from skyjax.transport import group as distributed
     from skyjax.runtime.distributed_executor import DistributedExecutor
-    from skyjax.runtime.transport import TransferServerTransport
+    from skyjax.transport import TransferServerTransport
 
-    from tests import test_runtime_local as ref
+    from tests import helpers as ref
 
     with open(os.environ["SKYJAX_TEST_SPEC"]) as f:
         spec = json.load(f)

@@ -5,61 +5,9 @@ import jax
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
-from skyjax.metrics import classification_loss
-from skyjax.models import bert
-from skyjax.plan import Plan, Stage
-from skyjax.runtime.local_executor import LocalExecutor
-
-CFG = bert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                      intermediate_size=48, max_position_embeddings=32, num_labels=3,
-                      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-BATCH, SEQ = 8, 16
-
-
-def make_batch(step):
-    rng = np.random.default_rng(step)
-    ids = rng.integers(1, CFG.vocab_size, (BATCH, SEQ)).astype(np.int32)
-    mask = np.ones_like(ids)
-    mask[1, 10:] = 0
-    mask[5, 6:] = 0
-    types = np.zeros_like(ids)
-    types[:, 8:] = 1
-    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
-            "labels": rng.integers(0, 3, BATCH).astype(np.int32)}
-
-
-def rng_for(step, mb):
-    return jax.random.fold_in(jax.random.fold_in(jax.random.key(7), step), mb)
-
-
-def make_plan(blocks, schedule, m, devices=None):
-    """A hand-made plan: ``blocks[k]`` on ``devices[k]`` (default: device k); no predicted costs."""
-    devices = range(len(blocks)) if devices is None else devices
-    stages = [Stage(d, (a, b), 0.0, 0.0, 0) for d, (a, b) in zip(devices, blocks)]
-    return Plan("manual", schedule, m, stages, step_time_s=0.0, bottleneck_s=0.0, exact=False)
-
-
-def fresh_chain(granularity="layer"):
-    return bert.units(bert.BertForSequenceClassification(CFG, nnx.Rngs(0)), granularity)
-
-
-def reference_loss(chain, params, batch, step, m):
-    size = BATCH // m
-    total = 0.0
-    for mb in range(m):
-        sl = {k: v[mb * size:(mb + 1) * size] for k, v in batch.items()}
-        carry = bert.initial_carry(sl["input_ids"], sl["token_type_ids"], sl["attention_mask"])
-        out = bert.apply_units(chain, params, carry, rng_for(step, mb), True)
-        total += classification_loss(out["logits"], sl["labels"])[0] / m
-    return total
-
-
-def executor(chain, blocks, schedule, m, optimizer, max_grad_norm=None):
-    devices = jax.devices()[:len(blocks)]
-    return LocalExecutor(chain, make_plan(blocks, schedule, m), devices, batch_size=BATCH,
-                         seq_len=SEQ, optimizer=optimizer, max_grad_norm=max_grad_norm, rng=rng_for)
+from tests.helpers import (BATCH, SEQ, executor, fresh_chain, make_batch, make_plan,
+                           reference_loss, reference_losses, rng_for, run_as_processes)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -75,20 +23,6 @@ def test_one_step_gradients_equal_full_model_grad(schedule, blocks, m):
     got = jax.tree.map(lambda before, after: before - np.asarray(after), params0, ex.unit_params())
     ex.close()
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0), got, want)
-
-
-def reference_losses(chain, steps, m, max_grad_norm):
-    optimizer = optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(1e-3))
-    params = jax.tree.map(np.array, [u.params for u in chain])
-    state = optimizer.init(params)
-    losses = []
-    for step in range(steps):
-        batch = make_batch(step)
-        loss, grads = jax.value_and_grad(lambda p: reference_loss(chain, p, batch, step, m))(params)
-        updates, state = optimizer.update(grads, state, params)
-        params = optax.apply_updates(params, updates)
-        losses.append(float(loss))
-    return losses
 
 
 @pytest.mark.parametrize("granularity,blocks,schedule", [
@@ -116,8 +50,7 @@ def test_distributed_executor_posts_its_receives_ahead():
     waits per step on the shipped model). Two processes as threads over LocalTransport, with
     stages 0 and 1 on processes 1 and 0."""
     from skyjax.runtime.distributed_executor import DistributedExecutor
-    from skyjax.runtime.transport import LocalTransport
-    from tests.threads import run_as_processes
+    from skyjax.transport import LocalTransport
 
     class Prefetching:
         """One process's transport: LocalTransport's, plus a recorded ``prefetch``."""
@@ -187,15 +120,14 @@ def test_distributed_executor_gathers_the_metrics_before_the_update():
 
 
 def test_distributed_executor_puts_the_next_steps_inputs_in_its_first_wait():
-    """With ``upcoming``, a stage that reads the batch (first: tokens; last: labels) builds the
-    next step's batch and puts its inputs on its device just before its first receive of the
-    step (the first stage's first backward waits for the round trip, the last stage's first
-    forward for the fill), not at the step boundary; a middle stage never asks for the batch.
-    The losses are those of a run that puts every step's inputs at its start. Three processes
-    as threads over LocalTransport."""
+    """Given the next step's batch (ready, as the training loop takes it from the prefetch
+    thread), a stage that reads the batch (first: tokens; last: labels) puts the next step's
+    inputs on its device just before its first receive of the step (the first stage's first
+    backward waits for the round trip, the last stage's first forward for the fill), not at the
+    step boundary; a middle stage is given no batch. The losses are those of a run that puts
+    every step's inputs at its start. Three processes as threads over LocalTransport."""
     from skyjax.runtime.distributed_executor import DistributedExecutor
-    from skyjax.runtime.transport import LocalTransport
-    from tests.threads import run_as_processes
+    from skyjax.transport import LocalTransport
 
     devices = jax.local_devices()[:3]
     chain = fresh_chain()
@@ -204,7 +136,7 @@ def test_distributed_executor_puts_the_next_steps_inputs_in_its_first_wait():
 
     def run(ahead):
         local = LocalTransport(devices, timeout_s=60)
-        events = [[] for _ in range(3)]  # per process: ("recv",) / ("inputs", step) / ("asked",)
+        events = [[] for _ in range(3)]  # per process: ("recv",) / ("inputs", step)
 
         class Recording:
             def __init__(self, k):
@@ -230,12 +162,9 @@ def test_distributed_executor_puts_the_next_steps_inputs_in_its_first_wait():
             ex.stage.step_inputs = recorded
             losses = []
             for step in range(3):
-                def upcoming(step=step):
-                    events[k].append(("asked",))
-                    return batches[step + 1]
                 batch = batches[step] if ex.needs_batch else None
-                losses.append(ex.train_step(step, batch, upcoming if ahead and step < 2
-                                            else None).loss)
+                following = batches[step + 1] if ex.needs_batch and ahead and step < 2 else None
+                losses.append(ex.train_step(step, batch, following).loss)
             return losses, ex.needs_batch
 
         return run_as_processes(process, 3, local, timeout_s=180), events
@@ -246,7 +175,6 @@ def test_distributed_executor_puts_the_next_steps_inputs_in_its_first_wait():
     assert np.isfinite(results[0][0]).all()
     for k in (0, 2):
         first_recv = events[k].index(("recv",))
-        assert events[k][:first_recv] == [("inputs", 0), ("asked",), ("inputs", 1)], events[k]
+        assert events[k][:first_recv] == [("inputs", 0), ("inputs", 1)], events[k]
         assert events[k].count(("inputs", 1)) == 1 and events[k].count(("inputs", 2)) == 1
-    assert ("asked",) not in events[1]
     assert [e for e in events[1] if e[0] == "inputs"] == [("inputs", s) for s in range(3)]

@@ -99,7 +99,7 @@ def test_trace_is_chrome_json():
 
 def test_simulate_plan_matches_cost_model():
     """A GPipe plan with free links and backward = 2 x forward: simulation == plan T."""
-    from tests.test_allocator import make_profile
+    from tests.helpers import make_profile
 
     rng = np.random.default_rng(3)
     fwd = rng.uniform(0.5, 2.0, (12, 1)) * rng.uniform(1, 4, (1, 4))

@@ -98,8 +98,13 @@ def test_data_module_from_config():
     np.testing.assert_array_equal(first["input_ids"], synthetic.make_batch(0, 0, 8, 32)["input_ids"])
     third = next(data.train_batches(config, start_step=2))
     np.testing.assert_array_equal(third["input_ids"], synthetic.make_batch(0, 2, 8, 32)["input_ids"])
-    inline = data.inline_batch_maker(config)  # built in the loop's thread: batch_s times it
-    np.testing.assert_array_equal(inline(2)["input_ids"], third["input_ids"])
+    # built by the prefetch thread like every source's; the loop takes step 2 and step 3 ready
+    steps = data.StepBatches(data.train_batches(config, start_step=2), start=2)
+    now, ahead = steps.take(2)
+    steps.close()
+    np.testing.assert_array_equal(now["input_ids"], third["input_ids"])
+    np.testing.assert_array_equal(ahead["input_ids"],
+                                  synthetic.make_batch(0, 3, 8, 32)["input_ids"])
     evals = data.eval_batches(config)
     assert len(evals) == 3
     assert sum(float(b["weights"].sum()) for b in evals) == 20

@@ -1,14 +1,14 @@
-"""TensorBoard event files (skyjax.tensorboard): the checksum, the record-to-tag mapping, and
+"""TensorBoard event files (skyjax.report.tensorboard): the checksum, the record-to-tag mapping, and
 files that TensorFlow's own reader accepts (checksums verified) with the right scalars."""
 
 from __future__ import annotations
 
-import glob
 import struct
 
 import pytest
 
-from skyjax.tensorboard import EventWriter, crc32c, record_scalars, tfrecord
+from skyjax.report.tensorboard import EventWriter, crc32c, record_scalars, tfrecord
+from tests.helpers import read_events
 
 
 def test_crc32c_known_value():
@@ -33,17 +33,6 @@ def test_record_scalars():
                     "eval/validation_matched/examples": 10.0}
     _, tags = record_scalars({"step": 1, "stage_idle_s": [0.0] * 12})
     assert "stage_idle_s/stage_00" in tags and "stage_idle_s/stage_11" in tags  # sorts as text
-
-
-def read_events(logdir: str) -> dict[str, list[tuple[int, float]]]:
-    """tag -> [(step, value)] through TensorFlow's reader, which checks every checksum."""
-    tf = pytest.importorskip("tensorflow")
-    out: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(glob.glob(f"{logdir}/events.out.tfevents.*")):
-        for e in tf.compat.v1.train.summary_iterator(path):
-            for v in e.summary.value:
-                out.setdefault(v.tag, []).append((e.step, v.simple_value))
-    return out
 
 
 def test_event_file_read_by_tensorflow(tmp_path):

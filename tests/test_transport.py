@@ -21,7 +21,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from skyjax.cluster import LinkEmulation  # noqa: E402
-from skyjax.runtime.transport import (  # noqa: E402
+from skyjax.transport import (  # noqa: E402
     LocalTransport, TransferServerTransport, Transport, TransportError, TransportTimeout)
 from skyjax.tree import tree_nbytes  # noqa: E402
 
@@ -133,7 +133,19 @@ def test_local_shape_mismatch_and_abort(devices):
     assert time.monotonic() - start < 5
 
 
-def test_local_link_emulation_delays(devices):
+def test_local_link_emulation_delays(devices, monkeypatch):
+    """Messages are held back latency + bytes / bandwidth from their send, one at a time per
+    link (lower bounds on the wall clock: a loaded host only adds to them); one received after
+    its due time is not held back again (the sleep asked for is recorded)."""
+    from skyjax.transport import base
+
+    waits, real_sleep = [], base.precise_sleep
+
+    def recorded(seconds):
+        waits.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(base, "precise_sleep", recorded)
     t = LocalTransport(devices, _emulation(3), timeout_s=20)
     payload = {"w": jnp.ones((EMU_FLOATS,), jnp.float32)}
     nbytes = tree_nbytes(payload)
@@ -147,20 +159,20 @@ def test_local_link_emulation_delays(devices):
     first = time.monotonic() - start
     s1.recv(2, _like(payload), 0)
     second = time.monotonic() - start
-    assert one <= first < one + 0.2, first
-    assert one + nbytes / BANDWIDTH_BPS <= second < one + nbytes / BANDWIDTH_BPS + 0.2, second
+    assert one <= first, first
+    assert one + nbytes / BANDWIDTH_BPS <= second, second
     # A message received late is not delayed again: the delay counts from the send.
     s0.send(3, payload, 1)
     time.sleep(one + 0.02)
-    start = time.monotonic()
+    del waits[:]
     s1.recv(3, _like(payload), 0)
-    assert time.monotonic() - start < one
+    assert len(waits) == 1 and waits[0] <= 0, waits
 
 
 # ------------------------------------------------------------------ distributed.initialize checks
 
 def test_initialize_rejects_partial_coordinates(monkeypatch):
-    from skyjax.runtime import distributed
+    from skyjax.transport import group as distributed
 
     for var in ("SKYJAX_COORDINATOR", "SKYJAX_NUM_PROCESSES", "SKYJAX_PROCESS_ID"):
         monkeypatch.delenv(var, raising=False)
@@ -200,7 +212,7 @@ def test_transfer_server_transport_three_processes():
 
 
 def _worker() -> None:
-    from skyjax.runtime import distributed
+    from skyjax.transport import group as distributed
 
     info = distributed.initialize(timeout_s=60)
     k, p = info.process_id, info.num_processes
@@ -282,8 +294,8 @@ def _worker() -> None:
         sent, first, second = allt[0]["send"], allt[1]["first"], allt[1]["second"]
         print(f"emulated delays: {first - sent:.4f} s, {second - sent:.4f} s "
               f"(expected >= {one:.4f}, {one + one - LATENCY_S:.4f})", flush=True)
-        assert one <= first - sent < one + 0.2
-        assert one + (one - LATENCY_S) <= second - sent < one + (one - LATENCY_S) + 0.2
+        assert one <= first - sent  # lower bounds: a loaded host only adds to them
+        assert one + (one - LATENCY_S) <= second - sent
     print("OK emulation", flush=True)
 
     # A receive that nobody answers times out with the stage and tag in the message.
@@ -315,7 +327,7 @@ def test_poll_pause_backs_off_with_the_wait_on_a_cpu_device():
     """A receive whose device computes on the host's cores spins 0.5 ms, then looks at most
     ~10 % of its wait late (200 us to 2 ms between looks), so a long wait wakes the host rarely;
     one for another device (a GPU) spins 2 ms, then looks every 200 us."""
-    from skyjax.runtime.transport.transfer import poll_pause
+    from skyjax.transport.transfer import poll_pause
 
     def wait(cpu_device: bool, seconds: float = 1.0):
         waited, pause, looks, late = 0.0, 0.0, 0, []

@@ -1,5 +1,5 @@
-"""Calls after idle: the profiler's wake costs (skyjax.profile.wake) and the cost model's term
-for them (skyjax.plan.wake_cost through skyjax.plan.sharing's replay)."""
+"""Calls after idle: the profiler's wake costs (skyjax.hostmodel.wake) and the cost model's term
+for them (skyjax.hostmodel.wake_cost through skyjax.hostmodel.sharing's replay)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan import sharing
+from skyjax.hostmodel import sharing
 from skyjax.plan.simulate import simulate_plan
-from skyjax.plan.wake_cost import wake_extra, wake_table
-from tests.test_allocator import make_profile
+from skyjax.hostmodel.wake_cost import wake_extra, wake_table
+from tests.helpers import make_profile
+from skyjax.hostmodel import SharedHostModel
+
+HOST = SharedHostModel()  # the shared-host model's cost terms
 
 
 def test_wake_table_interpolates_from_zero_and_holds_beyond_the_last_gap():
@@ -76,21 +79,21 @@ def test_wake_costs_in_T_and_the_simulated_step_and_no_longer_exact():
     base = make_profile(np.array([[0.1, 0.3]] * 6))
     prof = _with_wake(base, [[[0.01, 0.02]], [[0.01, 0.02]]])
     assignment = [(0, 0, 4), (1, 4, 6)]
-    plain = plan_lib.evaluate(base, assignment, "1f1b", 4)
-    waking = plan_lib.evaluate(prof, assignment, "1f1b", 4)
+    plain = plan_lib.evaluate(base, assignment, "1f1b", 4, extra=HOST)
+    waking = plan_lib.evaluate(prof, assignment, "1f1b", 4, extra=HOST)
     effect = sharing.replay_effect(waking, prof)
     assert effect[0] > 0 and waking.step_time_s == pytest.approx(plain.step_time_s + effect[0])
-    assert simulate_plan(waking, prof).step_time_s == pytest.approx(waking.step_time_s)
+    assert simulate_plan(waking, prof, extra=HOST).step_time_s == pytest.approx(waking.step_time_s)
     assert max(effect[1]) > 1.0  # a stage's busy time grows by its actions' wake costs
     # the search optimises T without the term: an exact plan's T is then only a bound
-    best = plan_lib.plan(base, "optimal", "1f1b", 4)
+    best = plan_lib.plan(base, "optimal", "1f1b", 4, extra=HOST)
     assert best.exact
-    again = plan_lib.plan(prof, "optimal", "1f1b", 4)
+    again = plan_lib.plan(prof, "optimal", "1f1b", 4, extra=HOST)
     assert not again.exact and again.lower_bound_s == pytest.approx(best.step_time_s)
     assert again.step_time_s > best.step_time_s
     # no wake costs (or all zero): nothing changes
     zero = _with_wake(base, [[[0.01, 0.0]], None])
-    assert sharing.replay_effect(plan_lib.evaluate(zero, assignment, "1f1b", 4), zero) is None
+    assert sharing.replay_effect(plan_lib.evaluate(zero, assignment, "1f1b", 4, extra=HOST), zero) is None
 
 
 def test_T_is_at_least_the_replayed_step_where_a_later_update_outlasts_the_fill():
@@ -103,35 +106,42 @@ def test_T_is_at_least_the_replayed_step_where_a_later_update_outlasts_the_fill(
     heavy = dataclasses.replace(base, update_s=update)
     prof = _with_wake(heavy, [[[0.01, 0.02]], [[0.01, 0.02]]])
     assignment = [(0, 0, 4), (1, 4, 6)]
-    analytic = plan_lib.evaluate(heavy, assignment, "1f1b", 4)
-    plan = plan_lib.evaluate(prof, assignment, "1f1b", 4)
+    analytic = plan_lib.evaluate(heavy, assignment, "1f1b", 4, extra=HOST)
+    plan = plan_lib.evaluate(prof, assignment, "1f1b", 4, extra=HOST)
     effect = sharing.replay_effect(plan, prof)
-    assert plan.step_time_s == pytest.approx(simulate_plan(plan, prof).step_time_s)
+    assert plan.step_time_s == pytest.approx(simulate_plan(plan, prof, extra=HOST).step_time_s)
     assert plan.step_time_s > analytic.step_time_s + effect[0] + 5.0  # the update shows
-    assert plan.replay_penalty_s == pytest.approx(plan.step_time_s - analytic.step_time_s)
+    assert plan.extra_s == pytest.approx(plan.step_time_s - analytic.step_time_s)
 
 
 def test_profiler_measures_wake_costs_per_device():
-    from tests.test_profiler import measure, tiny_config
+    from tests.helpers import measure, tiny_config
     from skyjax.profile.options import Options
-    from skyjax.profile.wake import GAPS_S
+    from skyjax.hostmodel.wake import GAPS_S
 
-    prof = measure(tiny_config(2, slowdowns=(1.0, 2.0)), options=Options(repeats=3,
-                                                                         link_repeats=2))
+    from skyjax.hostmodel import probes
+
+    prof = measure(tiny_config(2, slowdowns=(1.0, 2.0)), options=Options(
+        repeats=3, link_repeats=2, host=probes()))
     for dv in prof.devices:
         pairs = np.asarray(dv["wake_s"])
         assert pairs.shape == (len(GAPS_S), 2) and np.allclose(pairs[:, 0], GAPS_S)
         assert np.all(np.isfinite(pairs[:, 1])) and np.all(pairs[:, 1] >= 0), pairs
-        assert np.all(pairs[:, 1] < 0.1)  # far below a gap's length on a tiny model
         light, (w_light, w_heavy) = np.asarray(dv["wake_light_s"]), dv["wake_work_s"]
         assert light.shape == pairs.shape and np.all(light[:, 1] >= 0), light
         assert 0 < w_light < w_heavy, dv["wake_work_s"]  # the shortest and the longest unit
+        assert dv["host"] and dv["host_cores"] >= 1 and dv["cpu_cores"] > 0
+    # Without the shared-host model none of its probes run: no host, cores or wake records.
+    core = measure(tiny_config(2, slowdowns=(1.0, 2.0)), options=Options(repeats=3,
+                                                                         link_repeats=2))
+    for dv in core.devices:
+        assert not {"host", "cpus", "cpu_cores", "wake_s"} & set(dv), dv
 
 
 def test_wake_extras_below_the_noise_are_zero():
     """An accelerator's after-idle calls match its back-to-back ones within noise: those
     extras must be 0, or every plan would pay a replay penalty and lose ``exact``."""
-    from skyjax.profile.wake import GAPS_S, NOISE_FLOOR, wake_extras
+    from skyjax.hostmodel.wake import GAPS_S, NOISE_FLOOR, wake_extras
 
     steady = [0.010, 0.0101, 0.0102, 0.0100]  # forward + backward seconds, back to back
     # 1 % slower after idle: below the floor (2 % of the action); a clear 20 % is kept
@@ -155,18 +165,18 @@ def test_heuristic_planner_bounds_the_analytic_T_and_reports_the_penalty():
     absorbs (the analytic T charges the whole of its time, the replay overlaps it) add
     nothing."""
     base = make_profile(np.array([[0.1, 0.3]] * 6))
-    plain = plan_lib.plan(base, "optimal", "1f1b", 4, force_heuristic=True, subsets=False)
+    plain = plan_lib.plan(base, "optimal", "1f1b", 4, force_heuristic=True, extra=HOST)
     absorbed = _with_wake(base, [[[0.01, 0.02]], [[0.01, 0.02]]])
-    small = plan_lib.plan(absorbed, "optimal", "1f1b", 4, force_heuristic=True, subsets=False)
-    assert small.replay_penalty_s == 0 and small.step_time_s == pytest.approx(plain.step_time_s)
-    assert simulate_plan(small, absorbed).step_time_s < small.step_time_s
+    small = plan_lib.plan(absorbed, "optimal", "1f1b", 4, force_heuristic=True, extra=HOST)
+    assert small.extra_s == 0 and small.step_time_s == pytest.approx(plain.step_time_s)
+    assert simulate_plan(small, absorbed, extra=HOST).step_time_s < small.step_time_s
     prof = _with_wake(base, [[[0.01, 0.2]], [[0.01, 0.2]]])  # stage 1 then paces the step
-    waking = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True, subsets=False)
+    waking = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True, extra=HOST)
     assert [s.units for s in waking.stages] == [s.units for s in plain.stages]
-    assert waking.replay_penalty_s > 0 and not waking.exact
+    assert waking.extra_s > 0 and not waking.exact
     assert waking.analytic_s == pytest.approx(plain.step_time_s)
     bound = plain.step_time_s if plain.exact else plain.lower_bound_s
     assert waking.lower_bound_s == pytest.approx(bound)
     again = plan_lib.Plan.from_json(waking.to_json())
-    assert again.replay_penalty_s == pytest.approx(waking.replay_penalty_s)
-    assert "replay_penalty_s" not in plain.to_json()  # plan.json unchanged without a penalty
+    assert again.extra_s == pytest.approx(waking.extra_s)
+    assert "extra_s" not in plain.to_json()  # plan.json unchanged without a penalty

@@ -1,4 +1,4 @@
-"""What a run shows a person (skyjax.watch, end to end through ``python -m skyjax.main``):
+"""What a run shows a person (skyjax.report.watch, end to end through ``python -m skyjax.main``):
 progress lines with an ETA and no bar in a log, TensorBoard scalars at every log step (loss,
 throughput, per-stage compute and idle time, eval), plan.png and timeline.png."""
 
@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from tests.test_main import TINY, run_main
-from tests.test_tensorboard import read_events
+from tests.helpers import TINY, read_events, run_main
 
 
 @pytest.mark.slow  # about a minute on 2 shared cores

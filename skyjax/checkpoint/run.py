@@ -58,7 +58,7 @@ def make_manager(config: Any, workdir: str, chain: Sequence[Any],
     run = {**run_identity(config), "granularity": config.allocation.granularity}
     kwargs: dict = {}
     if jax.process_count() > 1:
-        from skyjax.runtime import distributed
+        from skyjax.transport import group as distributed
 
         kwargs = dict(process_index=jax.process_index(), num_processes=jax.process_count(),
                       client=distributed.key_value_client(), kv_get=distributed.kv_get,

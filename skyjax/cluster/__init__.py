@@ -1,8 +1,7 @@
 """The devices a run plans over, and the emulation that makes one host look heterogeneous.
 
 ``devices``: :class:`Cluster` (devices, memory, links) built from ``config.cluster``;
-``emulation``: slow calls (:func:`timed_call`) and slow links (:class:`LinkEmulation`);
-``malloc``: host memory kept for reuse (:func:`keep_freed_memory`). Importing
+``emulation``: slow calls (:func:`timed_call`) and slow links (:class:`LinkEmulation`). Importing
 this package does not import JAX, so :func:`ensure_host_device_count` can run before JAX starts.
 """
 
@@ -10,8 +9,7 @@ from skyjax.cluster.devices import (Cluster, DeviceSpec, cluster_from_config, de
                                     device_memory_bytes, device_name,
                                     ensure_host_device_count, host_memory_bytes, select_devices)
 from skyjax.cluster.emulation import LinkEmulation, block, precise_sleep, timed_call
-from skyjax.cluster.malloc import keep_freed_memory
 
 __all__ = ["Cluster", "DeviceSpec", "LinkEmulation", "block", "cluster_from_config",
            "device_kind", "device_memory_bytes", "device_name", "ensure_host_device_count",
-           "host_memory_bytes", "keep_freed_memory", "precise_sleep", "select_devices", "timed_call"]
+           "host_memory_bytes", "precise_sleep", "select_devices", "timed_call"]

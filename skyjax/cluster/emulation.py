@@ -6,7 +6,7 @@ reading the factor from the config:
 * :func:`timed_call` runs a (jitted) call to completion, then sleeps ``(slowdown - 1) x elapsed``;
   the profiler and the runtime's stages both call it.
 * :class:`LinkEmulation` gives the delay ``latency + bytes / bandwidth`` of a transfer; the
-  transports (``skyjax.runtime.transport``) and the profiler's link probes wait it out.
+  transports (``skyjax.transport``) and the profiler's link probes wait it out.
 """
 
 from __future__ import annotations

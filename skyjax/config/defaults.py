@@ -2,7 +2,9 @@
 
 Config files (``configs/*.py``) start from :func:`base_config` and change values; a key that is not
 here is an error (see :mod:`skyjax.config.validation`). The defaults are those of
-``configs/local_demo.py``: a small BERT on the synthetic task, one device.
+``configs/local_demo.py`` (a small BERT on the synthetic task) on one device: the demo changes
+only ``cluster.num_devices`` and ``cluster.slowdowns`` (4 emulated devices of unequal speed),
+``pipeline.microbatches`` and ``allocation.calibrate_steps``.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def _data() -> ml_collections.ConfigDict:
     # config.model.pretrained.
     d.tokenizer = ""
     d.data_dir = ""  # GLUE: TFDS data_dir ("" = $TFDS_DATA_DIR or ~/tensorflow_datasets)
-    d.prefetch = 4  # GLUE: training batches tokenised ahead by a background thread (0 = inline)
+    d.prefetch = 4  # training batches built ahead by a background thread (every source; >= 1)
     d.synthetic = ml_collections.ConfigDict()
     d.synthetic.max_markers = 4  # most marker tokens in one segment
     d.synthetic.min_segment_len = 4  # shortest segment A or B (tokens, without specials)
@@ -109,23 +111,25 @@ def _cluster() -> ml_collections.ConfigDict:
     c.link_bandwidth_Bps = 0.0  # emulated bandwidth between regions (0 = not emulated)
     c.coordinator_address = ""  # jax.distributed coordinator "host:port"; "" = auto / launcher
     # Distributed: a process whose heartbeat stops this long is lost; the others exit (status 75)
-    # naming it, instead of waiting (skyjax/runtime/transport/watchdog.py).
+    # naming it, instead of waiting (skyjax/transport/watchdog.py).
     c.peer_timeout_s = 60.0
+    # Emulated devices that are processes sharing this host's CPU cores: the optional shared-host
+    # model (skyjax/hostmodel/) adds their contention, calls after idle and message costs to the
+    # cost model and its probes to the profiler, which then times one process at a time. Off for
+    # real accelerators, where none of it applies.
+    c.shared_host = False
     return c
 
 
 def _profile() -> ml_collections.ConfigDict:
     p = ml_collections.ConfigDict()
     p.repeats = 5  # timed repetitions per unit and device (the mean of the fastest half is kept)
-    # Times every device this many times, in turns spread over the profile, keeping each unit's
-    # median pass: on a host whose speed moves one pass can catch a slow period for one device
-    # alone (skyjax/profile/passes.py). Costs that many times the unit timings.
+    # Shared-host model only (cluster.shared_host): times every device this many times, in turns
+    # spread over the profile, keeping each unit's median pass: on a host whose speed moves one
+    # pass can catch a slow period for one device alone (skyjax/hostmodel/passes.py).
     p.passes = 1
     p.reprofile = False  # measure again even if workdir/profile.json exists
     p.path = ""  # plan from this profile.json instead of measuring ("" = measure or use the cache)
-    # One process per device: time every device at once (faster) rather than one after another.
-    # Processes sharing a host's cores then time each other's load (each a different share).
-    p.concurrent = False
     return p
 
 

@@ -132,7 +132,7 @@ def _check_data(config: Any, max_positions: int) -> None:
     _one_of("config.data.name", d.name, defaults.DATASETS)
     _positive("config.data.batch_size", d.batch_size)
     _at_least("config.data.seq_len", d.seq_len, 4)
-    _at_least("config.data.prefetch", d.prefetch, 0)
+    _at_least("config.data.prefetch", d.prefetch, 1)
     if d.seq_len > max_positions:
         _fail(f"config.data.seq_len={d.seq_len} is above "
               f"config.model.max_position_embeddings={max_positions}")
@@ -244,6 +244,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _check_cluster(config.cluster)
     _at_least("config.profile.repeats", config.profile.repeats, 1)
     _at_least("config.profile.passes", config.profile.passes, 1)
+    if config.profile.passes > 1 and not config.cluster.shared_host:
+        _fail(f"config.profile.passes={config.profile.passes} needs config.cluster.shared_host="
+              f"True (several passes serve a host whose speed moves; real devices take one)")
     _at_least("config.checkpoint.every", config.checkpoint.every, 0)
     _at_least("config.checkpoint.keep", config.checkpoint.keep, 0)
     if config.profile.path and not os.path.isfile(config.profile.path):

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from skyjax.data import glue, synthetic
-from skyjax.data.prefetch import Prefetcher
+from skyjax.data.prefetch import Prefetcher, StepBatches
 
 Batch = dict[str, np.ndarray]
 SYNTHETIC_EVAL_SPLIT = "eval"
@@ -40,38 +40,25 @@ def _is_synthetic(config: Any) -> bool:
     return False
 
 
-def _train_source(config: Any) -> tuple[Callable[[int], Batch], int, str]:
-    """``(make, depth, name)``: the function that builds training batch ``i``, how many batches a
-    background thread builds ahead (0: ``make`` runs in the caller's thread) and that thread's
-    name."""
+def _train_make(config: Any) -> Callable[[int], Batch]:
+    """The function that builds training batch ``i`` of the configured source."""
     d = config.data
-    if _is_synthetic(config):  # ~2 ms a batch: built inline, when the caller asks (peek)
+    if _is_synthetic(config):
         kwargs = _synthetic_kwargs(config)
-        return (lambda i: synthetic.make_batch(config.train.seed, i, d.batch_size, d.seq_len,
-                                               split="train", **kwargs)), 0, "synthetic"
-    return glue.train_batch_fn(config), d.prefetch, f"skyjax-data-{d.name}"
-
-
-def inline_batch_maker(config: Any) -> Callable[[int], Batch] | None:
-    """The function that builds training batch ``i`` where the training loop's own thread calls
-    it (synthetic data; GLUE with ``data.prefetch`` = 0), else None (a background thread builds
-    the batches ahead). Its time is on the critical path of a plan of one stage, which has no
-    wait to hide it in (the cost model's ``batch_s``, measured by ``train.profile_phase``)."""
-    if not _is_synthetic(config) and config.data.prefetch > 0:
-        return None  # not opened here: the tokenizer and split load in train_batches
-    return _train_source(config)[0]
+        return lambda i: synthetic.make_batch(config.train.seed, i, d.batch_size, d.seq_len,
+                                              split="train", **kwargs)
+    return glue.train_batch_fn(config)
 
 
 def train_batches(config: Any, start_step: int = 0) -> Prefetcher:
-    """Training batches for steps ``start_step, start_step + 1, ...`` (endless).
-
-    GLUE: the tokenizer and dataset are opened here (errors are raised by this call), then a
-    background thread tokenises up to ``config.data.prefetch`` batches ahead; ``close()`` on the
-    returned iterator stops it (dropping the iterator does too). Synthetic: each batch is built
-    when asked for (``next`` or ``peek``: the training loop asks during the pipeline's idle
-    wait, ``DistributedExecutor.train_step``'s ``upcoming``), or not at all (``skip``)."""
-    make, depth, name = _train_source(config)
-    return Prefetcher(make, start=start_step, depth=depth, name=name)
+    """Training batches for steps ``start_step, start_step + 1, ...`` (endless), built by a
+    background thread up to ``config.data.prefetch`` batches ahead (every source), started at the
+    first ``next``; ``close()`` on the returned iterator stops it (dropping the iterator does
+    too). GLUE's tokenizer and dataset are opened here (errors are raised by this call). The
+    training loop takes them through :class:`StepBatches`."""
+    name = "synthetic" if _is_synthetic(config) else config.data.name
+    return Prefetcher(_train_make(config), start=start_step, depth=config.data.prefetch,
+                      name=f"skyjax-data-{name}")
 
 
 def _synthetic_eval(config: Any) -> list[Batch]:

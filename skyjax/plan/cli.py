@@ -1,15 +1,16 @@
 """``python -m skyjax.plan``: plan a pipeline from a profile file (no devices needed).
 
   python -m skyjax.plan --profile profile.json --strategy optimal --schedule 1f1b \\
-      --microbatches 8 [--json] [--out plan.json] [--trace trace.json] [--plot plan.png]
-      [--timeline timeline.png]
+      --microbatches 8 [--certify] [--shared_host auto|on|off] [--json] [--out plan.json]
+      [--trace trace.json] [--plot plan.png] [--timeline timeline.png]
 
 Without ``--json`` it prints a table (stage, device, units, compute, comm, memory, share of the
 bottleneck, totals; the bottleneck marked); with it, the plan.json object (docs/design.md).
 ``--trace`` writes the simulated schedule as a Chrome / Perfetto trace; ``--plot`` and
-``--timeline`` draw the plan and the simulated step (:mod:`skyjax.plots`; matplotlib is imported
-only then, so planning itself needs neither it nor JAX). A bad profile or an infeasible problem prints one line on stderr
-and exits with status 2 (bad profile) or 1 (nothing fits); no traceback.
+``--timeline`` draw the plan and the simulated step (:mod:`skyjax.report.plots`; matplotlib is
+imported only then, so planning itself needs neither it nor JAX). ``--certify`` also computes
+the lower-bound certificates (:mod:`skyjax.plan.certificates`). A bad profile or an infeasible
+problem prints one line on stderr and exits with status 2 (bad profile) or 1 (nothing fits); no traceback.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from skyjax.names import SCHEDULES, STRATEGIES
 from skyjax.plan import planner, simulate
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile, ProfileError, load_profile
-from skyjax.text_table import fmt_bytes, fmt_time, render, time_unit
+from skyjax.report.text_table import fmt_bytes, fmt_time, render, time_unit
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -32,6 +33,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     p.add_argument("--microbatches", type=_positive_int, default=8)
+    p.add_argument("--certify", action="store_true",
+                   help="compute the lower-bound certificates (plan.json's lower_bound_s and "
+                        "exact; seconds at scale)")
+    p.add_argument("--shared_host", choices=("auto", "on", "off"), default="auto",
+                   help="the shared-host cost model (skyjax.hostmodel); auto: on where the "
+                        "profile was measured under it (its devices record their host)")
     p.add_argument("--json", action="store_true", help="print plan.json instead of a table")
     p.add_argument("--out", help="write plan.json here")
     p.add_argument("--trace", help="write the simulated schedule as a Chrome trace here")
@@ -100,10 +107,19 @@ def format_table(plan: Plan, profile: Profile) -> str:
     return "\n".join([head, "", table, "", tail])
 
 
+def shared_host_model(profile: Profile, choice: str):
+    """The shared-host model's cost terms for ``--shared_host`` (None: the core model alone)."""
+    if choice == "off" or (choice == "auto" and not any(d.get("host") for d in profile.devices)):
+        return None
+    from skyjax.hostmodel import SharedHostModel
+
+    return SharedHostModel()
+
+
 def write_pictures(plan: Plan, profile: Profile, plot: str | None, timeline: str | None) -> None:
     """``--plot`` / ``--timeline``: the plan and the simulated step as PNG (matplotlib, imported
     here only)."""
-    from skyjax import plots
+    from skyjax.report import plots
 
     if plot:
         plots.save(plots.plan_figure(plan, profile), plot)
@@ -115,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         profile = load_profile(args.profile)
-        plan = planner.plan(profile, args.strategy, args.schedule, args.microbatches)
+        extra = shared_host_model(profile, args.shared_host)
+        plan = planner.plan(profile, args.strategy, args.schedule, args.microbatches,
+                            certify=args.certify, extra=extra)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -126,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         write_json_atomic(out, args.out, indent=1)
     if args.trace:
-        write_json_atomic(simulate.simulate_plan(plan, profile).trace, args.trace)
+        write_json_atomic(simulate.simulate_plan(plan, profile, extra=extra).trace, args.trace)
     if args.plot or args.timeline:
         try:
             write_pictures(plan, profile, args.plot, args.timeline)

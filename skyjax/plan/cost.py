@@ -10,19 +10,18 @@ micro-batches, with the profile's fixed costs (version 2; zeros for a version 1 
               bandwidth[d_k][d_k+1]) [k < p - 1]; bandwidth 0 means unreachable (comm = inf)
   t_k       = compute_k + comm_k
   update_k  = update_call_s[d_k] + sum_{u in [a_k, b_k)} update_s[u][d_k]     (once per step)
-              [+ m input_s[d_0] + batch_s when p = 1: putting the step's inputs and building
-              its batch (inline data sources), with no wait to hide them in]
+              [+ m input_s[d_0] when p = 1: putting the step's inputs on the device, with no
+              wait to hide it in]
   memory_k  = sum state_bytes + inflight_k * sum activation_bytes <= memory_bytes[d_k],
               inflight_k = m (GPipe) or min(m, p - k) (1F1B)
-  T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s [or the event replay's step,
-              where one applies and is longer: shared host cores, calls after idle]
+  T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s
 
 The update runs after the step's gradient-norm all-reduce (sync_s); the first stage's update
 delays the next step's whole pipeline, a later stage's overlaps the fill that reaches it, so only
 update_0 is on the critical path (the simulator, :mod:`skyjax.plan.simulate`, replays the real
-overlap and checks it). Where stages are processes sharing a host's cores (or calls after idle
-cost more), T is the event replay's step where that is longer (:mod:`skyjax.plan.sharing`); the
-searches optimise the analytic part, and the planner compares device subsets on the whole.
+overlap and checks it). A caller may hand in extra cost terms (:mod:`skyjax.plan.extension`:
+the optional shared-host model); T is then their step where that is longer than the analytic T,
+and ``Plan.extra_s`` says by how much. The searches optimise the analytic T.
 
 ``tables`` turns a profile into the arrays every search reads (prefix sums, so a block's compute
 or memory is two lookups); ``evaluate`` prices a given assignment and checks that it fits.
@@ -37,7 +36,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from skyjax.names import SCHEDULES
-from skyjax.plan.sharing import replayed_step
+from skyjax.plan.extension import ExtraCost
 from skyjax.plan.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
 
@@ -56,7 +55,7 @@ class Tables:
     in_msg: np.ndarray  # [D] 2 message_s: a stage that is not first (a > 0)
     update_prefix: np.ndarray  # [D, U+1] prefix sums of update_s per device
     update_call: np.ndarray  # [D]
-    alone: np.ndarray  # [D] m input_s + batch_s: what a plan of one stage on d adds to its update
+    alone: np.ndarray  # [D] m input_s: what a plan of one stage on d adds to its update
     sync_s: float
     state_prefix: np.ndarray  # [U+1]
     act_prefix: np.ndarray  # [U+1]
@@ -138,7 +137,7 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
         update_prefix=np.concatenate([np.zeros((upd.shape[1], 1)), np.cumsum(upd.T, axis=1)],
                                      axis=1),
         update_call=np.asarray(profile.update_call_s, float),
-        alone=int(microbatches) * np.asarray(profile.input_s, float) + float(profile.batch_s),
+        alone=int(microbatches) * np.asarray(profile.input_s, float),
         sync_s=float(profile.sync_s),
         state_prefix=np.concatenate([[0.0], np.cumsum(state)]),
         act_prefix=np.concatenate([[0.0], np.cumsum(act)]),
@@ -208,37 +207,37 @@ def check_fits(profile: Profile, t: Tables, stages: list[Stage]) -> None:
 
 def evaluate(profile: Profile, assignment: Assignment, schedule: str = "1f1b",
              microbatches: int = 8, strategy: str = "custom", *, exact: bool = False,
-             lower_bound_s: float | None = None, check: bool = True) -> Plan:
-    """The Plan of a given assignment under the cost model (raises if it does not fit)."""
+             lower_bound_s: float | None = None, check: bool = True,
+             extra: ExtraCost | None = None) -> Plan:
+    """The Plan of a given assignment under the cost model (raises if it does not fit);
+    ``extra``: optional cost terms (:mod:`skyjax.plan.extension`)."""
     t = tables(profile, schedule, microbatches)
-    return evaluate_tables(profile, t, assignment, strategy, exact, lower_bound_s, check)
+    return evaluate_tables(profile, t, assignment, strategy, exact, lower_bound_s, check, extra)
 
 
 def evaluate_tables(profile: Profile, t: Tables, assignment: Assignment, strategy: str,
-                    exact: bool, lower_bound_s: float | None, check: bool = True) -> Plan:
+                    exact: bool, lower_bound_s: float | None, check: bool = True,
+                    extra: ExtraCost | None = None) -> Plan:
     """``evaluate`` on tables already built (the planner builds them once)."""
     check_assignment(t, assignment)
     stages = stage_costs(t, assignment)
     if check:
         check_fits(profile, t, stages)
     times = [s.time_s for s in stages]
-    extra = t.step_extra(stages[0].update_s)
+    once = t.step_extra(stages[0].update_s)
     out = Plan(strategy=strategy, schedule=t.schedule, microbatches=t.microbatches,
-               stages=stages, step_time_s=step_time(times, t.microbatches, extra),
+               stages=stages, step_time_s=step_time(times, t.microbatches, once),
                bottleneck_s=float(max(times)), exact=exact,
                lower_bound_s=None if exact else lower_bound_s,
                device_names=[d["name"] for d in profile.devices])
-    # stages of one host's processes slow each other; calls after idle cost more; only the
-    # event replay sees either, so where it applies T is the larger of the analytic T and the
-    # replayed step. Not their sum: the analytic T charges the bottleneck's two transfers in
-    # each of its m - 1 repeats, which the replay overlaps with its neighbours' compute, so
-    # adding the replay's contention on top counted that time twice (the shipped 4-process
-    # even plans came out 13 % above their measured steps on average; docs/design.md)
-    replayed = replayed_step(out, profile)
-    penalty = max(replayed - out.step_time_s, 0.0) if replayed is not None else 0.0
+    if extra is None:
+        return out
+    # T is never below the analytic T, so the searches' bounds stay valid with the extra terms
+    stepped = extra.step_s(out, profile)
+    penalty = max(stepped - out.step_time_s, 0.0) if stepped is not None else 0.0
     if penalty > 0:
         if out.exact:  # the searches optimise T without it: the optimum is a bound only
             out.exact, out.lower_bound_s = False, out.step_time_s
         out.step_time_s += penalty
-        out.replay_penalty_s = penalty
+        out.extra_s = penalty
     return out

@@ -15,14 +15,19 @@ Which search: the exact DP over device classes when its size (``exact.exact_cost
 budget, giving ``exact: true``; otherwise the heuristic, whose plan carries ``lower_bound_s``,
 the larger of two relaxations (:mod:`skyjax.plan.bounds`: fractional;
 :mod:`skyjax.plan.group_bound`: region crossings, whole blocks, 1F1B in-flight levels, told the
-plan's T), and while that gap exceeds ``REGION_GAP`` a third: for 1F1B
-(:mod:`skyjax.plan.region_bound`: each region visited in one run), for GPipe
-(:mod:`skyjax.plan.chain_bound`: device kinds priced along an exact chain of blocks); it is
-reported exact when it meets the bound.
+plan's T); for GPipe, while that gap exceeds ``REGION_GAP``, ``refine`` looks for a lower sum at
+the plan's bottleneck. A plan that meets its bound is reported exact.
 
-Processes sharing a host's cores (:mod:`skyjax.plan.sharing`): T carries what their contention
-adds, which the searches do not see; the planner also plans every proper subset of those devices
-and keeps the least T (the result is then not exact; its bound is the analytic optimum's).
+Certificates (``certify=True``; ``python -m skyjax.plan --certify``): while the gap to those two
+bounds exceeds ``REGION_GAP``, a third relaxation, for 1F1B (:mod:`region_bound
+<skyjax.plan.certificates.region_bound>`: each region visited in one run), for GPipe
+(:mod:`chain_bound <skyjax.plan.certificates.chain_bound>`: device kinds priced along an exact
+chain of blocks); they only tighten ``lower_bound_s`` and the ``exact`` flag, never the plan, and
+can take seconds at scale, so they run only when asked.
+
+Extra cost terms (``extra``, :mod:`skyjax.plan.extension`; the optional shared-host model): T
+carries what they add, which the searches do not see; the planner then also asks them for
+better plans (``ExtraCost.best_of``: device subsets for processes sharing a host's cores).
 
 An infeasible problem raises InfeasibleError naming the tightest device and the missing bytes.
 """
@@ -35,14 +40,12 @@ from skyjax.names import STRATEGIES
 from skyjax.plan import exact as exact_search
 from skyjax.plan import heuristic
 from skyjax.plan.bounds import lower_bound, min_bottleneck
-from skyjax.plan.chain_bound import chain_bound
 from skyjax.plan.classes import device_classes
 from skyjax.plan.cost import Tables, evaluate_tables, tables
 from skyjax.plan.even import even_assignment
 from skyjax.plan.group_bound import GroupBound, group_bound
 from skyjax.plan.refine import refine_plan
-from skyjax.plan.region_bound import region_bound
-from skyjax.plan.sharing import best_subset
+from skyjax.plan.extension import ExtraCost
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
 
@@ -51,43 +54,53 @@ GOAL_GAP = 0.009  # chain_bound's goal: a gap just inside REGION_GAP (its last s
 
 
 def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
-         microbatches: int = 8, *, force_heuristic: bool = False, subsets: bool = True) -> Plan:
+         microbatches: int = 8, *, force_heuristic: bool = False, certify: bool = False,
+         extra: ExtraCost | None = None) -> Plan:
     """Plan a profile. even: all devices in order; optimal/dynamic: least T (module doc).
-    ``subsets``: where processes share a host's cores, also try leaving some of them out
-    (:func:`skyjax.plan.sharing.best_subset`)."""
+    ``certify``: also compute the lower-bound certificates (module doc); ``extra``: extra cost
+    terms (:mod:`skyjax.plan.extension`), None for the core model alone."""
+    out = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify, extra)
+    if extra is None or strategy == "even":
+        return out
+    t = tables(profile, schedule, microbatches)
+    return extra.best_of(profile, out, lambda restricted: _plan(
+        restricted, strategy, schedule, microbatches, force_heuristic, certify, extra),
+        lambda a: evaluate_tables(profile, t, a, strategy, False, None, extra=extra))
+
+
+def _plan(profile: Profile, strategy: str, schedule: str, microbatches: int,
+          force_heuristic: bool, certify: bool, extra: ExtraCost | None) -> Plan:
+    """``plan`` without ``ExtraCost.best_of``."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
     t = tables(profile, schedule, microbatches)
     if strategy == "even":
         assignment = even_assignment(t.num_units, range(t.num_devices))
-        return evaluate_tables(profile, t, assignment, strategy, exact=False, lower_bound_s=None)
+        return evaluate_tables(profile, t, assignment, strategy, exact=False, lower_bound_s=None,
+                               extra=extra)
     classes = device_classes(t)
     exact = not force_heuristic and exact_search.exact_fits([len(c) for c in classes],
                                                             t.num_units)
     sol = exact_search.search(t, classes) if exact else heuristic.search(t, min_bottleneck(t))
     if sol is None:
         raise InfeasibleError(_infeasible_message(profile, t))
-    out = evaluate_tables(profile, t, sol.assignment, strategy, exact, None)
-    if not exact:  # bounds on the analytic T: the searches do not see the replay penalty
-        gb = GroupBound(t)  # shared by the three bounds below (chain_bound refines its B grid)
+    out = evaluate_tables(profile, t, sol.assignment, strategy, exact, None, extra=extra)
+    if not exact:  # bounds on the analytic T: the searches do not see the extra terms
+        gb = GroupBound(t)  # shared by the bounds below (chain_bound refines its B grid)
         lb = max(lower_bound(t), group_bound(t, out.analytic_s, gb))
         if out.analytic_s > lb * (1 + REGION_GAP):  # GPipe: least sum at its bottleneck
-            out = refine_plan(profile, t, sol, out)
-        if out.analytic_s > lb * (1 + REGION_GAP):  # 1F1B: regions once; GPipe: chains
-            lb = max(lb, region_bound(t, out.analytic_s, gb=gb),
-                     chain_bound(t, out.analytic_s, gb,
-                                 goal=out.analytic_s / (1 + min(GOAL_GAP, max(REGION_GAP, 0)))))
+            out = refine_plan(profile, t, sol, out, extra)
+        if certify and out.analytic_s > lb * (1 + REGION_GAP):
+            from skyjax.plan.certificates import certificate  # only when asked: seconds at scale
+
+            lb = max(lb, certificate(t, out.analytic_s, gb, GOAL_GAP, REGION_GAP))
         out.lower_bound_s = min(lb, out.analytic_s)
         if out.analytic_s <= lb * (1 + 1e-9):  # the analytic optimum
-            if out.replay_penalty_s > 0:  # bounds T only (as in evaluate_tables)
+            if out.extra_s > 0:  # bounds T only (as in evaluate_tables)
                 out.lower_bound_s = out.analytic_s
             else:
                 out.exact, out.lower_bound_s = True, None
-    if not subsets:
-        return out
-    return best_subset(profile, out, lambda restricted: plan(
-        restricted, strategy, schedule, microbatches, force_heuristic=force_heuristic,
-        subsets=False), lambda a: evaluate_tables(profile, t, a, strategy, False, None))
+    return out
 
 
 def _infeasible_message(profile: Profile, t: Tables) -> str:

@@ -38,6 +38,7 @@ import numpy as np
 
 from skyjax.plan.classes import link_groups, worst_link
 from skyjax.plan.cost import Solution, Tables, check_assignment, evaluate_tables, stage_costs
+from skyjax.plan.extension import ExtraCost
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
 
@@ -46,14 +47,15 @@ SLACK = 8  # units a region's span may move against the incumbent's, each side
 _INF = math.inf
 
 
-def refine_plan(profile: Profile, t: Tables, sol: Solution, plan: Plan) -> Plan:
+def refine_plan(profile: Profile, t: Tables, sol: Solution, plan: Plan,
+                extra: ExtraCost | None = None) -> Plan:
     """The planner's hook: ``plan`` (sol priced) or, where ``refine`` finds a better
-    assignment, that one priced, whichever has the lower step time (the replay penalty, which
+    assignment, that one priced, whichever has the lower step time (``extra``'s terms, which
     the DP does not see, included)."""
     new = refine(t, sol)
     if new is sol:
         return plan
-    out = evaluate_tables(profile, t, new.assignment, plan.strategy, False, None)
+    out = evaluate_tables(profile, t, new.assignment, plan.strategy, False, None, extra=extra)
     return out if out.step_time_s < plan.step_time_s else plan
 
 
@@ -134,7 +136,7 @@ def _link(t: Tables, a: list[int], b: list[int]) -> np.ndarray:
 
 class _Search:
     """The DP of the module doc; ``run`` returns an assignment or None. For bounds
-    (:mod:`skyjax.plan.once_bound`), not plans: ``free`` kinds per region are unlimited (out of
+    (:mod:`skyjax.plan.certificates.once_bound`), not plans: ``free`` kinds per region are unlimited (out of
     the state, closed over within a layer) and ``cut`` drops entries at or above it."""
 
     def __init__(self, t: Tables, order: list[int], groups: list[list[int]],

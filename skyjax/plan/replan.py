@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from skyjax.plan import cost, planner
-from skyjax.plan.sharing import host_groups, replay_effect
+from skyjax.plan.extension import ExtraCost
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
@@ -59,13 +59,14 @@ def stage_busy_s(per_step_busy: Sequence[Sequence[float]]) -> list[float]:
 
 
 def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
-                      comm_s: Sequence[float] | None = None) -> tuple[Profile, dict[int, float]]:
+                      comm_s: Sequence[float] | None = None, extra: ExtraCost | None = None
+                      ) -> tuple[Profile, dict[int, float]]:
     """``profile`` corrected by a plan's measured steps; also returns each used device's measured
     / predicted compute.
 
-    Compute: a stage's prediction is its compute times the slow-down that sharing a host's
-    cores with the plan's other stages gives it (:mod:`skyjax.plan.sharing`; 1 elsewhere), so
-    that what is corrected is the device, not the plan's contention. Its excess is split into
+    Compute: a stage's prediction is its compute times the busy-time ratio that ``extra``'s terms
+    give it (:mod:`skyjax.plan.extension`; 1 without), so that what is corrected is the device,
+    not the plan's interference. Its excess is split into
     a host-wide cost per action, ``b``, and a per-device factor on the rest. ``b`` is the least
     excess per action of any stage (clipped at 0): what a busy host adds to every call whatever
     its size (dispatch, wake-ups, an emulated sleep's overshoot). It weighs the most on small
@@ -74,36 +75,31 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     unit and call times then scale by (measured - actions x b) / predicted, and every device's
     forward and backward call costs grow by ``b`` (the unused ones too: it is the host's).
 
-    Devices that share a host's cores (:func:`skyjax.plan.sharing.host_groups`) take one factor
-    for the host instead, its stages' (measured - actions x b) summed over their predicted
-    compute summed: what the contention costs each of them depends on which stages compute at
-    once, which the model predicts only on average, so a stage's own ratio mixes its device's
-    speed with the contention it happened to meet, while the host's total is that contention
-    and the devices' level together (a device of the host that the plan leaves idle takes it
-    too: the host's speed moved for it as well). Re-predicted offline on twelve 4-process runs
-    of the shipped model (four devices, two cores; session 19), per-device factors put the
-    calibrated plan's step within 10 % in 6 (mean |error| 13.8 %, up to 35 %: the small first
-    stage met more contention than predicted and its device's factor came out 1.1-1.2x, which
-    the one-stage plan then paid on every unit), the host's factor in 7 (8.6 %, up to 17.6 %).
+    Devices that ``extra`` groups (``ExtraCost.calibration_groups``: processes sharing a host's
+    cores) take one factor for the group instead, its stages' (measured - actions x b) summed
+    over their predicted compute summed: their interference depends on which stages compute at
+    once, so a stage's own ratio mixes its device's speed with the interference it happened to
+    meet, while the group's total holds both (an idle device of the group takes it too).
 
     Links: with ``comm_s`` (measured link waits per step of each stage,
-    ``skyjax.plan.compare``), every link's latency grows by the mean excess per message seen on
+    ``skyjax.report.compare``), every link's latency grows by the mean excess per message seen on
     the plan's links: what a message really costs in the running pipeline beyond the idle
     ping-pong probe (one host-wide figure, so that links the plan does not use are corrected
     too). ``sync_s`` stays the profile's: what a measured step period leaves after the corrected
     compute and links (waits, calls after idle) grows with the plan's stages and messages, and
-    made a per-step constant it over-charged plans with fewer stages (docs/design.md)."""
+    made a per-step constant it over-charged plans with fewer stages."""
     forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
     calls = {k: getattr(profile, k).copy() for k in ("forward_call_s", "backward_call_s")}
     actions = 2 * plan.microbatches  # a forward and a backward per micro-batch
-    effect = replay_effect(plan, profile)  # the busy time sharing and calls after idle predict
+    effect = extra.effect(plan, profile) if extra is not None else None
     ratio = effect[1] if effect is not None else [1.0] * len(plan.stages)
     pairs = [(st, st.compute_s * plan.microbatches * r, measured)
              for st, measured, r in zip(plan.stages, busy_s, ratio)
              if st.compute_s > 0 and measured > 0]
     b = max(0.0, min(((measured - predicted) / actions for _, predicted, measured in pairs),
                      default=0.0))
-    groups = host_groups(profile) or [None] * len(profile.devices)
+    groups = (extra.calibration_groups(profile) if extra is not None else None) or \
+        [None] * len(profile.devices)
     host: dict[int, list[float]] = {}  # shared host group -> [sum of corrected measured, predicted]
     for st, predicted, measured in pairs:
         if groups[st.device] is not None:
@@ -138,12 +134,12 @@ def _assignment(plan: Plan) -> list[tuple[int, int, int]]:
 
 
 def decide(profile: Profile, plan: Plan, busy_s: Sequence[float],
-           comm_s: Sequence[float] | None = None) -> Decision:
+           comm_s: Sequence[float] | None = None, extra: ExtraCost | None = None) -> Decision:
     """Corrects the profile (compute; with ``comm_s`` also links: :func:`corrected_profile`)
     and compares the running plan with the best plan for it."""
-    fixed, factors = corrected_profile(profile, plan, busy_s, comm_s)
+    fixed, factors = corrected_profile(profile, plan, busy_s, comm_s, extra)
     current = cost.evaluate(fixed, _assignment(plan), plan.schedule, plan.microbatches,
-                            strategy=plan.strategy)
-    candidate = planner.plan(fixed, "optimal", plan.schedule, plan.microbatches)
+                            strategy=plan.strategy, extra=extra)
+    candidate = planner.plan(fixed, "optimal", plan.schedule, plan.microbatches, extra=extra)
     candidate.strategy = plan.strategy
     return Decision(fixed, current, candidate, factors)

@@ -3,7 +3,7 @@
 ``simulate`` runs the per-stage action lists of :func:`skyjax.plan.schedules.actions`: each stage
 executes its list in order; F(k, i) waits for F(k-1, i) plus the link delay, B(k, i) for
 B(k+1, i) plus the link delay. It returns the step time, per-stage busy and idle time, peak
-in-flight micro-batches and a Chrome / Perfetto trace (built by :mod:`skyjax.trace`, like the
+in-flight micro-batches and a Chrome / Perfetto trace (built by :mod:`skyjax.spans`, like the
 runtime's measured one, so the two line up).
 
 Relation to the cost model T = sum t_k + (m - 1) max t_k + update_0 + sync_s
@@ -32,11 +32,11 @@ import dataclasses
 from typing import Sequence
 
 from skyjax.plan.schedules import actions, inflight_peaks
-from skyjax.plan.sharing import replay_effect
+from skyjax.plan.extension import ExtraCost
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
-from skyjax.trace import Span, link_events, stage_events, trace_json
+from skyjax.spans import Span, link_events, stage_events, trace_json
 
 
 @dataclasses.dataclass
@@ -47,8 +47,8 @@ class SimResult:
     peak_inflight: list[int]
     trace: dict  # Chrome trace: stages on pid 0, link transfers (overlapped comm) on pid 1
     spans: list[Span]  # every action, stage by stage, in execution order; times from 0
-    # per stage, the busy-time ratio host sharing and calls after idle give it (simulate_plan;
-    # 1 where neither applies, and from simulate)
+    # per stage, the busy-time ratio that extra cost terms give it (simulate_plan with
+    # ``extra``; 1 without, and from simulate)
     slowdown: list[float] | None = None
 
 
@@ -121,17 +121,17 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
                      peak_inflight=inflight_peaks(lists), trace=trace_json(events), spans=flat)
 
 
-def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True) -> SimResult:
+def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True,
+                  extra: ExtraCost | None = None) -> SimResult:
     """Simulate a plan on its profile (:func:`stage_actions_s`), with each stage's update
-    and the synchronisation at the step boundary; where its stages share a host's cores, the
-    step time also carries what that adds, and what calls after idle add
-    (:func:`skyjax.plan.sharing.replay_effect`)."""
+    and the synchronisation at the step boundary; with ``extra`` (:mod:`skyjax.plan.extension`)
+    the step time and busy times also carry what its terms add (not drawn in the trace)."""
     fwd, bwd, link = stage_actions_s(plan, profile)
     names = [profile.devices[s.device]["name"] for s in plan.stages]
     out = simulate(fwd, bwd, link, plan.schedule, plan.microbatches, overlap_comm=overlap_comm,
                    names=names, update_s=[s.update_s for s in plan.stages],
                    sync_s=float(profile.sync_s))
-    effect = replay_effect(plan, profile)  # sharing, calls after idle (not in the trace)
+    effect = extra.effect(plan, profile) if extra is not None else None
     out.slowdown = [1.0] * len(plan.stages)
     if effect is not None:
         out.step_time_s += effect[0]

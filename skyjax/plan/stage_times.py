@@ -3,7 +3,7 @@
 One forward and one backward action per stage (unit times, the device's call cost and the
 stage's message calls) and the one-way delay of each link; their sums give the cost model's t_k
 (:mod:`skyjax.plan.cost`). Shared by :mod:`skyjax.plan.simulate` and
-:mod:`skyjax.plan.sharing`.
+:mod:`skyjax.hostmodel.sharing`.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ class Stage:
 class Plan:
     """Stages in pipeline order and the predicted step time T. ``exact``: T is optimal under the
     cost model; otherwise ``lower_bound_s`` (when searched) bounds the optimum from below.
-    ``replay_penalty_s``: the part of T that only the event replay sees (host sharing, calls
-    after idle: ``skyjax.plan.sharing.replay_effect``); the searches and their bounds work on
+    ``extra_s``: the part of T that extra cost terms add (:mod:`skyjax.plan.extension`, e.g. the
+    optional shared-host model; 0 under the core model); the searches and their bounds work on
     ``analytic_s``, T without it."""
 
     strategy: str
@@ -60,12 +60,12 @@ class Plan:
     exact: bool
     lower_bound_s: float | None = None
     device_names: list[str] | None = None
-    replay_penalty_s: float = 0.0
+    extra_s: float = 0.0
 
     @property
     def analytic_s(self) -> float:
-        """T without the replay penalty: what the searches optimise and the bounds bound."""
-        return self.step_time_s - self.replay_penalty_s
+        """T without the extra terms: what the searches optimise and the bounds bound."""
+        return self.step_time_s - self.extra_s
 
     def to_json(self) -> dict:
         out = {"strategy": self.strategy, "schedule": self.schedule,
@@ -76,8 +76,8 @@ class Plan:
             out["lower_bound_s"] = self.lower_bound_s
         if self.device_names is not None:
             out["device_names"] = list(self.device_names)
-        if self.replay_penalty_s:
-            out["replay_penalty_s"] = self.replay_penalty_s
+        if self.extra_s:
+            out["extra_s"] = self.extra_s
         return out
 
     @classmethod
@@ -89,4 +89,4 @@ class Plan:
         return cls(d["strategy"], d["schedule"], int(d["microbatches"]), stages,
                    float(d["step_time_s"]), float(d["bottleneck_s"]), bool(d["exact"]),
                    d.get("lower_bound_s"), d.get("device_names"),
-                   float(d.get("replay_penalty_s", 0.0)))
+                   float(d.get("extra_s", d.get("replay_penalty_s", 0.0))))

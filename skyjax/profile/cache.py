@@ -20,17 +20,17 @@ from skyjax.profile.chain import Workload
 from skyjax.profile.format import Profile, ProfileError, load_profile, save_profile
 from skyjax.profile.options import Log, Options
 
-PROFILER_VERSION = 14  # 2: fixed call costs, update per unit, sync (profile.json version 2); 3: sync
+PROFILER_VERSION = 15  # 2: fixed call costs, update per unit, sync (profile.json version 2); 3: sync
 # includes the per-step metrics gather; 4: one process's device at a time (Options.concurrent);
 # 5: each process's cores (devices[d]["cpus"]), jitted gradient norm in the update's time;
-# 6: calls after idle (devices[d]["wake_s"], skyjax.profile.wake); 7: their noise floor;
-# 8: message_s measured across processes (skyjax.profile.messages); 9: links' latency as a
+# 6: calls after idle (devices[d]["wake_s"], skyjax.hostmodel.wake); 7: their noise floor;
+# 8: message_s measured across processes (skyjax.hostmodel.messages); 9: links' latency as a
 # computing sender's messages see it (messages.loaded_latency); 10: a unit's forward and backward
 # timed as an alternating pair, the update after the caches are evicted (profile.units); 11: putting
 # a step's inputs (overheads.input_s, profile.inputs); 12: calls after idle also on the shortest
 # unit (devices[d]["wake_light_s"], "wake_work_s"); 13: message costs from paired rounds, 20 of them
 # (messages.paired_extra); 14: with passes > 1, each unit's median pass, not its fastest
-# (profile.passes)
+# (profile.passes); 15: the shared-host probes only with Options.host (config.cluster.shared_host)
 
 
 def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Options) -> dict:
@@ -53,6 +53,7 @@ def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Opt
         "optimizer": dict(workload.optimizer),
         "dedup": [options.dedup_units, options.dedup_devices],
         "concurrent": options.concurrent,
+        "shared_host": options.host is not None,
     }
 
 

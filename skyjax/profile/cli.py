@@ -43,7 +43,12 @@ def main(argv: list[str]) -> None:
         sys.exit(f"Invalid config: {e}")
     from skyjax import cluster as cluster_lib
 
-    cluster_lib.keep_freed_memory()  # as the runtime runs (skyjax.cluster.malloc)
+    probes = None
+    if config.cluster.shared_host:  # the optional shared-host model's probes (skyjax.hostmodel)
+        from skyjax import hostmodel
+
+        hostmodel.activate()
+        probes = hostmodel.probes()
     cluster_lib.ensure_host_device_count(int(config.cluster.num_devices))
     # These import JAX: after XLA_FLAGS.
     from skyjax.optim import make_optimizer
@@ -52,7 +57,7 @@ def main(argv: list[str]) -> None:
     from skyjax.profile.measure import profile
     from skyjax.profile.options import Options
     from skyjax.profile.profiler import profile_or_load
-    from skyjax.profile.report import summary_table
+    from skyjax.report.profile_table import summary_table
 
     overrides = {"dedup_units": _DEDUP.value, "dedup_devices": _DEDUP.value}
     if _REPEATS.value:
@@ -62,7 +67,7 @@ def main(argv: list[str]) -> None:
     workload = Workload.from_config(config)
     cluster = cluster_lib.cluster_from_config(config)
     optimizer = make_optimizer(config.train)
-    options = Options.from_config(config, **overrides)
+    options = Options.from_config(config, host=probes, **overrides)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     if _WORKDIR.value:
         prof = profile_or_load(_WORKDIR.value, workload, cluster, optimizer, options,

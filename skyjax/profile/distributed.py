@@ -1,9 +1,9 @@
 """Profiling with one process per device (``jax.distributed``, or threads sharing a transport).
 
-Each process measures its own device for every unit kind (:mod:`skyjax.profile.units`), one
-process at a time unless ``Options.concurrent`` (processes sharing a host's cores would time each
-other's load), in ``Options.passes`` rounds of turns (:mod:`skyjax.profile.passes`); the results
-are gathered to process 0 through the runtime's transport, links are probed pairwise through the
+Each process measures its own device for every unit kind (:mod:`skyjax.profile.units`), all at
+once; under the shared-host model (``Options.host``) one process at a time instead (processes
+sharing a host's cores would time each other's load), in ``Options.passes`` rounds of turns;
+the results are gathered to process 0 through the runtime's transport, links are probed pairwise through the
 same transport (:func:`skyjax.profile.links.probe_links_across`), and process 0 assembles the
 profile. :func:`load_or_measure_shared` is the cache under ``jax.distributed``:
 process 0 decides (cache hit or measure), every process takes part in measuring, and all of them
@@ -13,7 +13,6 @@ get process 0's profile through the key-value store.
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 import warnings
 from typing import Any, Callable
@@ -25,15 +24,14 @@ from absl import logging
 
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
-from skyjax.profile import links, messages, units
+from skyjax.profile import links, units
 from skyjax.profile.cache import cache_key, cache_path, in_use_path, try_load
 from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile, save_profile
-from skyjax.profile.measure import assemble, device_records, host_cores, host_cpus
+from skyjax.profile.measure import assemble, combine_passes, device_records
 from skyjax.profile.options import Log, Options
-from skyjax.profile.passes import median_pass, pass_order
-from skyjax.runtime import tags
-from skyjax.runtime.distributed import broadcast_json
+from skyjax.transport import tags
+from skyjax.transport.group import broadcast_json
 
 SHARE_TIMEOUT_S = 3600.0  # how long processes wait for process 0's decision and profile
 
@@ -71,11 +69,12 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     if not options.concurrent:
         with _patient(transport):
             transport.barrier(tag_base)
-    # Every pass times each device once, in turns whose order reverses each pass; per unit the
-    # median pass is kept (skyjax.profile.passes).
+    # Under the shared-host model every pass times each device once, in turns whose order
+    # reverses each pass, and per unit the median pass is kept (skyjax.hostmodel.passes).
     timed: list[dict] = []
     for p in range(options.passes):
-        for turn in ([rank] if options.concurrent else pass_order(cluster.num_devices, p)):
+        for turn in ([rank] if options.concurrent else options.host.pass_order(
+                cluster.num_devices, p)):
             if turn == rank:
                 if options.passes > 1:
                     log(f"[profile] pass {p + 1}/{options.passes}")
@@ -86,7 +85,8 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
             if not options.concurrent:
                 with _patient(transport):  # a turn may outlast the transport's usual timeout
                     transport.barrier(tag_base)  # the n-th barrier of a tag pairs with the n-th
-    mine = median_pass(timed)
+    mine = combine_passes(timed, options)
+    host = options.host.device_fields() if options.host is not None else {}
     unit_s = time.perf_counter() - start
     gathered = transport.gather_to_first(
         {"rank": rank, "forward_s": mine["forward_s"][:, rank].tolist(),
@@ -94,15 +94,15 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
          "update_s": mine["update_s"][:, rank].tolist(),
          "overheads": {k: v[rank] for k, v in mine["overheads"].items()},
          "compile_s": mine["compile_s"], "memory": list(cluster.memory_bytes(rank)),
-         "host": socket.gethostname(), "host_cores": host_cores(), "cpus": host_cpus(),
-         "cpu_cores": mine["cpu_cores"][rank], "wake": mine["wake"][rank],
-         "pass_work_s": mine["pass_work_s"][rank]}, tag_base)
+         "host": host, "cpu_cores": mine["cpu_cores"][rank], "wake": mine["wake"][rank],
+         "pass_work_s": (mine.get("pass_work_s") or [None] * (rank + 1))[rank]}, tag_base)
     mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
-    # what a message costs a stage computing beside it (the largest activation a stage sends)
+    # shared host: what a message costs a stage computing beside it (the largest activation)
     message_bytes = max(int(u["output_bytes"]) for u in mine["units"])
-    message, tag = messages.probe_message_costs(transport, rank, cluster, message_bytes,
-                                                messages.ROUNDS_PER_REPEAT * options.link_repeats,
-                                                tag)
+    message = None
+    if options.host is not None:
+        message, tag = options.host.message_costs(transport, rank, cluster, message_bytes,
+                                                  options.link_repeats, tag)
     gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links,
                                                 "message": message}, tag)
     transport.barrier(tag + 1)
@@ -127,9 +127,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         compile_s = max(compile_s, g["compile_s"])
         # Each process knows its own device's memory.
         devices[g["rank"]]["memory_bytes"], devices[g["rank"]]["memory_source"] = g["memory"]
-        # Which processes share a host's cores, and how many cores it has.
-        devices[g["rank"]]["host"], devices[g["rank"]]["host_cores"] = g["host"], g["host_cores"]
-        devices[g["rank"]]["cpus"] = g["cpus"]
+        devices[g["rank"]].update(g["host"])  # shared host: which processes share its cores
         cpu_cores[g["rank"]] = g["cpu_cores"]
         wake[g["rank"]] = g["wake"]
         pass_work[g["rank"]] = g["pass_work_s"]
@@ -138,11 +136,12 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     for g in gathered_links:
         one_way.update(g["one_way"])
         message_costs[g["rank"]] = g["message"]
-    messages.pool_by_host(message_costs, devices)  # a send is its host's work
-    over["message_s"] = [c["message_s"] if c else 0.0 for c in message_costs]
     lat, bw = links.link_matrices(n, options.link_sizes, one_way)
     idle_lat = lat.copy()
-    lat = messages.loaded_latency(lat, bw, message_costs, message_bytes)
+    if options.host is not None:
+        message_costs, lat = options.host.loaded_links(message_costs, devices, lat, bw,
+                                                       message_bytes)
+        over["message_s"] = [c["message_s"] if c else 0.0 for c in message_costs]
     measured = {"units": gathered[0]["units"], "forward_s": fwd, "backward_s": bwd,
                 "compile_s": compile_s, "devices": devices, "update_s": upd, "overheads": over,
                 "cpu_cores": cpu_cores, "wake": wake}

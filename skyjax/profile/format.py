@@ -8,7 +8,8 @@ were measured). ``Profile.from_json`` checks
 every field and raises :class:`ProfileError` whose message names the offending
 field, e.g. ``profile.forward_s[3][1]: negative time -0.2``; unknown keys are
 kept in ``Profile.extra`` (unknown keys of ``links`` under ``extra["links"]``)
-and written back by ``to_json``.
+and written back by ``to_json``; other keys of ``overheads`` (``batch_s`` in older files) are
+ignored.
 """
 
 from __future__ import annotations
@@ -60,10 +61,6 @@ class Profile:
     # putting one micro-batch's step inputs on the device, [D] (skyjax.profile.inputs); absent in
     # files of profiler version 10 and before (read as 0)
     input_s: np.ndarray | None = None
-    # building one training batch where the training loop's thread builds it (synthetic data;
-    # GLUE without a prefetch thread), 0 where a thread builds it ahead: the data source's cost,
-    # measured per run (``train.profile_phase``), not by the profiler; absent before (read as 0)
-    batch_s: float = 0.0
 
     def __post_init__(self):
         u, d = np.shape(self.forward_s)
@@ -108,7 +105,7 @@ class Profile:
                 "links": links,
                 "update_s": self.update_s.tolist(),
                 "overheads": {**{k: getattr(self, k).tolist() for k in OVERHEAD_KEYS},
-                              "sync_s": float(self.sync_s), "batch_s": float(self.batch_s)},
+                              "sync_s": float(self.sync_s)},
         }
         out.update(extra)
         return out
@@ -235,7 +232,6 @@ def _parse(d: Any) -> Profile:
                                                       "entries (one per device)"))])
              for k in OVERHEAD_KEYS if k in over}
     sync = _number(over["sync_s"], "overheads.sync_s", "time") if "sync_s" in over else 0.0
-    batch = _number(over["batch_s"], "overheads.batch_s", "time") if "batch_s" in over else 0.0
     return Profile(version=VERSION, microbatch=dict(mb), units=units, devices=devices,
                    forward_s=fwd, backward_s=bwd, latency_s=lat, bandwidth_Bps=bw, extra=extra,
-                   update_s=upd, sync_s=sync, batch_s=batch, **fixed)
+                   update_s=upd, sync_s=sync, **fixed)

@@ -8,18 +8,14 @@ its last action and its update, on the critical path (1.2 ms per step of the shi
 m = 4 on one core here, against 0.6 ms timed alone with warm caches). The cost model charges
 ``m * input_s[d]`` to such a plan's step (``skyjax.plan.cost.Tables.alone``); in a longer pipeline
 the put fits in the first stage's wait for its first gradient and the last stage's fill.
-
-Building the batch itself is the data source's cost, so the profiler (whose cache key is the
-model and the cluster, not the data) does not measure it: each run times its own source,
-:func:`measure_batch_build` (``Profile.batch_s``; ``skyjax.profile.profiler.with_batch_cost``).
-A synthetic batch is built in the training loop's thread (~2 ms here: 2.3 ms of the shipped
-one-stage plan's 15 ms step boundary); GLUE's are tokenised ahead by a prefetch thread (0).
+The batches themselves are built ahead by the data's prefetch thread (``skyjax.data.prefetch``),
+off the steps' critical path, so the profile has no term for building them.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -50,15 +46,3 @@ def measure_input_put(targets: list[tuple[Any, float]], carry: Any, labels: np.n
         out.append(robust_time(times))
     return out
 
-
-def measure_batch_build(make: Callable[[int], Any], repeats: int = 5) -> float:
-    """Seconds to build one training batch with ``make(i)`` (the data source's function, run in
-    the caller's thread as the training loop runs it): the robust time of ``repeats`` batches
-    after a warm-up one."""
-    times = []
-    for i in range(repeats + 1):
-        tic = time.perf_counter()
-        make(i)
-        if i:
-            times.append(time.perf_counter() - tic)
-    return robust_time(times)

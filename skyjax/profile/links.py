@@ -1,12 +1,12 @@
 """Link latency and bandwidth between devices, measured by ping-pong on the runtime's own path.
 
 One probe (:func:`ping_pong`): a message of each of two sizes goes to the peer and back through a
-send/recv pair (the :class:`~skyjax.runtime.transport.Transport` protocol), one untimed warm-up
+send/recv pair (the :class:`~skyjax.transport.Transport` protocol), one untimed warm-up
 trip, then ``link_repeats`` timed ones; half the robust round trip is the one-way time, and
 :func:`fit_link` puts ``t = latency + bytes / bandwidth`` through the two sizes. The pair is
 
 * in one process (:func:`probe_links`): a two-device
-  :class:`~skyjax.runtime.transport.LocalTransport` (``jax.device_put`` held back by the cluster's
+  :class:`~skyjax.transport.LocalTransport` (``jax.device_put`` held back by the cluster's
   :class:`~skyjax.cluster.LinkEmulation`), both ends driven by this thread;
 * across processes (:func:`probe_links_across`): the runtime's transport, the near end timing
   and the far end answering (:func:`echo`), every unordered pair in turn.
@@ -107,7 +107,7 @@ def probe_links(cluster: cluster_lib.Cluster, options: Options, log: Log
     """Latency and bandwidth ``[D, D]`` of the cluster's devices in this process, one probe per
     link class (:func:`link_classes`). The third result has the path used and the raw one-way
     times per probed pair."""
-    from skyjax.runtime.transport import LocalTransport
+    from skyjax.transport import LocalTransport
 
     n = cluster.num_devices
     lat = np.zeros((n, n))

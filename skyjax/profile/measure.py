@@ -11,8 +11,6 @@ this process's devices. Its inputs are built once by the orchestrator (``skyjax.
 from __future__ import annotations
 
 import math
-import os
-import socket
 import time
 import warnings
 
@@ -28,39 +26,30 @@ from skyjax.profile.cache import PROFILER_VERSION, cache_key
 from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile
 from skyjax.profile.options import Log, Options
-from skyjax.profile.passes import median_pass
-from skyjax.progress import ProfileProgress
+from skyjax.profile.eta import ProfileProgress
 
 
 def device_records(cluster: cluster_lib.Cluster) -> list[dict]:
     """profile.json's ``devices``: name, memory (and where the figure comes from), kind,
-    emulated slow-down, region, process and host of each logical device, as this process sees
-    them (under jax.distributed each process fills in its own memory and host)."""
+    emulated slow-down, region and process of each logical device, as this process sees
+    them (under jax.distributed each process fills in its own memory)."""
     out = []
     for d, spec in enumerate(cluster.devices):
         mem, source = cluster.memory_bytes(d)
         out.append({"name": spec.name, "memory_bytes": int(mem), "kind": spec.kind,
                     "slowdown": spec.slowdown, "region": spec.region,
-                    "process_index": spec.process_index, "memory_source": source,
-                    "host": socket.gethostname(), "host_cores": host_cores(),
-                    "cpus": host_cpus()})
+                    "process_index": spec.process_index, "memory_source": source})
     return out
 
 
-def host_cpus() -> list[int] | None:
-    """The cores this process may run on (its CPU affinity), None where unknown: processes of
-    one host whose sets are disjoint (``skyjax.launch --bind_cores``, SLURM's core binding) do
-    not share cores (``skyjax.plan.sharing``)."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-
-
-def host_cores() -> int:
-    """How many cores this process may run on (:func:`host_cpus`; all of them where unknown)."""
-    cpus = host_cpus()
-    return len(cpus) if cpus else os.cpu_count() or 1
+def combine_passes(timed: list[dict], options: Options) -> dict:
+    """One pass's measurements, or the shared-host model's median of several."""
+    if options.host is not None:
+        return options.host.combine_passes(timed)
+    if len(timed) != 1:
+        raise ValueError("several profiling passes need the shared-host model "
+                         "(config.cluster.shared_host)")
+    return timed[0]
 
 
 def fixed_costs(measured: dict, meta: dict, n_units: int, n_devices: int) -> dict:
@@ -103,12 +92,15 @@ def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options,
                      "dedup_units": options.dedup_units, "dedup_devices": options.dedup_devices,
                      "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **meta},
     }
-    for dv, cores in zip(d["devices"], measured.get("cpu_cores") or []):
-        if cores is not None and math.isfinite(cores):
-            dv["cpu_cores"] = float(cores)  # cores one of its calls keeps busy
-    for dv, wake in zip(d["devices"], measured.get("wake") or []):
-        if wake is not None:  # per action after idle: wake_s, wake_light_s, wake_work_s
-            dv.update(wake)
+    if options.host is not None:  # the shared-host model's device fields
+        for dv, cores in zip(d["devices"], measured.get("cpu_cores") or []):
+            if cores is not None and math.isfinite(cores):
+                dv["cpu_cores"] = float(cores)  # cores one of its calls keeps busy
+        for dv, wake in zip(d["devices"], measured.get("wake") or []):
+            if wake is not None:  # per action after idle: wake_s, wake_light_s, wake_work_s
+                dv.update(wake)
+        for dv in d["devices"]:
+            dv.update({k: v for k, v in options.host.device_fields().items() if k not in dv})
     return Profile.from_json(d)
 
 
@@ -131,16 +123,16 @@ def profile(workload: Workload, cluster: cluster_lib.Cluster,
         warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
         sample = sample_microbatch(workload.model, size, seq_len)
         timed = []
-        for p in range(options.passes):  # the median pass per unit: skyjax.profile.passes
+        for p in range(options.passes):  # several only under the shared-host model
             if options.passes > 1:
                 log(f"[profile] pass {p + 1}/{options.passes}")
             timed.append(units.measure_units(spec, sample, cluster, options, optimizer, log,
                                              wake=p == 0))
-        measured = median_pass(timed)
+        measured = combine_passes(timed, options)
         unit_s = time.perf_counter() - start
         lat, bw, raw = links.probe_links(cluster, options, log)
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,
                     lat, bw, {"link_probe": raw["path"], "link_one_way_s": raw["one_way_s"],
-                              "pass_work_s": measured["pass_work_s"],
+                              "pass_work_s": measured.get("pass_work_s"),
                               "units_s": unit_s, "compile_s": measured["compile_s"],
                               "profile_time_s": time.perf_counter() - start})

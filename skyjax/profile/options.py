@@ -22,11 +22,11 @@ class Options:
     units down to ``min_repeats``; ``dedup_units`` / ``dedup_devices``: measure identical units /
     devices once; ``link_sizes``: the two message sizes of the link probes (bytes);
     ``link_repeats``: timed round trips per size; ``memory_analysis``: record the compiled
-    programs' ``memory_analysis()``; ``concurrent``: with one process per device, every process
-    times its device at the same time (faster) instead of one after another (processes that
-    share a host's cores would then time each other's load, each a different share of it);
-    ``passes``: how many times every device is timed, the median pass kept per unit
-    (:mod:`skyjax.profile.passes`: a host whose speed moves)."""
+    programs' ``memory_analysis()``; ``host``: the shared-host model's extra probes
+    (``skyjax.hostmodel.probes()``; None on real accelerators): with it, processes time their
+    devices one after another (they would time each other's load) in ``passes`` passes, the
+    median pass kept per unit, and record their cores, calls after idle and message costs;
+    without it every process times its own device at once, in one pass."""
 
     repeats: int = 5
     min_repeats: int = 3
@@ -36,17 +36,22 @@ class Options:
     link_sizes: tuple[int, int] = (1 << 10, 1 << 20)
     link_repeats: int = 5
     memory_analysis: bool = True
-    concurrent: bool = False
     passes: int = 1
+    host: Any = None
+
+    @property
+    def concurrent(self) -> bool:
+        """Every process times its own device at the same time (no shared-host probes)."""
+        return self.host is None
 
     @classmethod
     def from_config(cls, config: Any, **overrides: Any) -> "Options":
-        """For the orchestrators: ``config.profile.repeats`` (``min_repeats`` no higher),
-        ``.concurrent`` and ``.passes``, then ``overrides``."""
+        """For the orchestrators: ``config.profile.repeats`` (``min_repeats`` no higher) and
+        ``.passes``, then ``overrides`` (the orchestrator passes ``host`` where
+        ``config.cluster.shared_host``)."""
         section = getattr(config, "profile", None)
         repeats = int(getattr(section, "repeats", cls.repeats))
         opts = cls(repeats=repeats, min_repeats=min(cls.min_repeats, repeats),
-                   concurrent=bool(getattr(section, "concurrent", cls.concurrent)),
                    passes=int(getattr(section, "passes", cls.passes)))
         return dataclasses.replace(opts, **overrides)
 

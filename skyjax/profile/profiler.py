@@ -13,9 +13,7 @@ The orchestrator builds the inputs once, from its config::
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import optax
@@ -24,12 +22,11 @@ from absl import logging
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
 from skyjax.profile import distributed, measure
-from skyjax.profile.cache import cache_key, in_use_path, load_or_measure
+from skyjax.profile.cache import cache_key, load_or_measure
 from skyjax.profile.chain import Workload
-from skyjax.profile.format import Profile, save_profile
-from skyjax.profile.inputs import measure_batch_build
+from skyjax.profile.format import Profile
 from skyjax.profile.options import Log, Options
-from skyjax.progress import ProfileProgress
+from skyjax.profile.eta import ProfileProgress
 
 
 def profile_or_load(workdir: str, workload: Workload, cluster: cluster_lib.Cluster,
@@ -67,25 +64,3 @@ def profile_or_load(workdir: str, workload: Workload, cluster: cluster_lib.Clust
 
     return distributed.load_or_measure_shared(workdir, key, measure_all, reprofile, namespace,
                                               log)
-
-
-_batch_calls = itertools.count()  # a key-value key per call (with_batch_cost)
-
-
-def with_batch_cost(profile: Profile, make: Callable[[int], Any] | None, workdir: str,
-                    repeats: int = 5) -> Profile:
-    """``profile`` with this run's ``batch_s``: seconds to build one training batch with
-    ``make`` where the training loop's thread builds it (None: a thread builds the batches
-    ahead, 0). The data source is the run's, not the cached profile's, so it is timed every run
-    (~10 ms for synthetic data); process 0 times it and every process plans with its figure.
-    Rewrites ``workdir/profile.json`` (process 0), the profile in use."""
-    timed = make is not None and jax.process_index() == 0
-    seconds = measure_batch_build(make, repeats) if timed else 0.0
-    if jax.process_count() > 1:
-        from skyjax.runtime.distributed import broadcast_json
-
-        seconds = broadcast_json(seconds, f"skyjax/batch_s/{next(_batch_calls)}")
-    profile = dataclasses.replace(profile, batch_s=float(seconds))
-    if jax.process_index() == 0:
-        save_profile(profile, in_use_path(workdir))
-    return profile

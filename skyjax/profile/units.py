@@ -1,7 +1,7 @@
 """Timing and sizing the units of a chain on the cluster's devices.
 
 * ``forward_s`` / ``backward_s``: one micro-batch through the unit, timed through the runtime's own
-  :class:`~skyjax.runtime.stage.StageProgram` (a single-unit stage: jitted forward that keeps the
+  :class:`~skyjax.programs.stage.StageProgram` (a single-unit stage: jitted forward that keeps the
   ``jax.vjp`` residuals, jitted backward that applies them; the last unit includes the loss) and
   :func:`skyjax.cluster.timed_call` (the same slow-down emulation the runtime uses). Compilation
   and warm-up calls are excluded; the mean of the fastest half of the repeats is kept
@@ -31,12 +31,11 @@ import optax
 
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
-from skyjax.profile.calls import call_inputs, cotangent
+from skyjax.programs.calls import call_inputs, cotangent
 from skyjax.profile.chain import ChainSpec
 from skyjax.profile.inputs import measure_input_put
 from skyjax.profile.options import Log, Options, evict_caches, robust_time
-from skyjax.profile.report import fmt_s
-from skyjax.profile.wake import wake_records
+from skyjax.profile.eta import fmt_s
 from skyjax.tree import tree_avals, tree_nbytes
 
 
@@ -51,7 +50,7 @@ class _UnitResult:
     compile_s: float
     update_s: dict = dataclasses.field(default_factory=dict)  # device class -> seconds
     # device class -> [process CPU seconds, wall seconds] of the untimed (unslowed) calls: how
-    # many of the host's cores one of its calls keeps busy (skyjax.plan.sharing)
+    # many of the host's cores one of its calls keeps busy (skyjax.hostmodel.sharing)
     cpu_wall: dict = dataclasses.field(default_factory=dict)
 
 
@@ -93,7 +92,7 @@ def measure_call_costs(targets: list[tuple[Any, float]], carry: Any,
     update call of a stage, whatever its size: the same programs over an empty block (the carry
     passes through; no parameters). The cost model adds them once per stage action and takes
     them out of the unit times, which were measured as one-unit stages."""
-    from skyjax.runtime.stage import StageProgram
+    from skyjax.programs.stage import StageProgram
 
     out: dict[str, list[float]] = {"forward_call_s": [], "backward_call_s": [],
                                    "update_call_s": []}
@@ -119,7 +118,7 @@ def measure_call_costs(targets: list[tuple[Any, float]], carry: Any,
 
 
 def _stage_program(unit: bert.Unit, is_last: bool):
-    from skyjax.runtime.stage import StageProgram
+    from skyjax.programs.stage import StageProgram
 
     return StageProgram([unit], is_last=is_last, microbatches=1, optimizer=None, train=True)
 
@@ -234,10 +233,12 @@ def _signature(unit: bert.Unit, is_last: bool, carry: Any) -> tuple:
             jax.tree.structure(carry), tree_avals(carry))
 
 
-def device_classes(cluster: cluster_lib.Cluster, dedup: bool,
-                   only: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
-    """``(representative device of each class, class of each device)``; a class = same kind,
-    process and slow-down (only those devices in ``only`` are measured; others get class -1)."""
+def measured_classes(cluster: cluster_lib.Cluster, dedup: bool,
+                     only: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
+    """Devices timed once for all like them: ``(representative device of each class, class of
+    each device)``; a class = same kind, process and slow-down (only those devices in ``only``
+    are measured; others get class -1). Not the planner's ``device_classes``, which groups
+    devices by their measured costs."""
     reps: list[int] = []
     keys: dict = {}
     cls = []
@@ -271,9 +272,10 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     ``sample``: ``(first unit's carry, labels)`` of one micro-batch; ``optimizer``: the training
     optimizer (only its state's size is used). Returns ``units`` (profile records),
     ``forward_s`` / ``backward_s`` ``[U, D]`` (NaN for devices not measured) and ``compile_s``;
-    ``wake=False`` leaves out the calls after idle (a later pass: :mod:`skyjax.profile.passes`).
+    ``wake=False`` leaves out the calls after idle (measured only under the shared-host model,
+    ``options.host``, in its first pass).
     """
-    reps, cls = device_classes(cluster, options.dedup_devices, only_devices)
+    reps, cls = measured_classes(cluster, options.dedup_devices, only_devices)
     targets = [(cluster.jax_devices[d], cluster.devices[d].slowdown) for d in reps]
     carry, labels = sample
     n_chain = len(spec.chain)
@@ -338,9 +340,10 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     for _, result in measured.values():
         cpu_wall += np.array([result.cpu_wall[k] for k in range(len(reps))])
     cores = [float(c / w) if w > 0 else float("nan") for c, w in cpu_wall]
-    # calls after idle, on the longest and the shortest unit: skyjax.profile.wake
-    after_idle = wake_records(spec.chain, list(measured.values()), inputs, labels, targets,
-                              lambda unit, dev: device_params(unit.params, dev)) if wake \
+    # shared host: calls after idle, on the longest and the shortest unit (skyjax.hostmodel.wake)
+    after_idle = options.host.wake_records(
+        spec.chain, list(measured.values()), inputs, labels, targets,
+        lambda unit, dev: device_params(unit.params, dev)) if wake and options.host is not None \
         else [None] * len(targets)
     return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s,
             "update_s": upd, "overheads": overheads,

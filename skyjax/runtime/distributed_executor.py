@@ -16,13 +16,13 @@ from skyjax.metrics import summarize_eval
 from skyjax.models.bert import Unit
 from skyjax.plan import Plan
 from skyjax.plan.schedules import actions
-from skyjax.runtime import distributed, tags
+from skyjax.transport import group as distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
 from skyjax.runtime.pipeline import PipelineStage, StepInputs, StepMetrics, StepResult
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       placements, unit_owners)
-from skyjax.trace import Span
+from skyjax.spans import Span
 
 
 class ProcessLink:
@@ -105,7 +105,7 @@ class DistributedExecutor:
         return self.stage is not None and self.stage.needs_batch
 
     def train_step(self, step: int, batch: Batch | None,
-                   upcoming: Callable[[], Batch | None] | None = None) -> StepMetrics:
+                   next_batch: Batch | None = None) -> StepMetrics:
         """Runs this process's stage for one step; metrics are the last stage's, on process 0.
 
         The metrics go to process 0 after the step's actions and before the update: every
@@ -114,17 +114,17 @@ class DistributedExecutor:
         step (gathered after the update, the slowest stage's update delayed every step; the cost
         model charges only ``update_0``). ``wall_s`` is then the actions' time.
 
-        ``upcoming``: the next step's batch (None: there is none), asked for where
-        :attr:`needs_batch`, in the stage's first wait of this step, where its inputs for the
-        next step are put on the device (:class:`~skyjax.runtime.pipeline.StepInputs`): the
-        batch's host work then leaves the step boundary, which is on the critical path. The next
-        call must pass that same batch object (or None where not :attr:`needs_batch`)."""
+        ``next_batch``: the next step's batch, already built (None: there is no next step, or
+        the stage reads no batch). Its inputs for the next step are put on the stage's device
+        (:class:`~skyjax.runtime.pipeline.StepInputs`) in the stage's first wait of this step,
+        off the step boundary, which is on the critical path; the next call must pass that same
+        batch object."""
         stage = self.stage
         if stage is not None:
             prepared, self._prepared = self._prepared, None
             if prepared is None or prepared[1].step != step or prepared[0] is not batch:
                 prepared = self._inputs(step, batch)
-            idle = None if upcoming is None else lambda: self._prepare(step + 1, upcoming)
+            idle = None if next_batch is None else lambda: self._prepare(step + 1, next_batch)
             result = stage.run_actions(step, self.actions[stage.index], prepared[1], idle)
         else:
             result = StepResult([], [], [], 0.0)
@@ -150,11 +150,8 @@ class DistributedExecutor:
         microbatch = None if batch is None else split_microbatches(batch, self.microbatches)
         return batch, self.stage.step_inputs(step, microbatch, lambda mb: self.rng(step, mb))
 
-    def _prepare(self, step: int, upcoming: Callable[[], Batch | None]) -> None:
-        """Puts ``step``'s inputs on the stage's device ahead (``train_step``'s ``upcoming``)."""
-        batch = upcoming() if self.stage.needs_batch else None
-        if batch is None and self.stage.needs_batch:
-            return  # no next step
+    def _prepare(self, step: int, batch: Batch) -> None:
+        """Puts ``step``'s inputs on the stage's device ahead (``train_step``'s ``next_batch``)."""
         self._prepared = self._inputs(step, batch)
 
     def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:

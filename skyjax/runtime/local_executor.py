@@ -1,6 +1,6 @@
 """``LocalExecutor``: every stage of a plan in this process, each on its own local device and in
 its own thread, so that emulated slow devices and link delays overlap as real devices would.
-Stages talk through a :class:`~skyjax.runtime.transport.LocalTransport`."""
+Stages talk through a :class:`~skyjax.transport.LocalTransport`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
 from skyjax.runtime.pipeline import PipelineStage, StepMetrics
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       placements)
-from skyjax.runtime.transport import LocalTransport
+from skyjax.transport import LocalTransport
 
 
 class LocalExecutor:
@@ -75,9 +75,10 @@ class LocalExecutor:
         return [f.result() for f in futures]
 
     def train_step(self, step: int, batch: Batch,
-                   upcoming: Callable[[], Batch | None] | None = None) -> StepMetrics:
-        """One step of every stage (threads). ``upcoming`` is not used: the stages share this
-        process's host, so there is no idle host to prepare the next step's inputs on."""
+                   next_batch: Batch | None = None) -> StepMetrics:
+        """One step of every stage (threads). ``next_batch`` (the next step's batch) is not
+        used: the stages share this process's host, so there is no idle host to put the next
+        step's inputs from."""
         microbatch = split_microbatches(batch, self.microbatches)
         rng = lambda mb: self.rng(step, mb)  # noqa: E731
         results = self._all(lambda s: s.run_step(

@@ -50,7 +50,7 @@ def gather_to_chief(record: dict, key: str, timeout_s: float = 600.0) -> list[di
     coordination service's key-value store under ``key``; None on the other processes."""
     if jax.process_count() == 1:
         return [record]
-    from skyjax.runtime.distributed import key_value_client
+    from skyjax.transport.group import key_value_client
 
     client = key_value_client()
     me = jax.process_index()

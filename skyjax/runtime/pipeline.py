@@ -7,7 +7,7 @@ whose forward ends in the loss), runs the jitted backward and sends the input co
 After the step's actions the stages agree on the global gradient norm (for clipping) and apply
 optax. Sends never block and receives block only on data the stage needs, so any schedule whose
 action lists are consistent runs without deadlock, for any number of stages and micro-batches.
-Message tags come from ``skyjax.runtime.tags``; measured actions are ``skyjax.trace.Span`` records
+Message tags come from ``skyjax.transport.tags``; measured actions are ``skyjax.spans.Span`` records
 (the simulator's type, so a measured step and its simulation share one trace builder).
 """
 
@@ -23,14 +23,14 @@ import numpy as np
 from skyjax.cluster import timed_call
 from skyjax.optim import clip_scale, global_sq_norm
 from skyjax.plan.schedules import Action
-from skyjax.runtime import tags
+from skyjax.transport import tags
 from skyjax.runtime.batches import Batch
-from skyjax.runtime.stage import StageProgram, StageState, float_entries
-from skyjax.trace import Span
+from skyjax.programs.stage import StageProgram, StageState, float_entries
+from skyjax.spans import Span
 
 
 class StageLink(Protocol):
-    """What a stage needs from the transport (``skyjax.runtime.transport``)."""
+    """What a stage needs from the transport (``skyjax.transport``)."""
 
     def send(self, tag: int, tree: Any, dst: int) -> None: ...
 

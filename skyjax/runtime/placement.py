@@ -17,7 +17,7 @@ from skyjax.models.bert import Unit, initial_carry
 from skyjax.plan import Plan
 from skyjax.runtime.batches import Batch
 from skyjax.runtime.pipeline import PipelineStage, StageLink
-from skyjax.runtime.stage import StageProgram
+from skyjax.programs.stage import StageProgram
 from skyjax.tree import tree_shapes
 
 UnitState = tuple[Any, Any]  # (params, optimizer state) of one unit

@@ -11,9 +11,10 @@ from absl import logging
 
 from skyjax import plan as plan_lib
 from skyjax.plan import replan
-from skyjax.plan.compare import measured_comm
+from skyjax.plan.extension import ExtraCost
+from skyjax.plan.measured import measured_comm
 from skyjax.profile.format import Profile
-from skyjax.runtime import distributed
+from skyjax.transport import group as distributed
 
 
 def stage_busy(metrics: Any) -> list[float]:
@@ -25,12 +26,13 @@ def stage_busy(metrics: Any) -> list[float]:
     return [busy[k] for k in sorted(busy)]
 
 
-def calibration_plan(profile: Profile, plan: plan_lib.Plan) -> plan_lib.Plan:
+def calibration_plan(profile: Profile, plan: plan_lib.Plan,
+                     extra: ExtraCost | None = None) -> plan_lib.Plan:
     """The plan the calibration steps run on: ``even`` (every device busy, so every device's
     times get measured under the concurrency a pipeline really has), or ``plan`` where the even
     split does not fit in memory."""
     try:
-        return plan_lib.plan(profile, "even", plan.schedule, plan.microbatches)
+        return plan_lib.plan(profile, "even", plan.schedule, plan.microbatches, extra=extra)
     except plan_lib.InfeasibleError as e:
         logging.warning("calibration runs on the planned blocks: the even split does not fit "
                         "(%s)", e)
@@ -51,8 +53,10 @@ class Replanner:
 
     def __init__(self, every: int, profile: Profile, plan: plan_lib.Plan,
                  namespace: str = "skyjax/replan", *, calibrate_steps: int = 0,
-                 start_step: int = 0, strategy: str | None = None):
+                 start_step: int = 0, strategy: str | None = None,
+                 extra: ExtraCost | None = None):
         self.every = every
+        self.extra = extra  # optional cost terms (skyjax.plan.extension)
         self.strategy = strategy or plan.strategy  # of the plans it switches to
         self.calibrate_at = start_step + calibrate_steps if calibrate_steps else 0
         self.profile, self.plan = profile, plan
@@ -80,7 +84,7 @@ class Replanner:
         if jax.process_index() == 0 and self.busy:
             decision = replan.decide(
                 self.profile, self.plan, replan.stage_busy_s(self.busy),
-                replan.stage_busy_s(self.comm))
+                replan.stage_busy_s(self.comm), self.extra)
             decision.candidate.strategy = self.strategy
             switch = decision.switch(0.0 if calibrating else self.MIN_GAIN)
             info = {"step": step + 1, "calibration": calibrating, "switch": switch,

@@ -1,0 +1,646 @@
+"""What the tests share (no test module imports another, nor anything under experiments/):
+
+- processes as threads over one ``LocalTransport`` (``run_as_processes``);
+- profiles for the planner (hand-made, random, regions, fixed costs, the paper's 64 nodes) and
+  the one brute-force planning oracle: every ordered subset of devices x every cut of the units,
+  priced by the cost model itself (``all_plans``, ``brute_force``);
+- the runtime's reference model, batches and plans (``CFG``, ``fresh_chain``, ...);
+- tiny configs, a profile measured as the orchestrators measure it, ``python -m skyjax.main``
+  runs, and runs killed and resumed;
+- a GLUE vocabulary and a TensorBoard event reader.
+
+Heavy imports (JAX, Flax) are made where used, so that the planner's tests import no JAX.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+
+from skyjax import plan as plan_lib
+from skyjax.plan import InfeasibleError
+from skyjax.plan.cost import Solution, evaluate_tables
+from skyjax.profile.format import Profile
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS_DIR)
+DEMO = os.path.join(REPO, "configs", "local_demo.py")
+GIB = 1 << 30
+
+
+# ---------------------------------------------------------------------- processes as threads
+
+def run_as_processes(fn: Callable[[int], Any], n: int, transport: Any,
+                     timeout_s: float = 300.0) -> list:
+    """``[fn(0), ..., fn(n - 1)]``, each in its own thread (as the multi-process code runs in
+    one process over one ``LocalTransport``); the first error aborts ``transport`` (so that the
+    others do not wait for their timeout) and is raised."""
+    results: list = [None] * n
+    errors: list[BaseException] = []
+
+    def one(k: int) -> None:
+        try:
+            results[k] = fn(k)
+        except BaseException as e:  # noqa: BLE001 - handed to the test below
+            errors.append(e)
+            transport.abort(e)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    if errors:
+        raise errors[0]
+    assert not any(t.is_alive() for t in threads), f"threads still running after {timeout_s} s"
+    return results
+
+
+# ------------------------------------------------------------------------ planner profiles
+
+def make_profile(fwd, bwd=None, *, state=None, act=None, out=None, memory=None, latency=None,
+                 bandwidth=None) -> Profile:
+    """A profile from unit x device forward seconds (backward: 2x); memory, links ample."""
+    fwd = np.asarray(fwd, float)
+    u, d = fwd.shape
+    bwd = 2 * fwd if bwd is None else np.asarray(bwd, float)
+    state = np.ones(u) if state is None else state
+    act = np.zeros(u) if act is None else act
+    out = np.ones(u) if out is None else out
+    memory = np.full(d, 1e18) if memory is None else memory
+    latency = np.zeros((d, d)) if latency is None else np.asarray(latency, float)
+    bandwidth = np.full((d, d), 1e12) if bandwidth is None else np.asarray(bandwidth, float)
+    return Profile.from_json({
+        "version": 1, "microbatch": {"size": 8, "seq_len": 128},
+        "units": [{"name": f"u{i}", "state_bytes": float(state[i]),
+                   "activation_bytes": float(act[i]), "output_bytes": float(out[i])}
+                  for i in range(u)],
+        "devices": [{"name": f"d{j}", "memory_bytes": float(memory[j])} for j in range(d)],
+        "forward_s": fwd.tolist(), "backward_s": bwd.tolist(),
+        "links": {"latency_s": latency.tolist(), "bandwidth_Bps": bandwidth.tolist()}})
+
+
+def random_profile(rng: np.random.Generator, d: int, u: int) -> Profile:
+    """Heterogeneous times, memory, links (some unreachable), tight-ish memory."""
+    speed = rng.uniform(0.3, 3.0, d)
+    fwd = rng.uniform(0.05, 1.0, (u, 1)) * speed[None] * rng.uniform(0.7, 1.4, (u, d))
+    bwd = fwd * rng.uniform(1.2, 2.5, (u, d))
+    state = rng.integers(1, 100, u) * 1000.0
+    act = rng.integers(0, 40, u) * 1000.0
+    out = rng.integers(1, 100, u) * 1e5
+    memory = rng.uniform(0.15, 1.2, d) * (state.sum() + 3 * act.sum())
+    latency = rng.uniform(0.0, 0.05, (d, d))
+    bandwidth = rng.choice([1e7, 1e8, 1e9], (d, d)) * (rng.random((d, d)) > 0.15)
+    return make_profile(fwd, bwd, state=state, act=act, out=out, memory=memory, latency=latency,
+                        bandwidth=bandwidth)
+
+
+def region_profile(rng: np.random.Generator, d: int, u: int, regions: int) -> Profile:
+    """Devices of a few speed kinds in regions: fast links inside, slow ones across, memory
+    that binds with many micro-batches in flight."""
+    kind = rng.integers(1, 4, d)
+    region = np.sort(rng.integers(0, regions, d))
+    fwd = rng.uniform(0.2, 1.0, (u, 1)) * kind[None, :]
+    state = rng.integers(1, 50, u) * 1000.0
+    act = rng.integers(1, 20, u) * 1000.0
+    memory = rng.uniform(0.3, 1.0, d) * (state.sum() + 2 * act.sum())
+    if rng.random() < 0.5:
+        memory[:] = memory.max()  # equal memory: the in-flight level argument at its tightest
+    same = region[:, None] == region[None, :]
+    latency = np.where(same, 0.001, rng.uniform(0.2, 1.0))
+    bandwidth = np.where(same, 1e9, 1e6)
+    out = rng.integers(1, 100, u) * 1e4
+    return make_profile(fwd, state=state, act=act, out=out, memory=memory, latency=latency,
+                        bandwidth=bandwidth)
+
+
+def realign_profile(m: int = 16) -> Profile:
+    """17 units whose memory needs repeat 1, 1, 2 (so a block's size depends on where it
+    starts), 4 fast devices with 5 bytes and 2 slow ones (x2.5) with 2: at GPipe m the optimum
+    puts a slow device holding one unit between fast ones."""
+    need = np.array([1.0, 1.0, 2.0] * 6)[:17]
+    fwd = np.ones((17, 1)) * np.array([1.0] * 4 + [2.5] * 2)[None] / 3
+    return make_profile(fwd, state=np.zeros(17), act=need / m, out=np.ones(17),
+                        memory=np.array([5.0] * 4 + [2.0] * 2))
+
+
+def with_overheads(p: Profile, rng: np.random.Generator, scale: float = 0.3,
+                   inputs: bool = False) -> Profile:
+    """Random fixed costs; ``inputs``: also a random ``input_s`` (drawn last, so that the other
+    random cases stay as they were; so is an older files' ``batch_s``, which profiles ignore)."""
+    d = p.to_json()
+    n_u, n_d = p.num_units, p.num_devices
+    d["update_s"] = (rng.uniform(0, scale, (n_u, n_d))).tolist()
+    d["overheads"] = {k: rng.uniform(0, scale, n_d).tolist() for k in
+                      ("forward_call_s", "backward_call_s", "update_call_s", "message_s")}
+    d["overheads"]["sync_s"] = float(rng.uniform(0, scale))
+    if inputs:
+        d["overheads"]["input_s"] = rng.uniform(0, scale / 4, n_d).tolist()
+        d["overheads"]["batch_s"] = float(rng.uniform(0, scale / 4))
+    return Profile.from_json(d)
+
+
+def shared_profile(profile: Profile, slowdowns, hosts=None) -> Profile:
+    """``profile`` with CPU device records of one process each on ``hosts`` (default: one)."""
+    import dataclasses
+
+    hosts = hosts or ["h"] * len(slowdowns)
+    devices = [dict(dv, kind="cpu", slowdown=float(k), host=h, process_index=i)
+               for i, (dv, k, h) in enumerate(zip(profile.devices, slowdowns, hosts))]
+    return dataclasses.replace(profile, devices=devices)
+
+
+def bert_units(layers: int = 160, hidden: int = 1024, heads: int = 16, ffn: int = 4096,
+               seq: int = 128, batch: int = 8, vocab: int = 30522, positions: int = 512,
+               labels: int = 3) -> list[dict]:
+    """BERT's units at sublayer granularity (embeddings, (attention, intermediate, output) x
+    ``layers``, pooler, classifier) with forward FLOPs, parameters, kept activation bytes and
+    output bytes (fp32): the FLOP model of experiments/paper_reproduction.py."""
+    tok, h, f = batch * seq, hidden, ffn
+    scores = batch * heads * seq * seq
+    units = [dict(name="embeddings", flops=10 * tok * h, params=(vocab + positions + 2) * h
+                  + 2 * h, act=3 * tok * h * 4, out=tok * h * 4)]
+    for i in range(layers):
+        units += [
+            dict(name=f"layer{i}.attention", flops=tok * (8 * h * h + 4 * seq * h),
+                 params=4 * h * h + 6 * h, act=(6 * tok * h + 2 * scores) * 4, out=tok * h * 4),
+            dict(name=f"layer{i}.intermediate", flops=tok * (2 * h * f + 8 * f),
+                 params=h * f + f, act=(tok * h + tok * f) * 4, out=tok * f * 4),
+            dict(name=f"layer{i}.output", flops=tok * (2 * f * h + 10 * h),
+                 params=f * h + 3 * h, act=(tok * f + 2 * tok * h) * 4, out=tok * h * 4)]
+    units += [dict(name="pooler", flops=2 * batch * h * h, params=h * h + h,
+                   act=2 * batch * h * 4, out=batch * h * 4),
+              dict(name="classifier", flops=2 * batch * h * labels, params=h * labels + labels,
+                   act=batch * h * 4, out=batch * labels * 4)]
+    return units
+
+
+def synth_profile(units: list[dict], slowdowns: np.ndarray, memory: np.ndarray,
+                  latency: np.ndarray, bandwidth: np.ndarray, flops_per_s: float = 20e12,
+                  overhead_s: float = 20e-6, extra_devices: list[dict] | None = None) -> Profile:
+    """A profile from unit FLOPs and per-device slow-downs (forward: FLOPs / ``flops_per_s`` +
+    ``overhead_s`` on the fastest device; backward twice the FLOPs)."""
+    fwd = np.array([u["flops"] / flops_per_s + overhead_s for u in units])
+    bwd = np.array([2 * u["flops"] / flops_per_s + overhead_s for u in units])
+    devices = [dict(name=f"node{d}", memory_bytes=int(memory[d]), slowdown=int(slowdowns[d]))
+               for d in range(len(slowdowns))]
+    for d, extra in enumerate(extra_devices or []):
+        devices[d].update(extra)
+    return Profile.from_json({
+        "version": 1, "microbatch": {"size": 8, "seq_len": 128},
+        "units": [dict(name=u["name"], state_bytes=16 * u["params"], activation_bytes=u["act"],
+                       output_bytes=u["out"]) for u in units],
+        "devices": devices,
+        "forward_s": (fwd[:, None] * slowdowns[None, :]).tolist(),
+        "backward_s": (bwd[:, None] * slowdowns[None, :]).tolist(),
+        "links": {"latency_s": latency.tolist(), "bandwidth_Bps": bandwidth.tolist()}})
+
+
+def uniform_links(n: int, bandwidth: float, latency: float) -> tuple[np.ndarray, np.ndarray]:
+    lat = np.full((n, n), latency)
+    bw = np.full((n, n), bandwidth)
+    np.fill_diagonal(lat, 0.0)
+    return lat, bw
+
+
+def paper_case(cross_latency_s: float = 20e-3, cross_Bps: float = 10e9 / 8) -> Profile:
+    """The paper's setting in four regions (experiments/plan_scale.py): 160-layer BERT-large at
+    sublayer granularity (483 units) on 64 nodes of 16 GiB with slow-downs
+    ``default_rng(35).integers(1, 7, 64)``; nodes 16 r .. 16 r + 15 form region r (100 Gbit/s,
+    10 us inside; 10 Gbit/s, 20 ms across)."""
+    slow = np.random.default_rng(35).integers(1, 7, 64)
+    region = np.arange(64) // 16
+    same = region[:, None] == region[None, :]
+    lat = np.where(same, 10e-6, cross_latency_s)
+    np.fill_diagonal(lat, 0.0)
+    bw = np.where(same, 100e9 / 8, cross_Bps)
+    extra = [{"region": f"r{r}", "kind": f"x{s}"} for r, s in zip(region, slow)]
+    return synth_profile(bert_units(), slow, np.full(64, 16 * GIB), lat, bw,
+                         extra_devices=extra)
+
+
+# ------------------------------------------------------------- the brute-force planning oracle
+
+def assignments(num_units: int, num_devices: int,
+                devices_ok: Callable[[tuple[int, ...]], bool] | None = None
+                ) -> Iterator[list[tuple[int, int, int]]]:
+    """Every plan's assignment [(device, first unit, end unit), ...]: each ordered subset of the
+    devices (those ``devices_ok`` accepts) x each cut of the units into as many blocks."""
+    u = num_units
+    for n in range(1, min(u, num_devices) + 1):
+        for devs in itertools.permutations(range(num_devices), n):
+            if devices_ok is not None and not devices_ok(devs):
+                continue
+            for cuts in itertools.combinations(range(1, u), n - 1):
+                b = (0,) + cuts + (u,)
+                yield list(zip(devs, b, b[1:]))
+
+
+def all_plans(profile: Profile, schedule: str, m: int,
+              devices_ok: Callable[[tuple[int, ...]], bool] | None = None
+              ) -> Iterator[plan_lib.Plan]:
+    """Every plan that fits memory and links (``assignments``), priced by the cost model:
+    ``skyjax.plan.cost.evaluate``, on tables built once."""
+    t = plan_lib.tables(profile, schedule, m)
+    for assignment in assignments(profile.num_units, profile.num_devices, devices_ok):
+        try:
+            yield evaluate_tables(profile, t, assignment, "brute force", False, None)
+        except InfeasibleError:
+            continue
+
+
+def brute_force(profile: Profile, schedule: str, m: int) -> float:
+    """The optimum: the least T over every plan (``all_plans``), priced by the cost model; inf
+    where none fits. A plan is priced only where it could beat the best so far: T is never
+    below the plan's unit work alone, sum_k W_k + (m - 1) max_k W_k (every other term of the
+    cost model adds time), which is checked on every plan priced."""
+    t = plan_lib.tables(profile, schedule, m)
+    u, d = profile.num_units, profile.num_devices
+    work = np.asarray(profile.forward_s, float) + np.asarray(profile.backward_s, float)
+    pre = np.concatenate([np.zeros((1, d)), np.cumsum(work, axis=0)])  # [U + 1, D]
+    best = math.inf
+    for n in range(1, min(u, d) + 1):
+        combos = list(itertools.combinations(range(1, u), n - 1))
+        cuts = np.array(combos, int).reshape(len(combos), n - 1)
+        starts = np.concatenate([np.zeros((len(cuts), 1), int), cuts], axis=1)
+        ends = np.concatenate([cuts, np.full((len(cuts), 1), u)], axis=1)
+        for devs in itertools.permutations(range(d), n):
+            w = pre[ends, devs] - pre[starts, devs]  # [cuts, n]: each stage's unit work
+            alone = w.sum(axis=1) + (m - 1) * w.max(axis=1)
+            for c in np.argsort(alone, kind="stable"):
+                if alone[c] >= best:
+                    break
+                try:
+                    p = evaluate_tables(profile, t, list(zip(devs, starts[c], ends[c])),
+                                        "brute force", False, None)
+                except InfeasibleError:
+                    continue
+                assert p.step_time_s >= alone[c] * (1 - 1e-12), (p, alone[c])
+                best = min(best, p.step_time_s)
+    return best
+
+
+def as_solution(plan: plan_lib.Plan) -> Solution:
+    """A plan as the searches' ``Solution``: its sum of stage times plus the first stage's
+    update, its bottleneck, its assignment."""
+    return Solution(float(sum(s.time_s for s in plan.stages)) + plan.stages[0].update_s,
+                    plan.bottleneck_s, [(s.device, *s.units) for s in plan.stages])
+
+
+def price(profile: Profile, assignment, schedule: str, m: int) -> plan_lib.Plan | None:
+    """``assignment``'s plan under the cost model, or None where it does not fit."""
+    try:
+        return plan_lib.evaluate(profile, assignment, schedule, m, "priced")
+    except InfeasibleError:
+        return None
+
+
+def check_plan_valid(prof: Profile, plan: plan_lib.Plan) -> None:
+    """Distinct devices, the units in order, reachable links, memory within each device, and
+    the plan's T as the cost model prices its assignment."""
+    devs = [s.device for s in plan.stages]
+    assert len(set(devs)) == len(devs)
+    assert plan.stages[0].units[0] == 0 and plan.stages[-1].units[1] == prof.num_units
+    for s, nxt in zip(plan.stages, plan.stages[1:]):
+        assert s.units[1] == nxt.units[0]
+        assert prof.bandwidth_Bps[s.device, nxt.device] > 0
+    for s in plan.stages:
+        assert s.memory_bytes <= prof.devices[s.device]["memory_bytes"]
+    again = plan_lib.evaluate(prof, [(s.device, *s.units) for s in plan.stages], plan.schedule,
+                              plan.microbatches)
+    assert again.step_time_s == pytest.approx(plan.step_time_s, rel=1e-12)
+
+
+def check_optimal_equals(prof, schedule: str, m: int, want: float, case) -> plan_lib.Plan | None:
+    """The optimal plan against the brute-force optimum ``want``: infeasible exactly when
+    ``want`` is infinite (then None), else exact, equal to it, valid, and above both bounds."""
+    if math.isinf(want):
+        with pytest.raises(InfeasibleError):
+            plan_lib.plan(prof, "optimal", schedule, m)
+        return None
+    got = plan_lib.plan(prof, "optimal", schedule, m)
+    assert got.exact
+    assert got.step_time_s == pytest.approx(want, rel=1e-9), case
+    t = plan_lib.tables(prof, schedule, m)
+    assert plan_lib.lower_bound(t) <= want * (1 + 1e-9)
+    assert plan_lib.min_bottleneck(t) <= got.bottleneck_s * (1 + 1e-9)
+    check_plan_valid(prof, got)
+    return got
+
+
+def region_instances(seed: int, count: int, devices: tuple[int, int], units: tuple[int, int]):
+    """(rng, profile, GPipe tables) of random region instances (2 or 3 regions, a third with
+    call costs, m = 2, 4, 8 in turn) with at least two link groups."""
+    from skyjax.plan.classes import link_groups
+
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        prof = region_profile(rng, int(rng.integers(*devices)), int(rng.integers(*units)),
+                              int(rng.integers(2, 4)))
+        if i % 3 == 0:
+            prof = with_overheads(prof, rng, 0.05)
+        t = plan_lib.tables(prof, "gpipe", (2, 4, 8)[i % 3])
+        if len(link_groups(t)) >= 2:
+            yield rng, prof, t
+
+
+def group_visits(groups: list[list[int]], plan: plan_lib.Plan) -> tuple[int, bool]:
+    """(how often ``plan`` crosses from one link group (``skyjax.plan.classes.link_groups``) to
+    another, whether it visits every link group exactly once, in one run)."""
+    group_of = {d: i for i, g in enumerate(groups) for d in g}
+    seq = [group_of[s.device] for s in plan.stages]
+    crossings = sum(a != b for a, b in zip(seq, seq[1:]))
+    return crossings, crossings + 1 == len(set(seq)) == len(groups)
+
+
+# ------------------------------------------------------------- the runtime's reference model
+
+BATCH, SEQ = 8, 16
+_CFG = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+            intermediate_size=48, max_position_embeddings=32, num_labels=3,
+            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+
+
+def __getattr__(name: str):
+    """``CFG``, the reference model's ``BertConfig``: built on first use (it imports Flax)."""
+    if name == "CFG":
+        from skyjax.models import bert
+
+        return bert.BertConfig(**_CFG)
+    raise AttributeError(name)
+
+
+def make_batch(step):
+    rng = np.random.default_rng(step)
+    ids = rng.integers(1, _CFG["vocab_size"], (BATCH, SEQ)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 10:] = 0
+    mask[5, 6:] = 0
+    types = np.zeros_like(ids)
+    types[:, 8:] = 1
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
+            "labels": rng.integers(0, 3, BATCH).astype(np.int32)}
+
+
+def rng_for(step, mb):
+    import jax
+
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(7), step), mb)
+
+
+def make_plan(blocks, schedule, m, devices=None):
+    """A hand-made plan: ``blocks[k]`` on ``devices[k]`` (default: device k); no predicted costs."""
+    devices = range(len(blocks)) if devices is None else devices
+    stages = [plan_lib.Stage(d, (a, b), 0.0, 0.0, 0) for d, (a, b) in zip(devices, blocks)]
+    return plan_lib.Plan("manual", schedule, m, stages, step_time_s=0.0, bottleneck_s=0.0,
+                         exact=False)
+
+
+def fresh_chain(granularity="layer"):
+    from flax import nnx
+
+    from skyjax.models import bert
+
+    cfg = bert.BertConfig(**_CFG)
+    return bert.units(bert.BertForSequenceClassification(cfg, nnx.Rngs(0)), granularity)
+
+
+def reference_loss(chain, params, batch, step, m):
+    from skyjax.metrics import classification_loss
+    from skyjax.models import bert
+
+    size = BATCH // m
+    total = 0.0
+    for mb in range(m):
+        sl = {k: v[mb * size:(mb + 1) * size] for k, v in batch.items()}
+        carry = bert.initial_carry(sl["input_ids"], sl["token_type_ids"], sl["attention_mask"])
+        out = bert.apply_units(chain, params, carry, rng_for(step, mb), True)
+        total += classification_loss(out["logits"], sl["labels"])[0] / m
+    return total
+
+
+def reference_losses(chain, steps, m, max_grad_norm):
+    """The losses of single-device training (AdamW after global-norm clipping)."""
+    import jax
+    import optax
+
+    optimizer = optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(1e-3))
+    params = jax.tree.map(np.array, [u.params for u in chain])
+    state = optimizer.init(params)
+    losses = []
+    for step in range(steps):
+        batch = make_batch(step)
+        loss, grads = jax.value_and_grad(lambda p: reference_loss(chain, p, batch, step, m))(params)
+        updates, state = optimizer.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        losses.append(float(loss))
+    return losses
+
+
+def executor(chain, blocks, schedule, m, optimizer, max_grad_norm=None):
+    import jax
+
+    from skyjax.runtime.local_executor import LocalExecutor
+
+    devices = jax.devices()[:len(blocks)]
+    return LocalExecutor(chain, make_plan(blocks, schedule, m), devices, batch_size=BATCH,
+                         seq_len=SEQ, optimizer=optimizer, max_grad_norm=max_grad_norm, rng=rng_for)
+
+
+# ------------------------------------------------------------------ configs, profiles, runs
+
+def tiny_config(n=1, layers=2, hidden=32, seq_len=16, batch=8, **cluster):
+    """A tiny model on ``n`` emulated devices (``cluster``: more config.cluster fields)."""
+    from skyjax.config import defaults as config_defaults
+
+    c = config_defaults.base_config()
+    m = c.model
+    m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.intermediate_size = (
+        hidden, layers, 2, 4 * hidden)
+    c.data.seq_len, c.data.batch_size = seq_len, batch
+    c.pipeline.microbatches = 1
+    c.profile.repeats = 3
+    c.cluster.num_devices = n
+    c.cluster.update(cluster)
+    return c
+
+
+def tiny_run_config(**train_overrides):
+    """A tiny model trained for 2 steps (``train_overrides``: config.train fields)."""
+    from skyjax.config import defaults as config_defaults
+
+    config = config_defaults.base_config()
+    m = config.model
+    m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.intermediate_size = 32, 2, 2, 64
+    config.data.batch_size = 8
+    config.data.eval_examples = 16
+    config.train.steps = 2
+    config.train.log_every = 1
+    config.train.update(train_overrides)
+    return config
+
+
+def quiet(msg):
+    del msg
+
+
+def measure(c, *, chain=None, options=None, log=quiet):
+    """A fresh profile of config ``c``, built as the orchestrators build it."""
+    from skyjax import cluster as cl
+    from skyjax.optim import make_optimizer
+    from skyjax.profile.chain import Workload
+    from skyjax.profile.measure import profile
+    from skyjax.profile.options import Options
+
+    return profile(Workload.from_config(c), cl.cluster_from_config(c), make_optimizer(c.train),
+                   options or Options.from_config(c), chain=chain, log=log)
+
+
+# ``python -m skyjax.main`` flags that take configs/local_demo.py back to the defaults' one
+# device: no emulated devices, one micro-batch, no calibration steps
+ONE_DEVICE = ["--config.cluster.num_devices=1", "--config.cluster.slowdowns=()",
+              "--config.pipeline.microbatches=1", "--config.allocation.calibrate_steps=0"]
+# ... and for a tiny model on one device
+TINY = [*ONE_DEVICE, "--config.model.hidden_size=32", "--config.model.num_hidden_layers=2",
+        "--config.model.num_attention_heads=2", "--config.model.intermediate_size=64",
+        "--config.data.batch_size=8", "--config.data.eval_examples=20",
+        "--config.pipeline.microbatches=2", "--config.train.log_every=1"]
+
+
+def run_main(workdir, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m skyjax.main`` on configs/local_demo.py with ``args``."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, "-m", "skyjax.main", f"--config={DEMO}", f"--workdir={workdir}", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+# ---------------------------------------------------------------- runs killed and resumed
+
+_STEP = re.compile(r"step (\d+)/(\d+)")
+_COMMIT = re.compile(r"checkpoint (\d+) committed")
+
+
+def _lines(proc: subprocess.Popen) -> Iterator[str]:
+    for raw in iter(proc.stdout.readline, b""):
+        yield raw.decode(errors="replace").rstrip("\n")
+
+
+def _summary(workdir: str) -> dict:
+    with open(os.path.join(workdir, "summary.json")) as f:
+        return json.load(f)
+
+
+def main_summary(workdir: str, args: list[str], timeout_s: float = 600) -> dict:
+    """An uninterrupted ``python -m skyjax.main`` run; its summary.json."""
+    subprocess.run([sys.executable, "-m", "skyjax.main", "--workdir", workdir, *args], cwd=REPO,
+                   check=True, capture_output=True, timeout=timeout_s)
+    return _summary(workdir)
+
+
+def kill_and_resume_local(workdir: str, args: list[str], resume_args: list[str],
+                          kill_after_checkpoint: int, timeout_s: float = 600) -> dict:
+    """``python -m skyjax.main`` with ``args``, SIGKILLed once checkpoint
+    ``kill_after_checkpoint`` is committed, then run again (same workdir) with ``resume_args``:
+    the step it was killed at, the step it resumed from, the final loss."""
+    cmd = [sys.executable, "-m", "skyjax.main", "--workdir", workdir]
+    proc = subprocess.Popen(cmd + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=REPO)
+    last_step, killed = 0, False
+    try:
+        for line in _lines(proc):
+            m = _STEP.search(line)
+            if m:
+                last_step = int(m.group(1))
+            m = _COMMIT.search(line)
+            if m and int(m.group(1)) >= kill_after_checkpoint:
+                proc.send_signal(signal.SIGKILL)
+                killed = True
+                break
+        proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if not killed:
+        raise RuntimeError("the run ended before the checkpoint to kill after was committed")
+    subprocess.run(cmd + resume_args, check=True, capture_output=True, cwd=REPO,
+                   timeout=timeout_s)
+    summary = _summary(workdir)
+    return {"killed_at_step": last_step, "resumed_from_step": summary["resumed_from_step"],
+            "steps_lost": last_step - summary["resumed_from_step"],
+            "final_loss": summary["final_loss"]}
+
+
+def kill_one_of_launched(workdir: str, args: list[str], num_processes: int, victim: int,
+                         kill_after_checkpoint: int, timeout_s: float = 900) -> dict:
+    """``python -m skyjax.launch --max_restarts 1`` of ``num_processes``; process ``victim`` is
+    SIGKILLed once checkpoint ``kill_after_checkpoint`` is committed and the job finishes on
+    the others: the step it resumed from, the processes after, the final loss."""
+    cmd = [sys.executable, "-m", "skyjax.launch", "--num_processes", str(num_processes),
+           "--max_restarts", "1", "--timeout", str(timeout_s), "--", "--workdir", workdir, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO,
+                            start_new_session=True)
+    pids, last_step, killed = {}, 0, False
+    try:
+        for line in _lines(proc):
+            if line.startswith("[launch] started") and not pids:
+                pids = {int(k): int(p) for k, p in re.findall(r"p(\d+):(\d+)", line)}
+            m = _STEP.search(line)
+            if m and not killed:
+                last_step = int(m.group(1))
+            m = _COMMIT.search(line)
+            if m and not killed and int(m.group(1)) >= kill_after_checkpoint:
+                os.kill(pids[victim], signal.SIGKILL)
+                killed = True
+        rc = proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if rc:
+        raise RuntimeError(f"the launcher exited with {rc}")
+    summary = _summary(workdir)
+    return {"killed_at_step": last_step, "resumed_from_step": summary["resumed_from_step"],
+            "steps_lost": last_step - summary["resumed_from_step"],
+            "processes_after": summary["processes"], "final_loss": summary["final_loss"]}
+
+
+# ------------------------------------------------------------------------- data and outputs
+
+# WordPiece over TFDS's GLUE mock data's alphabet (" abcdefghij"): whole pieces, continuations,
+# and no "##j", so a word with a later "j" becomes [UNK].
+VOCAB = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghij")
+         + ["##" + c for c in "abcdefghi"] + ["abc", "##de", "hi", "##fg", "j"])
+
+
+def write_vocab(path, tokens=VOCAB) -> str:
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "vocab.txt"), "w") as f:
+        f.write("\n".join(tokens) + "\n")
+    return str(path)
+
+
+def read_events(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value)] through TensorFlow's reader, which checks every checksum."""
+    import glob
+
+    tf = pytest.importorskip("tensorflow")
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(glob.glob(f"{logdir}/events.out.tfevents.*")):
+        for e in tf.compat.v1.train.summary_iterator(path):
+            for v in e.summary.value:
+                out.setdefault(v.tag, []).append((e.step, v.simple_value))
+    return out
