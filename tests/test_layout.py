@@ -220,3 +220,27 @@ def test_no_sys_path_edits():
                             open(path).read():
                         offenders.append(os.path.relpath(path, ROOT))
     assert not offenders, f"sys.path edited in {offenders}"
+
+
+def test_tests_share_helpers_only_through_tests_helpers():
+    """What tests share lives in tests/helpers.py: no test module imports another test module,
+    and none imports anything under experiments/ (the benchmarks are not the tests' fixtures)."""
+    offenders = []
+    folder = os.path.join(ROOT, "tests")
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [f"{node.module}.{a.name}" for a in node.names] + [node.module or ""]
+            else:
+                continue
+            for m in modules:
+                if m.split(".")[0] == "experiments" or (
+                        m.startswith("tests.") and m.split(".")[1] != "helpers"):
+                    offenders.append((name, m))
+    assert not offenders, offenders

@@ -11,7 +11,7 @@ import pytest
 
 _CYCLES = r"""
 import ctypes, json, sys
-from skyjax.cluster import keep_freed_memory
+from skyjax.hostmodel.malloc import keep_freed_memory
 applied = keep_freed_memory()
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

@@ -11,6 +11,7 @@ from skyjax.optim import make_optimizer
 from skyjax.profile import measure as measure_lib
 from skyjax.profile.chain import Workload
 from skyjax.profile.options import Options
+from skyjax.hostmodel import probes
 from skyjax.hostmodel.passes import median_pass, pass_order
 from tests.helpers import quiet, tiny_config
 
@@ -53,7 +54,7 @@ def test_profile_in_passes_in_one_process(monkeypatch):
     monkeypatch.setattr(measure_lib.units, "measure_units", recorded)
     c = tiny_config(1)
     prof = measure_lib.profile(Workload.from_config(c), cl.cluster_from_config(c),
-                               make_optimizer(c.train), Options(repeats=3, passes=2), log=quiet)
+                               make_optimizer(c.train), Options(repeats=3, passes=2, host=probes()), log=quiet)
     assert [w for w, _ in calls] == [True, False]
     np.testing.assert_allclose(prof.forward_s, (calls[0][1]["forward_s"]
                                                 + calls[1][1]["forward_s"]) / 2)

@@ -231,9 +231,10 @@ def test_link_probes_measure_emulated_links():
 
 @needs3
 def test_distributed_path_through_a_transport(monkeypatch):
-    """profile_distributed on 3 'processes' (threads, one device each) over LocalTransport; the
-    processes time their devices one after another (none is timed beside another's load), in
-    two passes whose turns run in opposite orders, and each unit's median pass is kept."""
+    """profile_distributed on 3 'processes' (threads, one device each) over LocalTransport under
+    the shared-host model: the processes time their devices one after another (none is timed
+    beside another's load), in two passes whose turns run in opposite orders, and each unit's
+    median pass is kept."""
     from skyjax.profile import distributed
     from skyjax.transport import LocalTransport
 
@@ -250,7 +251,9 @@ def test_distributed_path_through_a_transport(monkeypatch):
     c = tiny_config(3, slowdowns=(1, 1, 3), regions=("a", "a", "b"), link_latency_s=0.003)
     clu = cl.cluster_from_config(c)
     transport = LocalTransport(clu.jax_devices, clu.links, timeout_s=120)
-    opts = Options(repeats=5, link_repeats=3, passes=2)
+    from skyjax.hostmodel import probes
+
+    opts = Options(repeats=5, link_repeats=3, passes=2, host=probes())  # the shared-host model
     workload, optimizer = Workload.from_config(c), make_optimizer(c.train)
     results = run_as_processes(
         lambda r: profile_distributed(workload, clu, optimizer, opts, transport.for_stage(r), r,
@@ -292,6 +295,42 @@ def test_distributed_path_through_a_transport(monkeypatch):
     extra = np.array([c["delay_extra_s"] for c in costs])
     np.testing.assert_allclose(prof.latency_s,
                                idle + (extra[:, None] + extra[None, :]) / 2 * (1 - np.eye(3)))
+
+
+@needs3
+def test_distributed_profile_times_every_device_at_once(monkeypatch):
+    """Without the shared-host model (real accelerators) every process times its own device at
+    the same time, in one pass, and none of the shared-host probes runs: no host, cores, calls
+    after idle or message probe in the profile."""
+    from skyjax.profile import distributed
+    from skyjax.transport import LocalTransport
+
+    turns, measure_units = [], distributed.units.measure_units
+
+    def recorded(*args, only_devices, **kwargs):
+        start = time.perf_counter()
+        out = measure_units(*args, only_devices=only_devices, **kwargs)
+        turns.append((start, time.perf_counter(), only_devices[0]))
+        return out
+
+    monkeypatch.setattr(distributed.units, "measure_units", recorded)
+    c = tiny_config(3, slowdowns=(1, 1, 3))
+    clu = cl.cluster_from_config(c)
+    transport = LocalTransport(clu.jax_devices, clu.links, timeout_s=120)
+    opts = Options(repeats=3, link_repeats=2)
+    assert opts.concurrent
+    workload, optimizer = Workload.from_config(c), make_optimizer(c.train)
+    prof = run_as_processes(
+        lambda r: profile_distributed(workload, clu, optimizer, opts, transport.for_stage(r), r,
+                                      log=quiet), 3, transport)[0]
+    assert sorted(t[2] for t in turns) == [0, 1, 2]  # one pass, each process its own device
+    # all three measured at once: every one started before any other finished
+    assert max(t[0] for t in turns) < min(t[1] for t in turns), turns
+    for dv in prof.devices:
+        assert not {"host", "cpus", "cpu_cores", "wake_s"} & set(dv), dv
+    assert "message_costs" not in prof.extra["profiler"] or not any(
+        prof.extra["profiler"]["message_costs"])
+    assert np.all(prof.message_s == 0)
 
 
 def test_profile_package_does_not_import_the_trainer():

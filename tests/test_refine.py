@@ -191,7 +191,7 @@ def test_refine_realigns_memory_bound_blocks(monkeypatch):
     got = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
     assert got.step_time_s == pytest.approx(want.step_time_s, rel=1e-9)
     check_plan_valid(prof, got)
-    monkeypatch.setattr(planner, "refine_plan", lambda profile, t, sol, out: out)
+    monkeypatch.setattr(planner, "refine_plan", lambda profile, t, sol, out, extra=None: out)
     without = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
     assert without.step_time_s > want.step_time_s * 1.1
 

@@ -14,9 +14,9 @@ from tests.helpers import TINY, read_events, run_main
 @pytest.mark.slow  # about a minute on 2 shared cores
 def test_run_leaves_progress_tensorboard_and_pictures(tmp_path):
     workdir = tmp_path / "run"
-    proc = run_main(workdir, "--config.train.steps=4", "--config.train.log_every=2",
+    proc = run_main(workdir, *TINY, "--config.train.steps=4", "--config.train.log_every=2",
                     "--config.cluster.num_devices=2", "--config.allocation.strategy=even",
-                    "--config.profile.repeats=1", *[a for a in TINY if "log_every" not in a])
+                    "--config.profile.repeats=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if "] step " in line]
     assert [line.split("] step ")[1].split()[0] for line in lines] == ["1/4", "2/4", "4/4"]
