@@ -29,20 +29,22 @@ STEP_GOAL, SPEEDUP_GOAL, STAGE_GOAL = 0.10, 0.90, 0.15
 def run_figures(result: dict[str, Any]) -> dict[str, Any]:
     """A run's errors, speed-up ratio and optimal stage-compute errors under the current model."""
     from skyjax import plan as plan_lib
+    from skyjax.plan.cli import shared_host_model
     from skyjax.plan.simulate import simulate_plan
     from skyjax.profile.format import Profile
 
     profile = Profile.from_json(result["profile"])
+    extra = shared_host_model(profile, "auto")  # on where the run profiled under it
     predicted, measured, plans = {}, {}, {}
     for name in ("even", "optimal"):
         saved = result["plans"][name]
         plans[name] = plan_lib.evaluate(profile, [(s["device"], *s["units"])
                                                   for s in saved["stages"]],
                                         saved["schedule"], saved["microbatches"], name,
-                                        check=False)
+                                        check=False, extra=extra)
         predicted[name] = plans[name].step_time_s
         measured[name] = statistics.median(result["times"][name])
-    sim = simulate_plan(plans["optimal"], profile)
+    sim = simulate_plan(plans["optimal"], profile, extra=extra)
     m = plans["optimal"].microbatches
     stage_errors = [(busy - m * s.compute_s * slow) / busy
                     for s, slow, busy in zip(plans["optimal"].stages, sim.slowdown,

@@ -81,8 +81,9 @@ def worker(spec_path: str) -> None:
     cluster = cluster_lib.cluster_from_config(config)
     transport = train.make_transport(cluster)
     chain = bert.units(build_model(config.model, config.train.seed), config.allocation.granularity)
-    profile = train.profile_phase(config, chain, spec["workdir"], cluster, transport)
-    plans = {s: plan_lib.plan(profile, s, args.schedule, args.microbatches)
+    extra, probes = train.shared_host(config)  # on in configs/local_hetero.py
+    profile = train.profile_phase(config, chain, spec["workdir"], cluster, transport, probes)
+    plans = {s: plan_lib.plan(profile, s, args.schedule, args.microbatches, extra=extra)
              for s in ("even", "optimal")}
     executors = {s: train.make_executor(config, chain, p, cluster, transport)
                  for s, p in plans.items()}
@@ -113,7 +114,7 @@ def worker(spec_path: str) -> None:
     calibrated = None
     if jax.process_index() == 0 and args.calibrate_steps:
         decision = replan.decide(profile, plans["even"], replan.stage_busy_s(cal["busy"]),
-                                 replan.stage_busy_s(cal["comm"]))
+                                 replan.stage_busy_s(cal["comm"]), extra)
         decision.candidate.strategy = "optimal"
         calibrated = decision.candidate.to_json()
         calibrated["calibration_profile"] = decision.profile.to_json()
@@ -147,17 +148,19 @@ def worker(spec_path: str) -> None:
     if jax.process_index() == 0:
         out = {"plans": {s: p.to_json() for s, p in plans.items()}, "times": times,
                "busy": {s: np.median(np.array(b), axis=0).tolist() for s, b in busy.items()},
-               "simulated": {s: simulate.simulate_plan(p, profile).step_time_s
+               "simulated": {s: simulate.simulate_plan(p, profile, extra=extra).step_time_s
                              for s, p in plans.items()},
                "ideal_s": ideal_step_s(profile, args.microbatches),
                "calibrated": {src: calibrated_s(
                    profile, {s: p.to_json() for s, p in plans.items()},
                    {s: np.median(np.array(b), axis=0).tolist() for s, b in busy.items()},
-                   {s: np.median(np.array(c), axis=0).tolist() for s, c in comm.items()}, src)
+                   {s: np.median(np.array(c), axis=0).tolist() for s, c in comm.items()}, src,
+                   extra)
                    for src in plans},
                "overheads": profile.to_json()["overheads"],
                "compare": {s: stage_comparison(p, profile if s != "calibrated" else
-                                               Profile.from_json(cal_profile), spans[s])
+                                               Profile.from_json(cal_profile), spans[s],
+                                               extra=extra)
                            for s, p in plans.items()},
                "device_names": [d["name"] for d in profile.devices],
                "spans": all_spans, "profile": profile.to_json(),

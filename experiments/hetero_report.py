@@ -12,17 +12,19 @@ def bubble_bound_s(ideal_s: float, stages: int, microbatches: int) -> float:
     return ideal_s * (microbatches + stages - 1) / microbatches
 
 
-def calibrated_s(profile, plans: dict, busy: dict, comm: dict, source: str) -> dict:
+def calibrated_s(profile, plans: dict, busy: dict, comm: dict, source: str,
+                 extra=None) -> dict:
     """Each plan's T on the profile corrected by the ``source`` plan's measured per-stage compute
     and link waits (``skyjax.plan.replan.corrected_profile``: calibration from measured steps,
-    as ``allocation.calibrate_steps`` and the ``dynamic`` strategy do while training)."""
+    as ``allocation.calibrate_steps`` and the ``dynamic`` strategy do while training); ``extra``:
+    the run's extra cost terms (the shared-host model)."""
     from skyjax import plan as plan_lib
     from skyjax.plan.replan import corrected_profile
 
     fixed, _ = corrected_profile(profile, plan_lib.Plan.from_json(plans[source]), busy[source],
-                                 comm[source])
+                                 comm[source], extra)
     return {s: plan_lib.evaluate(fixed, [(st["device"], *st["units"]) for st in p["stages"]],
-                                 p["schedule"], p["microbatches"]).step_time_s
+                                 p["schedule"], p["microbatches"], extra=extra).step_time_s
             for s, p in plans.items()}
 
 
@@ -95,7 +97,7 @@ def contention_split(result: dict) -> dict[str, list[tuple[dict, float]]]:
     """Per plan of several stages on a shared host: ``compare.contention_split`` over every
     measured step, each stage beside the slow-down the model predicted for it."""
     from skyjax.plan import Plan
-    from skyjax.report.compare import contention_split as split
+    from skyjax.hostmodel.contention import contention_split as split
     from skyjax.hostmodel.sharing import stage_sharing
     from skyjax.profile.format import Profile
     from skyjax.spans import Span

@@ -12,7 +12,7 @@ import pytest
 
 from skyjax.plan import cli as plan_cli
 from skyjax.profile.format import save_profile
-from tests.helpers import make_profile
+from tests.helpers import make_profile, paper_case, shared_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -117,3 +117,39 @@ def test_plot_and_timeline_pictures(profile_path, tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = run_cli("--profile", profile_path, "--plot", str(tmp_path / "no" / "such" / "p.png"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot write" in r.stderr
+
+
+def test_shared_host_model_on_when_the_profile_was_measured_under_it(tmp_path, capsys):
+    """``--shared_host auto`` applies the shared-host model only to a profile whose devices
+    record their host: two equal CPU processes on one host are better off as one stage (they
+    would halve each other's speed), which the core model alone cannot see."""
+    base = make_profile(np.full((6, 2), 0.1), latency=[[0.0, 0.01], [0.01, 0.0]])
+    shared = shared_profile(base, (1, 1))
+    stages = {}
+    for name, prof in (("core", base), ("shared", shared)):
+        path = tmp_path / f"{name}.json"
+        save_profile(prof, str(path))
+        for choice in ("auto", "on", "off"):
+            assert plan_cli.main(["--profile", str(path), "--microbatches", "4", "--json",
+                                  "--shared_host", choice]) == 0
+            stages[name, choice] = len(json.loads(capsys.readouterr().out)["stages"])
+    assert stages["core", "auto"] == stages["core", "off"] == 2
+    assert stages["shared", "auto"] == stages["shared", "on"] == 1
+    assert stages["shared", "off"] == 2
+
+
+def test_certify_tightens_the_bound_never_the_plan(tmp_path, capsys):
+    """``--certify`` computes the lower-bound certificates: the same plan, a bound at least as
+    tight (on the paper's case, within 1 % of the plan's T)."""
+    path = tmp_path / "paper.json"
+    save_profile(paper_case(), str(path))
+    out = {}
+    for flags in ((), ("--certify",)):
+        assert plan_cli.main(["--profile", str(path), "--schedule", "gpipe", "--microbatches",
+                              "32", "--json", *flags]) == 0
+        out[flags] = json.loads(capsys.readouterr().out)
+    plain, certified = out[()], out[("--certify",)]
+    assert plain["stages"] == certified["stages"]
+    bound = certified["step_time_s"] if certified["exact"] else certified["lower_bound_s"]
+    assert bound >= (plain["lower_bound_s"] or 0) - 1e-12
+    assert certified["step_time_s"] <= 1.01 * bound

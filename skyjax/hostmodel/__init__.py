@@ -59,7 +59,7 @@ def activate() -> None:
 
 
 def probes():
-    """The profiler's extra probes for a shared host (:class:`skyjax.hostmodel.probes.HostProbes`)."""
-    from skyjax.hostmodel.probes import HostProbes
+    """The profiler's extra probes for a shared host (:class:`.profile_probes.HostProbes`)."""
+    from skyjax.hostmodel.profile_probes import HostProbes
 
     return HostProbes()
