@@ -50,26 +50,26 @@ def test_calibration_report_when_the_plan_is_kept_or_not_calibrated():
     assert outputs.calibration_line(None) == ""
 
 
-@pytest.mark.slow  # profiles 2 device classes and compiles two plans: ~1 min on 2 busy cores
-def test_demo_times_the_even_split_then_the_chosen_plan(tmp_path):
-    """The demo, shortened: the calibration steps run the even split, the chosen plan follows;
-    summary.json has both mean step times and their ratio, and the last line prints them. The
-    speed-up itself is only checked for consistency: the chosen plan's steps are few here."""
+@pytest.mark.slow  # the README's first command, whole: about a minute on 2 cores
+def test_demo_learns_the_task_and_times_the_even_split_then_the_chosen_plan(tmp_path):
+    """The README's demo command reaches eval accuracy >= 0.8; the calibration steps run the
+    even split, the chosen plan follows, and runs faster (the slow devices' extra time is sleep,
+    which the host's load does not shrink; the margin is generous all the same); summary.json
+    has both mean step times and their ratio, and the last line prints them."""
     workdir = tmp_path / "demo"
-    steps = 12
-    proc = run_main(workdir, f"--config.train.steps={steps}", "--config.data.eval_examples=32",
-                    "--config.profile.repeats=3", timeout=600)
+    proc = run_main(workdir, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((workdir / "summary.json").read_text())
     config = json.loads((workdir / "config.json").read_text())
-    calibrate = config["allocation"]["calibrate_steps"]
+    assert summary["eval_accuracy"] >= 0.8, summary
+    calibrate, steps = config["allocation"]["calibrate_steps"], config["train"]["steps"]
     assert config["cluster"]["num_devices"] == 4 and len(set(config["cluster"]["slowdowns"])) > 1
     c = summary["calibration"]
     assert c["strategy"] == "even" and c["steps"] == [2, calibrate]
     assert summary["replans"][0]["calibration"] and summary["replans"][0]["step"] == calibrate
     assert c["switched"] and c["chosen_steps"] == [calibrate + 2, steps]
-    assert c["step_time_s"] > 0 and c["chosen_step_time_s"] > 0
     assert c["speedup"] == pytest.approx(c["step_time_s"] / c["chosen_step_time_s"])
+    assert c["speedup"] > 1.1, c
     assert summary["plan"]["stages"] == summary["replans"][0]["candidate"]["stages"]
     last = [ln for ln in proc.stderr.splitlines() if "summary: " in ln][-1]
     assert f"even split {1e3 * c['step_time_s']:.0f} ms/step -> chosen plan " in last

@@ -104,10 +104,11 @@ def test_learning_rate_schedule():
 
 
 def test_pipelined_run_matches_single_device_run(tmp_path):
-    """Three emulated heterogeneous devices, any strategy: the same losses as one device."""
+    """Three emulated heterogeneous devices: the same losses as one device (the plan-independence
+    of the math across plans, schedules and granularities is tested in test_runtime_local and
+    test_finetune)."""
     summaries = []
-    for devices, slowdowns, strategy in ((1, (), "optimal"), (3, (1, 2, 4), "even"),
-                                         (3, (1, 2, 4), "optimal")):
+    for devices, slowdowns, strategy in ((1, (), "optimal"), (3, (1, 2, 4), "even")):
         config = tiny_run_config(steps=3)
         config.model.hidden_dropout_prob = 0.1
         config.pipeline.microbatches = 4
@@ -125,20 +126,6 @@ def test_pipelined_run_matches_single_device_run(tmp_path):
     assert sorted(e["name"] for e in measured if e["tid"] == 1) == sorted(
         [f"F{i}" for i in range(4)] + [f"B{i}" for i in range(4)])
     assert any(e["pid"] >= 10 for e in trace["traceEvents"])  # the simulated step beside it
-
-
-@pytest.mark.slow
-def test_demo_learns_the_task(tmp_path):
-    """The README's demo command reaches eval accuracy >= 0.8, and the plan chosen from the even
-    split's measured steps runs faster than the even split. The slow devices' extra time is
-    sleep, which the host's load does not shrink; the margin is generous all the same."""
-    workdir = tmp_path / "demo"
-    proc = run_main(workdir, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["eval_accuracy"] >= 0.8, summary
-    assert summary["calibration"]["speedup"] > 1.1, summary["calibration"]
-    assert "x faster" in [ln for ln in proc.stderr.splitlines() if "summary: " in ln][-1]
 
 
 def test_checkpoint_of_another_seed_is_refused_in_one_line(tmp_path):

@@ -47,7 +47,6 @@ def _plan(blocks, devices, schedule, m):
 
 
 @pytest.mark.parametrize("schedule,blocks,devices,m", [
-    ("1f1b", [(0, 2), (2, 3), (3, 5)], [0, 1, 2], 4),
     ("gpipe", [(0, 4), (4, 5)], [2, 0], 2),  # uneven, reordered, process 1 idle, m = p
     ("1f1b", [(0, 1), (1, 3), (3, 5)], [0, 1, 2], 1),  # m < p
     ("gpipe", [(0, 5)], [1], 2),  # p = 1 on process 1; processes 0 and 2 idle

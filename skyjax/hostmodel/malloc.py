@@ -4,19 +4,15 @@ Every pipeline action allocates its outputs and residuals (megabytes) and a late
 glibc serves large blocks with ``mmap`` above a threshold it moves as the program runs, and gives
 the top of its heap back to the kernel above another; either way the next action's buffers come
 from fresh pages, and each 4 KiB page costs a fault and zeroing. Which way a process goes
-depends on its allocation history, so the same code ran in two modes: blocks of steps with
-3000–6000 minor faults per step ran 10–20 % slower (one stage of the shipped model, 2 processes
-on their own cores: 124.6 against 111.3 ms a step; a forward 11.7 against 7.6 ms) than blocks
-with none. This was the stage probe's "rest" factor that moved between runs (1.03–1.20 against
-1.01–1.02 with the thresholds fixed). Fixing both thresholds (``mallopt``, as the
+depends on its allocation history, so the same code runs in two modes, the one that faults
+pages in 10–20 % slower. Fixing both thresholds (``mallopt``, as the
 ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables do) keeps freed
 memory for reuse: the process's resident size stays at its peak instead of shrinking, which a
 training process reaches in its first step anyway.
 
-:func:`keep_freed_memory` runs where skyjax's entry points start (``train.train_and_evaluate``,
-which ``skyjax.main`` runs; the profiler CLI; ``distributed.initialize``, which every process of
-a job runs, benchmarks' workers included); ``SKYJAX_KEEP_FREED_MEMORY=0``
-leaves malloc as it is. Elsewhere than glibc it does nothing. No JAX import.
+:func:`keep_freed_memory` runs through :func:`skyjax.hostmodel.activate`, where the entry points
+start under the shared-host model (``train.train_and_evaluate``, the profiler CLI);
+``SKYJAX_KEEP_FREED_MEMORY=0`` leaves malloc as it is. Elsewhere than glibc it does nothing. No JAX import.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Timing every device in several passes spread over the profile, keeping each unit's median.
 
-A profile times each device for a few seconds (with one process per device, one device after
-another: :mod:`skyjax.profile.distributed`). On a host whose speed moves, a shared VM above all,
-such a window can catch a slow period that the others miss, and the device then looks slower
-for the whole run: in one 4-process profile of the shipped ``configs/local_hetero.py`` (four
-emulated devices on two shared cores) the same layer, timed in four passes over ~2 minutes,
-differed by 12-16 % on every device (4.3-5.5 ms on the unslowed one), and the pass the profile
-kept put the one-stage plan 19 % above its measured step. ``Options.passes`` (``profile.passes``)
-times every device that many times, the order of the devices reversed each pass, so that the
-device timed last in one pass is timed first in the next, and keeps per unit and device the
-median of the passes: one pass in a slow (or a fast) period is outvoted.
+A profile times each device for a few seconds, one device after another on a shared host
+(:mod:`skyjax.profile.distributed`). On a host whose speed moves, a shared VM above all, such a
+window can catch a slow period that the others miss, and the device then looks slower for the
+whole run. ``Options.passes`` (``profile.passes``) times every device that many times, the order
+of the devices reversed each pass, so that the device timed last in one pass is timed first in
+the next, and keeps per unit and device the median of the passes: one pass in a slow (or a
+fast) period is outvoted.
 
-Why the median, not the fastest pass (which session 18 kept, as interference only ever adds
-time): the run that follows does not pick its moments either, it runs at the host's typical
-speed. Over eight 4-process runs of the shipped model the fastest pass under-predicted every
-one-stage plan, by 2-12 % (mean 8.5 %), and a profile whose passes spread 36 % on one device
-(run b1, session 19) put that plan 23 % under its measured step, where the median pass gave
-1.4 %. Paired over twelve runs (session 19; docs/design.md), the optimal plan's error averaged
-+0.8 % with the median and +6.5 % with the fastest. (Within a pass,
+The median, not the fastest pass: the run that follows does not pick its moments either, it runs
+at the host's typical speed, and the fastest pass under-predicts it. (Within a pass,
 :func:`~skyjax.profile.options.robust_time` still keeps the fastest half of the repeats: there a
 slow sample is another process's burst inside one call.)
 

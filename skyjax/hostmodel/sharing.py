@@ -1,16 +1,15 @@
 """Processes that share a host's cores: what their contention adds to a plan's step time.
 
-Emulated devices are processes on one host (4 on this machine's 2 cores); in the field, several
-stages may share a host's cores the same way. XLA's CPU backend spreads one call over every
-core, so two processes computing at once each run at about half speed (measured here: 1, 2, 3, 4
-processes running the same jitted matmul take 1.0, 1.9, 2.7, 3.8 times as long per call), while
+Emulated devices are processes on one host; several stages may share a host's cores the same
+way elsewhere. XLA's CPU backend spreads one call over every core, so two processes computing at
+once each run at about half speed, while
 the part of a call that is not CPU work (an emulated device's sleep, a GPU's kernel) does not
 slow down. How much a stage slows therefore depends on how many *other* stages of the same host
 compute at the same moment: a plan whose stages are idle more often runs faster than a profile
 timed one device at a time predicts, and one that keeps all busy slower. A per-device factor
 cannot express that; this module models it.
 
-The model (docs/design.md, "Shared hosts"): each device d has a CPU share phi_d of its call
+The model (docs/design.md, "Optional: emulated clusters sharing a host's cores"): each device d has a CPU share phi_d of its call
 time (an emulated CPU device slowed k times computes for 1/k of it and sleeps the rest; other
 kinds 0: their host time is dispatch, which the call costs already hold) and, while computing,
 needs u_d of its host's C cores (``cpu_demand``: its measured average use ``cpu_cores`` rounded
@@ -210,12 +209,9 @@ def cpu_demand(profile: Profile) -> list[float]:
     its measured average use (``cpu_cores``: process CPU time / wall time of unslowed calls)
     rounds up to, at most the cores its process may use (``host_cores``); 1 where unknown.
     Not the average itself: processes that compute at once slow each other by between what the
-    two predict, moving from run to run (the retired contention experiment: two running the demo
-    model's stage, ~1.5 of 2 cores busy alone, took 1.6-1.8x as long per call; average 1.5x,
-    whole cores 2x), and planned with the average, five 4-process runs under-predicted their
-    two- and three-stage plans by 8-19 %, and the planner chose those over one stage that
-    measured faster. Whole cores price them within 10 % (and over-charge four-stage plans:
-    docs/design.md, "Shared hosts")."""
+    two predict, moving from run to run, and the average under-charges two- and three-stage
+    plans enough for the planner to prefer them over one stage that runs faster; whole cores
+    err the safe way (docs/design.md, "Optional: emulated clusters sharing a host's cores")."""
     out = []
     for dv in profile.devices:
         c = dv.get("cpu_cores")

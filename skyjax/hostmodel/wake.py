@@ -3,14 +3,13 @@ timings do not see.
 
 A pipeline stage that waits for its neighbours starts its next action after an idle gap, and on
 a CPU host that action runs slower: the data it works on left the caches while other work ran
-(here a gap spent busy-waiting costs as much as one asleep, so it is not the core's sleep
-states; the retired idle_gap and stage_probe experiments, docs/design.md). The profiler times every
+(a gap spent busy-waiting costs as much as one asleep, so it is not the core's sleep states).
+The profiler times every
 unit back to back, so this module measures the difference apart: per device, one representative
 unit as a one-unit stage, its forward and backward back to back and after each of ``GAPS_S``
 of idle, interleaved so that drift hits all alike. The extra grows with the data a call touches:
 the profile's longest unit (the largest working set) gives ``devices[d]["wake_s"]`` in
-profile.json (``[[gap_s, extra_s], ...]``), the shortest ``wake_light_s`` (here a layer pays
-0.8-1.6 ms after idle on a device slowed 6x, the classifier head 0.25-0.4 ms), and
+profile.json (``[[gap_s, extra_s], ...]``), the shortest ``wake_light_s``, and
 ``wake_work_s`` their forward + backward seconds; the cost model adds the extra per action from
 the gap it predicts, between the two by the stage's work (``skyjax.hostmodel.wake_cost``). On an
 accelerator the extra is ~0.

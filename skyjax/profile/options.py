@@ -58,8 +58,8 @@ class Options:
 
 def robust_time(xs: Sequence[float]) -> float:
     """Mean of the fastest half (rounded up) of the repeats. Interference from other processes
-    only ever adds time, so the fast half is the least disturbed; on this 2-core shared host it
-    kept device ratios within a few % where the median drifted by up to 30%."""
+    only ever adds time, so the fast half is the least disturbed (the median moves with
+    whatever else the host runs)."""
     xs = sorted(xs)
     return float(np.mean(xs[:max((len(xs) + 1) // 2, 1)]))
 

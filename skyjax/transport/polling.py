@@ -33,14 +33,12 @@ def poll_pause(pause: float, waited_s: float, cpu_device: bool = False) -> float
     rule for a stage whose device is not the host's cores (a GPU, a TPU).
 
     A CPU device computes on the host's cores, and there a wake-up is not free where other
-    stages' processes share them: three processes looking every 200 us made a fourth one's
-    layer-sized jitted call on the same 2 cores 10-14 % slower, every 2 ms 1-5 %
-    (the retired poll_cost experiment); in a 4-process pipeline on 2 cores every stage but the
-    bottleneck waits for most of the step, and the profile, timed one device at a time, never
-    saw that cost. So with ``cpu_device`` the spin lasts 0.5 ms (not 2) and the pause doubles up
-    to 10 % of the time waited, between 200 us and 2 ms: a message is seen at most ~10 % of its
-    wait late, and a long wait wakes the host rarely (three neighbours in waits of 50 / 10 ms:
-    +6 / +13 % on the computing process, against +15 / +19 % with the first rule)."""
+    stages' processes share them: frequent looks by waiting neighbours slow the one computing
+    (three processes looking every 200 us cost a fourth's jitted call on the same cores about
+    12 %), and in a pipeline every stage but the bottleneck waits for most of the step. So with
+    ``cpu_device`` the spin lasts 0.5 ms (not 2) and the pause doubles up to 10 % of the time
+    waited, between 200 us and 2 ms: a message is seen at most ~10 % of its wait late, and a
+    long wait wakes the host rarely."""
     if _spinning(waited_s, cpu_device):
         return 0.0
     return min(max(pause * 2, 10e-6), _cap(waited_s, cpu_device))
@@ -50,8 +48,7 @@ def expected_lateness(waited_s: float, cpu_device: bool = False) -> float:
     """The mean time between a message's arrival after a wait of ``waited_s`` and the receive's
     look that sees it: half the pause in effect then (the arrival falls anywhere in it; the
     doubling reaches the cap within ~0.3 ms, left out), 0 within the first spin. A CPU
-    device's receive after a 20 ms wait: 1 ms; the 4-process runs' messages after waits of
-    10 ms and more arrived ~0.6-0.8 ms later than after shorter waits (session 17)."""
+    device's receive after a 20 ms wait: 1 ms."""
     if _spinning(waited_s, cpu_device):
         return 0.0
     return 0.5 * _cap(waited_s, cpu_device)
