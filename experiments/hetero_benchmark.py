@@ -50,6 +50,9 @@ def build_config(args: argparse.Namespace):
     config.allocation.granularity = args.granularity
     config.cluster.num_devices = args.processes
     config.cluster.slowdowns = tuple(args.slowdowns)
+    config.cluster.shared_host = getattr(args, "shared_host", "on") == "on"
+    if not config.cluster.shared_host:
+        config.profile.passes = 1  # several passes serve a shared host only
     config.profile.repeats = 5
     config.train.steps = 10_000  # the lr schedule's horizon; the benchmark runs far fewer
     config.train.warmup_steps = 0
@@ -243,6 +246,9 @@ def main() -> None:
     parser.add_argument("--bind_cores", action="store_true",
                         help="each process on its own cores (skyjax.launch --bind_cores): no "
                              "shared cores, so no contention between the emulated devices")
+    parser.add_argument("--shared_host", choices=("on", "off"), default="on",
+                        help="the shared-host model (config.cluster.shared_host): on for "
+                             "processes sharing this host's cores, off for one accelerator each")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     if len(args.slowdowns) != args.processes:
