@@ -333,28 +333,6 @@ def test_distributed_profile_times_every_device_at_once(monkeypatch):
     assert np.all(prof.message_s == 0)
 
 
-def test_profile_package_does_not_import_the_trainer():
-    """Nothing in skyjax/profile imports the trainer or the entry point, not even lazily: the
-    orchestrators pass the workload, cluster, optimizer and options down."""
-    import ast
-
-    folder = os.path.join(REPO, "skyjax", "profile")
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith(".py"):
-            continue
-        with open(os.path.join(folder, name)) as f:
-            tree = ast.parse(f.read())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                modules = [f"{node.module}.{a.name}" for a in node.names] + [node.module or ""]
-            else:
-                continue
-            for m in modules:
-                assert not m.startswith(("skyjax.train", "skyjax.main")), (name, m)
-
-
 def test_cli_writes_profile_and_table(tmp_path):
     out = tmp_path / "profile.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
