@@ -7,7 +7,8 @@ import io
 
 import pytest
 
-from skyjax.report.progress import Progress, ProfileProgress, eta_s, format_duration
+from skyjax.profile.eta import ProfileProgress, format_duration
+from skyjax.report.progress import Progress, eta_s
 
 
 class FakeClock:

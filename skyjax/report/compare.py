@@ -33,7 +33,7 @@ from skyjax.plan.simulate import simulate, simulate_plan
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
-from skyjax.plan.measured import measured_comm, message_delays  # noqa: F401 (re-exported)
+from skyjax.plan.measured import measured_comm
 from skyjax.spans import Span
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from skyjax.profile.eta import fmt_s  # noqa: F401 (the profile's log lines use it too)
 from skyjax.profile.format import Profile
 from skyjax.report.text_table import fmt_bytes, fmt_time, render, time_unit
 

@@ -16,15 +16,12 @@ the second) and keeps up when the pace changes. Pure Python; no JAX.
 from __future__ import annotations
 
 import collections
-import re
 import statistics
 import sys
 import time
 from typing import Any, Callable, Sequence, TextIO
 
-from absl import logging as absl_logging
-
-from skyjax.profile.eta import ProfileProgress, format_duration  # noqa: F401 (re-exported)
+from skyjax.profile.eta import format_duration
 
 BAR_WIDTH = 24
 REDRAW_S = 0.2  # the live bar is redrawn at most this often
