@@ -62,11 +62,16 @@ def main(argv: list[str]) -> None:
 
     from skyjax import checkpoint
     from skyjax.data.glue import DataError
+    from skyjax.guard import NonFiniteError
+    from skyjax.names import EXIT_NON_FINITE
     from skyjax.models.hf_loading import CheckpointError as PretrainedError
 
     logging.info("config:\n%s", config)
     try:
         train.train_and_evaluate(config, _WORKDIR.value)
+    except NonFiniteError as e:  # the run diverged: one line, its own exit status
+        print(f"NonFiniteError: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_NON_FINITE)
     except (checkpoint.CheckpointMismatch, checkpoint.CheckpointError, PretrainedError,
             DataError) as e:  # bad input named in one line (file, tensor, unit), no traceback
         sys.exit(f"{type(e).__name__}: {e}")

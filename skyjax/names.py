@@ -11,3 +11,6 @@ MODES = ("local", "distributed")  # one process for all stages, or one process p
 # Exit status of a process that stopped because a peer process was lost (the launcher restarts
 # the job on the survivors; skyjax.transport.watchdog).
 EXIT_PEER_LOST = 75
+# Exit status of a run stopped because a step's loss or gradient norm was NaN or infinite
+# (skyjax.guard); the last good checkpoint is kept. 65 is sysexits' EX_DATAERR.
+EXIT_NON_FINITE = 65

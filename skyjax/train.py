@@ -24,7 +24,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from skyjax import checkpoint, cluster as cluster_lib, data as data_lib, optim
+from skyjax import checkpoint, cluster as cluster_lib, data as data_lib, guard, optim
 from skyjax.report import outputs, watch
 from skyjax import plan as plan_lib
 from skyjax.baseline import microbatch_rng
@@ -178,6 +178,9 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             tic = time.perf_counter()
             last = executor.train_step(*train_step_inputs(executor, batches, step, t.steps))
             step_times.append(time.perf_counter() - tic)
+            # a NaN or infinite loss or gradient norm stops the run here, before any checkpoint
+            guard.check_step(step, last, lambda: guard.stage_names(executor),
+                             lambda: last_checkpoint(saver, start_step))
             boundaries += step_boundary_s([prev.spans if prev else [], last.spans])
             if step > start_step:  # the first step holds compiles and one-off work
                 recent.append(last.spans)
@@ -209,6 +212,13 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
     return {"metrics": metrics, "step_times": step_times, "evals": evals, "last_step": last,
             "boundaries": boundaries, "recent_spans": list(recent),
             "train_time_s": time.perf_counter() - start, "executor": executor}
+
+
+def last_checkpoint(saver: checkpoint.CheckpointManager | None, start_step: int) -> int | None:
+    """The latest committed checkpoint's step (for messages), None when there is none."""
+    if saver is not None and saver.every > 0:
+        return checkpoint.latest_step(saver.directory)
+    return start_step or None
 
 
 def train_step_inputs(executor: Any, batches: Any, step: int, steps: int) -> tuple:

@@ -130,3 +130,115 @@ def test_mismatched_checkpoint_is_refused_by_name(tmp_path):
     with pytest.raises(CheckpointMismatch, match=r"unit embeddings: tensor unit/embeddings/1/count is not in"):
         check_compatible(resume, RUN, chain, optax.chain(optax.scale_by_adam(),
                                                           optax.scale_by_adam()))
+
+
+# ------------------------------------------------------------ verified checkpoints (issue 39)
+
+def _states(chain, scale=1.0):
+    """Every unit's (params, AdamW state), without an executor (nothing compiles)."""
+    opt = _optimizer()
+    out = {}
+    for u, unit in enumerate(chain):
+        params = jax.tree.map(lambda x: np.asarray(x) * scale, unit.params)
+        out[u] = (params, opt.init(params))
+    return out
+
+
+def _saved(tmp_path, steps=(1, 2, 3, 4), keep=0):
+    chain = ref.fresh_chain("layer")
+    manager = _manager(tmp_path, chain, every=1, keep=keep)
+    for step in steps:
+        manager.save(step, _states(chain, 1.0 + step / 10))
+    return chain, manager
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncate", "meta", "meta_edit", "missing"])
+def test_damaged_latest_checkpoint_is_named_and_skipped(tmp_path, caplog, damage):
+    chain, _ = _saved(tmp_path)
+    latest = layout.step_dir(str(tmp_path), 4)
+    tensors = layout.tensors_file(latest, 0)
+    meta = os.path.join(latest, layout.META)
+    if damage == "corrupt":  # bytes overwritten in place: same size
+        with open(tensors, "r+b") as f:
+            f.seek(os.path.getsize(tensors) // 2)
+            f.write(b"\xff" * 4096)
+    elif damage == "truncate":
+        os.truncate(tensors, os.path.getsize(tensors) // 2)
+    elif damage == "meta":
+        os.truncate(meta, os.path.getsize(meta) // 2)
+    elif damage == "meta_edit":  # still valid JSON, one value changed
+        text = open(meta).read().replace('"step": 4', '"step": 5')
+        open(meta, "w").write(text)
+    else:
+        os.remove(tensors)
+    before = {s: sorted(os.listdir(layout.step_dir(str(tmp_path), s))) for s in (1, 2, 3)}
+    caplog.set_level("WARNING")
+    resume = find_resume(str(tmp_path))
+    assert resume.step == 3 and resume.meta["verified"]
+    lines = _warnings(caplog)
+    assert any(line.startswith("checkpoint 4 skipped, it does not verify: ") and
+               "\n" not in line for line in lines), lines
+    # the earlier checkpoints are intact and restore
+    assert {s: sorted(os.listdir(layout.step_dir(str(tmp_path), s))) for s in (1, 2, 3)} == before
+    check_compatible(resume, RUN, chain, _optimizer())
+    got = restore_units(resume, chain, range(len(chain)), _optimizer())
+    want = _flat(chain, _states(chain, 1.3))
+    for name, x in _flat(chain, got).items():
+        np.testing.assert_array_equal(x, want[name])
+
+
+def test_no_checkpoint_verifies_is_refused(tmp_path):
+    _saved(tmp_path, steps=(1,))
+    tensors = layout.tensors_file(layout.step_dir(str(tmp_path), 1), 0)
+    os.truncate(tensors, 100)
+    with pytest.raises(CheckpointMismatch,
+                       match=r"no checkpoint under .* verifies \(latest, 1"):
+        find_resume(str(tmp_path))
+
+
+def test_checkpoint_without_checksums_is_accepted_unverified(tmp_path, caplog):
+    """A checkpoint of an older skyjax (no checksums) still resumes, with a line saying so."""
+    import json
+
+    _saved(tmp_path, steps=(2,))
+    meta_path = os.path.join(layout.step_dir(str(tmp_path), 2), layout.META)
+    meta = json.load(open(meta_path))
+    del meta["files"], meta["checksum"]
+    json.dump(meta, open(meta_path, "w"))
+    caplog.set_level("WARNING")
+    resume = find_resume(str(tmp_path))
+    assert resume.step == 2 and resume.meta["verified"] is False
+    assert any("checkpoint 2 has no checksums" in line and "accepted unverified" in line
+               for line in _warnings(caplog))
+
+
+def test_non_finite_state_is_never_committed(tmp_path):
+    from skyjax.guard import NonFiniteError
+
+    chain, manager = _saved(tmp_path, steps=(1, 2), keep=1)
+    states = _states(chain)
+    params, opt = states[1]
+    leaf = jax.tree.leaves(params)[0]
+    leaf.flat[0] = np.nan
+    with pytest.raises(NonFiniteError, match=r"checkpoint 3: tensor params/.* holds 1 NaN"):
+        manager.save(3, states)
+    assert committed_steps(str(tmp_path)) == [2]  # the last good one, kept
+    assert find_resume(str(tmp_path)).step == 2
+
+
+def test_prune_keeps_the_new_step_and_spares_later_unverified_ones(tmp_path):
+    """keep=2 after resuming from 2 with a damaged 3 and 4 on disk: committing 3 replaces the
+    damaged 3, keeps 2, and leaves 4 alone (it is no older than the new checkpoint)."""
+    chain, _ = _saved(tmp_path, steps=(1, 2, 3, 4))
+    for step in (3, 4):
+        os.truncate(layout.tensors_file(layout.step_dir(str(tmp_path), step), 0), 10)
+    assert find_resume(str(tmp_path)).step == 2
+    manager = _manager(tmp_path, chain, every=1, keep=2)
+    record = manager.save(3, _states(chain, 1.3))
+    assert record["pruned"] == [1]
+    assert committed_steps(str(tmp_path)) == [2, 3, 4]
+    assert find_resume(str(tmp_path)).step == 3

@@ -7,6 +7,8 @@ only after every process has written and fsynced its files and the union of thei
 every unit (orbax's commit protocol: a temporary directory, a barrier, an atomic rename by the
 primary host). A directory whose name is not a plain step number, or that has no ``meta.json``,
 is never restored: a save killed half-way leaves the previous checkpoint the latest.
+``meta.json`` carries the size and CRC-32 of every other file and its own checksum
+(:func:`meta_checksum`); ``restore.find_resume`` skips a checkpoint that fails them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import zlib
 
 from skyjax.jsonio import write_json_atomic
 
@@ -67,6 +70,13 @@ def read_meta(step_path: str) -> dict:
     return meta
 
 
+def meta_checksum(meta: dict) -> str:
+    """CRC-32 of ``meta`` without its ``checksum`` key, as canonical JSON (sorted keys)."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return f"{zlib.crc32(text.encode()) & 0xFFFFFFFF:08x}"
+
+
 def fsync_path(path: str) -> None:
     """Flush a file's (or a directory's entries') data to stable storage."""
     fd = os.open(path, os.O_RDONLY)
@@ -92,12 +102,18 @@ def commit(directory: str, step: int, partial: str, meta: dict) -> str:
     return final
 
 
-def prune(directory: str, keep: int) -> list[int]:
-    """Deletes all but the last ``keep`` committed checkpoints (0 = keep all); returns the
-    deleted steps. The newest is deleted last of all, never first."""
+def prune(directory: str, keep: int, newest: int | None = None) -> list[int]:
+    """Deletes all but the last ``keep`` committed checkpoints up to ``newest`` (0 = keep all;
+    call it only once ``newest`` is committed); returns the deleted steps. ``newest`` and the
+    ``keep - 1`` steps before it are kept, and so are steps after it (a later checkpoint that
+    failed verification when this run resumed: kept for inspection, and replaced when this run
+    commits that step). The oldest is deleted first."""
     if keep <= 0:
         return []
-    old = committed_steps(directory)[:-keep]
+    steps = committed_steps(directory)
+    if newest is not None:
+        steps = [s for s in steps if s <= newest]
+    old = steps[:-keep]
     for step in old:
         path = step_dir(directory, step)
         tmp = f"{path}.deleting"

@@ -8,10 +8,16 @@ key-value store; process 0 waits for every process (a bounded wait: a lost peer 
 every unit of the model with the right shapes and dtypes, and only then writes ``meta.json`` and
 renames the directory to ``<step>`` (``layout.commit``). Nothing is ever silently missing: a unit
 that no process wrote fails the save, by name, and the step is not committed.
+
+A state holding NaN or inf is never written (:class:`~skyjax.guard.NonFiniteError`); ``meta.json``
+records every file's size and CRC-32 (the tensor files' from their processes' manifests) and its
+own checksum, which a restore verifies. Pruning runs only after the new step is committed, and
+never touches it or the ``keep - 1`` committed steps before it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -22,6 +28,7 @@ from absl import logging
 
 from skyjax.checkpoint import layout, store
 from skyjax.checkpoint.names import state_entries
+from skyjax.guard import NonFiniteError
 
 UnitState = tuple[Any, Any]
 
@@ -107,12 +114,18 @@ class CheckpointManager:
             host = jax.device_get({u: unit_states[u] for u in sorted(unit_states)})
             entries = [e for u, (p, o) in host.items()
                        for e in state_entries(self.chain[u].path, p, o)]
+            bad = store.non_finite(entries)
+            if bad is not None:
+                raise NonFiniteError(f"tensor {bad[0]} holds {bad[1]} NaN or infinite values "
+                                     f"(training diverged); the step is not checkpointed")
             if entries:
                 store.write_tensors(partial, self.me, entries,
                                     [self.chain[u].name for u in host])
         except Exception as e:  # noqa: BLE001 - reported to process 0, then raised
             error = f"process {self.me}: {type(e).__name__}: {e}"
             if self.n == 1:
+                if isinstance(e, NonFiniteError):
+                    raise NonFiniteError(f"checkpoint {step}: {e}") from e
                 raise CheckpointError(f"checkpoint {step}: {error}") from e
         wrote_s = time.perf_counter() - tic
         key = f"{self.ns}/{self.attempt}/{step}"
@@ -149,17 +162,47 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {step} not committed: {'; '.join(errors)}")
         index = store.TensorIndex(partial)
         self._check_complete(step, index)
+        files = self._file_checksums(step, partial)
         meta = {"format": layout.FORMAT_VERSION, "step": int(step), "data_position": int(step),
                 **self.run, "processes": self.n,
                 "units": [{"name": u.name, "path": list(u.path)} for u in self.chain],
                 "tensors": {k: [list(s), d] for k, s, d in
                             ((k, *index.shapes[k]) for k in sorted(index.shapes))},
-                "time": time.time(), **extra_meta}
+                "time": time.time(), **extra_meta, "files": files}
+        meta["checksum"] = layout.meta_checksum(meta)
         path = layout.commit(self.directory, step, partial, meta)
-        deleted = layout.prune(self.directory, self.keep)
+        deleted = layout.prune(self.directory, self.keep, newest=step)
         nbytes = sum(int(np.prod(s)) * store._dtype(d).itemsize for s, d in index.shapes.values())
         return {"step": int(step), "path": path, "tensors": len(index.shapes), "bytes": nbytes,
                 "pruned": deleted}
+
+    def _file_checksums(self, step: int, partial: str) -> dict[str, dict]:
+        """``{file name: {"size", "crc32"}}`` of every file of ``partial``: each tensor file's
+        from its process's manifest (checked against the file's size on disk), each
+        manifest's computed here."""
+        files = {}
+        for name in sorted(os.listdir(partial)):
+            path = os.path.join(partial, name)
+            if not (name.startswith("process_") and name.endswith(".json")):
+                continue
+            with open(path, "rb") as f:
+                data = f.read()
+            files[name] = {"size": len(data), store.CHECKSUM: store.checksum(data)}
+            tensors = name[:-len(".json")] + ".safetensors"
+            record = json.loads(data).get("file")
+            if record is None or not os.path.isfile(os.path.join(partial, tensors)):
+                raise CheckpointError(f"checkpoint {step} not committed: {path} names no "
+                                      f"checksummed tensor file")
+            size = os.path.getsize(os.path.join(partial, tensors))
+            if size != record["size"]:
+                raise CheckpointError(f"checkpoint {step} not committed: {tensors} has {size} "
+                                      f"bytes, its process wrote {record['size']}")
+            files[tensors] = dict(record)
+        stray = sorted(n for n in os.listdir(partial)
+                       if n.endswith(".safetensors") and n not in files)
+        if stray:
+            raise CheckpointError(f"checkpoint {step} not committed: {stray[0]} has no manifest")
+        return files
 
     def _check_complete(self, step: int, index: store.TensorIndex) -> None:
         """Every tensor of every unit, with its shape and dtype, and nothing else."""

@@ -6,6 +6,11 @@ the same model: tensors are found by their parameter path (``names.py``), each p
 its own units' tensors, from whichever process file holds them. A checkpoint of another run
 (seed, dataset, model shape, optimizer) is refused before anything is written, naming the first
 difference.
+
+A checkpoint is verified before it is used (:func:`verify`): ``meta.json`` must parse and match its
+own checksum, every file it lists its size and CRC-32. One that fails, or cannot be read, is named
+in one warning line and the latest earlier one that verifies is used instead. A checkpoint
+written before checksums existed is accepted unverified, with a line saying so.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import dataclasses
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+from absl import logging
 
 from skyjax.checkpoint import layout, store
 from skyjax.checkpoint.manager import UnitState, unit_like
@@ -37,13 +43,56 @@ class Resume:
         return [tuple(u["path"]) for u in self.meta["units"]]
 
 
+def verify(path: str) -> dict:
+    """``meta.json`` of the checkpoint directory ``path`` once its own checksum and every file's
+    size and CRC-32 check out; raises ``ValueError`` (``store.ChecksumError`` for a file that
+    differs) naming what failed. A checkpoint without checksums (written by an older skyjax) is
+    returned as it is, with ``meta["verified"] = False``."""
+    try:
+        meta = layout.read_meta(path)
+    except (OSError, ValueError, AttributeError) as e:  # truncated, not JSON, other format
+        raise ValueError(f"{path}/{layout.META} cannot be read ({type(e).__name__}: {e})") from e
+    if not isinstance(meta, dict) or not isinstance(meta.get("tensors"), dict) \
+            or not isinstance(meta.get("units"), list):
+        raise ValueError(f"{path}/{layout.META} lacks its tensors or units")
+    if "files" not in meta and "checksum" not in meta:
+        meta["verified"] = False
+        return meta
+    if meta.get("checksum") != layout.meta_checksum(meta):
+        raise store.ChecksumError(f"{path}/{layout.META} does not match its checksum "
+                                  "(corrupted)")
+    store.verify_files(path, meta["files"])
+    meta["verified"] = True
+    return meta
+
+
 def find_resume(directory: str) -> Resume | None:
-    """The latest committed checkpoint under ``directory`` (None: start fresh)."""
-    step = layout.latest_step(directory)
-    if step is None:
-        return None
-    path = layout.step_dir(directory, step)
-    return Resume(step, path, layout.read_meta(path))
+    """The latest committed checkpoint under ``directory`` that verifies (None: there is none,
+    start fresh). Each later one that fails is named in a warning line; when every committed
+    checkpoint fails, :class:`CheckpointMismatch` names the latest (starting afresh would prune
+    them)."""
+    steps = layout.committed_steps(directory)
+    failed = []
+    for step in reversed(steps):
+        path = layout.step_dir(directory, step)
+        try:
+            meta = verify(path)
+        except ValueError as e:
+            logging.warning("checkpoint %d skipped, it does not verify: %s", step, e)
+            failed.append((step, e))
+            continue
+        if failed:
+            logging.warning("resuming from checkpoint %d, the latest that verifies (skipped: "
+                            "%s)", step, ", ".join(str(s) for s, _ in failed))
+        if not meta["verified"]:
+            logging.warning("checkpoint %d has no checksums (written by an older skyjax): "
+                            "accepted unverified", step)
+        return Resume(step, path, meta)
+    if failed:
+        step, e = failed[0]
+        raise CheckpointMismatch(f"no checkpoint under {directory} verifies (latest, {step}: "
+                                 f"{e}); move the directory aside to start afresh")
+    return None
 
 
 def _unit_source(resume: Resume, unit_path: tuple[str, ...]):
@@ -100,7 +149,11 @@ def check_compatible(resume: Resume, run: dict, chain: Sequence[Any], optimizer:
 def restore_units(resume: Resume, chain: Sequence[Any], units: Iterable[int],
                   optimizer: Any) -> dict[int, UnitState]:
     """The (params, optimizer state) of ``units`` (indices into ``chain``), as numpy arrays."""
-    index = store.TensorIndex(resume.path)
+    try:
+        index = store.TensorIndex(resume.path)
+    except Exception as e:  # noqa: BLE001 - an unverified (old) checkpoint's truncated file
+        raise CheckpointMismatch(f"checkpoint {resume.path} cannot be read: "
+                                 f"{type(e).__name__}: {e}") from e
 
     def read(name: str, like: Any) -> np.ndarray:
         if name not in index:

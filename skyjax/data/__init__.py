@@ -26,10 +26,28 @@ Batch = dict[str, np.ndarray]
 SYNTHETIC_EVAL_SPLIT = "eval"
 
 
+def model_vocab_size(config: Any) -> int:
+    """The model's real vocabulary size: the pretrained checkpoint's ``config.json`` when
+    ``config.model.pretrained`` names one (``config.model.vocab_size`` is then unused), else
+    ``config.model.vocab_size``."""
+    return glue._model_shape(config)[0]
+
+
 def _synthetic_kwargs(config: Any) -> dict[str, Any]:
     s = config.data.synthetic
-    return dict(vocab_size=config.model.vocab_size, max_markers=s.max_markers,
+    return dict(vocab_size=model_vocab_size(config), max_markers=s.max_markers,
                 min_segment_len=s.min_segment_len)
+
+
+def check_token_ids(batch: Batch, vocab_size: int, what: str) -> Batch:
+    """``batch``, once its token ids are known to lie in ``[0, vocab_size)`` (an id outside the
+    embedding table is silently clamped by XLA and trains to NaN); raises ``DataError``."""
+    ids = batch["input_ids"]
+    if ids.size and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
+        raise glue.DataError(f"{what}: token id {int(ids.max())} is outside the model's "
+                             f"vocabulary of {vocab_size} (config.model.vocab_size, or the "
+                             f"pretrained checkpoint's config.json)")
+    return batch
 
 
 def _is_synthetic(config: Any) -> bool:
@@ -43,11 +61,14 @@ def _is_synthetic(config: Any) -> bool:
 def _train_make(config: Any) -> Callable[[int], Batch]:
     """The function that builds training batch ``i`` of the configured source."""
     d = config.data
+    vocab = model_vocab_size(config)
     if _is_synthetic(config):
         kwargs = _synthetic_kwargs(config)
-        return lambda i: synthetic.make_batch(config.train.seed, i, d.batch_size, d.seq_len,
-                                              split="train", **kwargs)
-    return glue.train_batch_fn(config)
+        make = lambda i: synthetic.make_batch(config.train.seed, i, d.batch_size,  # noqa: E731
+                                              d.seq_len, split="train", **kwargs)
+    else:
+        make = glue.train_batch_fn(config)
+    return lambda i: check_token_ids(make(i), vocab, f"{config.data.name} training batch {i}")
 
 
 def train_batches(config: Any, start_step: int = 0) -> Prefetcher:

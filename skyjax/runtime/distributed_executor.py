@@ -19,7 +19,8 @@ from skyjax.plan.schedules import actions
 from skyjax.transport import group as distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
-from skyjax.runtime.pipeline import PipelineStage, StepInputs, StepMetrics, StepResult
+from skyjax.runtime.pipeline import (PipelineStage, StepInputs, StepMetrics, StepResult,
+                                     sq_to_norm)
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       placements, unit_owners)
 from skyjax.spans import Span
@@ -132,18 +133,22 @@ class DistributedExecutor:
             {"losses": result.losses, "accuracies": result.accuracies,
              "spans": [dataclasses.asdict(s) for s in result.spans], "wall_s": result.wall_s},
             self._gather_tag())
+        total = None  # the global squared gradient norm, on every process (clipping on)
         if self.stage is not None:
-            self.stage.update(step, self.max_grad_norm)
+            result.grad_sq_norm = self.stage.update(step, self.max_grad_norm)
+            total = self.stage.last_sq_norm
         elif self.max_grad_norm:
-            self.transport.allreduce_sum(0.0, tags.grad_norm(step))
+            total = self.transport.allreduce_sum(0.0, tags.grad_norm(step))
         if gathered is None:
-            return StepMetrics(float("nan"), float("nan"), result.wall_s, [result])
+            return StepMetrics(float("nan"), float("nan"), result.wall_s, [result],
+                               grad_norm=sq_to_norm(total), has_loss=False)
         losses = [x for g in gathered for x in g["losses"]]
         accuracies = [x for g in gathered for x in g["accuracies"]]
         results = [StepResult(g["losses"], g["accuracies"], [Span(**s) for s in g["spans"]],
                               g["wall_s"]) for g in gathered]
         return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
-                           max(g["wall_s"] for g in gathered), results)
+                           max(g["wall_s"] for g in gathered), results,
+                           grad_norm=sq_to_norm(total))
 
     def _inputs(self, step: int, batch: Batch | None) -> tuple[Batch | None, StepInputs]:
         """``(batch, its StepInputs for step)`` on the stage's device."""

@@ -17,7 +17,7 @@ from skyjax.plan import Plan
 from skyjax.plan.schedules import actions
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
-from skyjax.runtime.pipeline import PipelineStage, StepMetrics
+from skyjax.runtime.pipeline import PipelineStage, StepMetrics, sq_to_norm
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       placements)
 from skyjax.transport import LocalTransport
@@ -86,7 +86,8 @@ class LocalExecutor:
             self.max_grad_norm))
         last = results[-1]
         return StepMetrics(float(np.mean(last.losses)), float(np.mean(last.accuracies)),
-                           max(r.wall_s for r in results), results)
+                           max(r.wall_s for r in results), results,
+                           grad_norm=sq_to_norm(self.stages[0].last_sq_norm))
 
     def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
         batches = eval_microbatches(batches, self.microbatches)

@@ -29,6 +29,11 @@ from skyjax.programs.stage import StageProgram, StageState, float_entries
 from skyjax.spans import Span
 
 
+def sq_to_norm(sq: float | None) -> float | None:
+    """The norm from a squared norm (NaN stays NaN; None stays None)."""
+    return None if sq is None else float(np.sqrt(np.float64(sq)))
+
+
 class StageLink(Protocol):
     """What a stage needs from the transport (``skyjax.transport``)."""
 
@@ -47,6 +52,8 @@ class StepResult:
     accuracies: list[float]
     spans: list[Span]
     wall_s: float
+    # the stage's own squared gradient norm (when clipping computes it; None otherwise)
+    grad_sq_norm: float | None = None
 
 
 @dataclasses.dataclass
@@ -57,6 +64,9 @@ class StepMetrics:
     accuracy: float
     wall_s: float
     results: list[StepResult]  # per stage (local); this process's stage only (distributed)
+    # the global gradient norm before clipping (None: clipping off, so never computed)
+    grad_norm: float | None = None
+    has_loss: bool = True  # False on processes that do not gather the loss (distributed)
 
     @property
     def spans(self) -> list[Span]:
@@ -110,6 +120,8 @@ class PipelineStage:
     out_like: Any  # of the output carry (unused on the last stage)
     slowdown: float = 1.0
     _posted: int = dataclasses.field(default=0, init=False, repr=False)  # see _pull_ahead
+    # the global squared gradient norm of the last update (None: clipping off, not computed)
+    last_sq_norm: float | None = dataclasses.field(default=None, init=False, repr=False)
 
     @property
     def is_first(self) -> bool:
@@ -172,7 +184,7 @@ class PipelineStage:
         """Runs one optimizer step's actions, then the (globally clipped) update."""
         start = time.perf_counter()
         result = self.run_actions(step, actions, inputs)
-        self.update(step, max_grad_norm)
+        result.grad_sq_norm = self.update(step, max_grad_norm)
         result.wall_s = time.perf_counter() - start
         return result
 
@@ -230,14 +242,18 @@ class PipelineStage:
             idle()
         return StepResult(losses, accuracies, spans, time.perf_counter() - start)
 
-    def update(self, step: int, max_grad_norm: float | None) -> None:
-        """The step's optimizer update, after every stage agreed on the global gradient norm."""
+    def update(self, step: int, max_grad_norm: float | None) -> float | None:
+        """The step's optimizer update, after every stage agreed on the global gradient norm;
+        returns this stage's squared gradient norm (None: clipping off, not computed). The
+        global one is kept in :attr:`last_sq_norm`."""
         local = float(global_sq_norm(self.state.grads)) if max_grad_norm else 0.0
         total = self.link.allreduce_sum(local, tags.grad_norm(step)) if max_grad_norm else 0.0
+        self.last_sq_norm = float(total) if max_grad_norm else None
         scale = np.float32(clip_scale(total, max_grad_norm))
         (self.state.params, self.state.opt_state, self.state.grads), _ = timed_call(
             self.program.update, self.state.params, self.state.opt_state, self.state.grads, scale,
             slowdown=self.slowdown)
+        return local if max_grad_norm else None
 
     def run_eval(self, batches: Iterable[Batch]) -> list[tuple[float, float, float]]:
         """Forward-only pass over micro-batch-sized ``batches`` (optional ``weights``); the last
