@@ -27,7 +27,6 @@ child before JAX starts), so that the processes stop sharing cores, as tasks bou
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -37,12 +36,16 @@ import threading
 import time
 from typing import IO, Mapping, Sequence
 
-from skyjax import env_vars
-from skyjax.names import EXIT_PEER_LOST
+from skyjax import env_vars, failures
+from skyjax.names import EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_PEER_LOST
 
 
 EXIT_TIMEOUT = 124
 GRACE_S = 5.0
+MAX_PROCESSES_PER_CORE = 4  # more would only time-slice: the emulation needs some core time each
+# Exit statuses of a failure that is not a lost process: bad input or a diverged run would fail
+# the same way on the survivors, so --max_restarts does not restart them.
+NOT_RESTARTED = (EXIT_BAD_INPUT, EXIT_NON_FINITE)
 
 # Run in each child before the module: die with the launcher, then behave like ``python -m module``.
 _BOOTSTRAP = r"""
@@ -157,6 +160,25 @@ def _lost(codes: list[int | None]) -> list[int]:
     return own or [k for k, c in enumerate(codes) if c is None]
 
 
+def check_args(num_processes: int, timeout_s: float | None, max_restarts: int,
+               grace_s: float) -> str | None:
+    """What is wrong with the launcher's arguments, in one line (None: nothing)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    most = MAX_PROCESSES_PER_CORE * max(1, cores or 1)
+    if num_processes < 1:
+        return f"--num_processes {num_processes}: must be at least 1"
+    if num_processes > most:
+        return (f"--num_processes {num_processes}: this host has {cores} core(s); at most "
+                f"{most} processes ({MAX_PROCESSES_PER_CORE} per core) are started on it")
+    if timeout_s is not None and not timeout_s > 0:
+        return f"--timeout {timeout_s}: must be a positive number of seconds"
+    if max_restarts < 0:
+        return f"--max_restarts {max_restarts}: must be 0 or more"
+    if not grace_s >= 0:
+        return f"--grace {grace_s}: must be 0 or more seconds"
+    return None
+
+
 def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | None = None,
            env: Mapping[str, str] | None = None, module: str = "skyjax.main", *,
            grace_s: float = GRACE_S, stdout=None, coordinator_host: str = "127.0.0.1",
@@ -173,8 +195,9 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
     """
     if bind_cores:
         core_slices(num_processes)  # one clear line now, not from inside an attempt
-    if num_processes < 1:
-        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    problem = check_args(num_processes, timeout_s, max_restarts, grace_s)
+    if problem:
+        raise ValueError(problem)
     out = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
     if out is None:  # a text-only stdout (e.g. some notebook front ends)
         out = _TextOut(sys.stdout)
@@ -186,8 +209,8 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
         rc, lost = _launch_once(args, n, left, env, module, grace_s=grace_s, out=out,
                                 coordinator_host=coordinator_host, log=log,
                                 bind_cores=bind_cores)
-        if rc == 0 or rc == EXIT_TIMEOUT or lost is None:
-            return rc
+        if rc in (0, EXIT_TIMEOUT) or rc in NOT_RESTARTED or lost is None:
+            return rc  # done, out of time, interrupted, or a failure a restart would repeat
         survivors = [k for k in range(n) if k not in lost]
         if attempt == max_restarts or not survivors:
             return rc
@@ -287,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         own, rest = argv[:i], argv[i + 1:]
     else:
         own, rest = argv, []
-    parser = argparse.ArgumentParser(
+    parser = failures.OneLineParser(
         prog="python -m skyjax.launch",
         description="Start N local processes of a module (default skyjax.main) under "
                     "jax.distributed; arguments after -- go to the module.")
@@ -304,8 +327,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="bind each process to its own disjoint slice of this host's cores "
                              "(as SLURM's --cpu-bind=cores): they stop sharing cores")
     args = parser.parse_args(own)
-    return launch(rest, args.num_processes, args.timeout, module=args.module, grace_s=args.grace,
-                  max_restarts=args.max_restarts, bind_cores=args.bind_cores)
+    problem = check_args(args.num_processes, args.timeout, args.max_restarts, args.grace)
+    if problem:
+        print(f"skyjax.launch: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    with failures.one_line_errors("skyjax.launch"):
+        return launch(rest, args.num_processes, args.timeout, module=args.module,
+                      grace_s=args.grace, max_restarts=args.max_restarts,
+                      bind_cores=args.bind_cores)
 
 
 if __name__ == "__main__":

@@ -7,78 +7,71 @@ Kept short on purpose: parse flags, check the config (before anything is compile
 
 from __future__ import annotations
 
-import sys
+import os
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from skyjax.config import defaults as config_defaults
+from skyjax import env_vars, failures, workdir as workdir_lib
 from skyjax.config import validate_config
+from skyjax.config.flags import parse_flags
 
 FLAGS = flags.FLAGS
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for summary.json, plan.json, metrics.")
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
+# Processes start at different times (imports, a busy host): a peer that has not connected after
+# config.cluster.peer_timeout_s, but no less than this, is named as missing.
+STARTUP_FLOOR_S = 30.0
+_DEBUG = flags.DEFINE_bool("debug", False, "Show a failure's traceback, not one line.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _unknown_override(argv: list[str]) -> str | None:
-    """The first ``--config.a.b=...`` argument whose key is not in the schema, if any."""
-    schema = config_defaults.base_config()
-    for arg in argv[1:]:
-        if not arg.startswith("--config."):
-            continue
-        node = schema
-        for part in arg[len("--config."):].split("=", 1)[0].split("."):
-            if not hasattr(node, "keys") or part not in node:
-                return arg
-            node = node[part]
-    return None
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing, with an unknown ``--config.*`` key reported by name, not a traceback."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        sys.exit(f"FATAL Flags parsing error: {e}\nPass --helpshort or --helpfull for help.")
-    except (AttributeError, KeyError) as e:
-        bad = _unknown_override(argv)
-        if bad is None:
-            raise
-        key = bad.split("=", 1)[0][2:]
-        sys.exit(f"Invalid config: {key}: unknown config key (from {bad}; error {e})")
-
-
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    config = FLAGS.config
-    try:
-        validate_config(config)
-    except ValueError as e:
-        sys.exit(f"Invalid config: {e}")
-    start_jax(config)
-    from skyjax import train  # imports jax: only once the config is known to be good
+    with failures.one_line_errors("skyjax.main", _DEBUG.value):
+        if len(argv) > 1:
+            raise failures.BadInput(f"unexpected arguments {argv[1:]} (flags are --name=value)")
+        config = FLAGS.config
+        try:
+            validate_config(config)
+        except ValueError as e:  # before JAX starts: one line, and the workdir untouched
+            raise failures.BadInput(f"Invalid config: {e}") from e
+        check_launch(config)
+        check_profile_path(config)
+        workdir_lib.check_writable(_WORKDIR.value)
+        start_jax(config)
+        failures.interrupt_on_sigterm()
+        from skyjax import train  # imports jax: only once the config is known to be good
 
-    from skyjax import checkpoint
-    from skyjax.data.glue import DataError
-    from skyjax.guard import NonFiniteError
-    from skyjax.names import EXIT_NON_FINITE
-    from skyjax.models.hf_loading import CheckpointError as PretrainedError
-
-    logging.info("config:\n%s", config)
-    try:
+        logging.info("config:\n%s", config)
         train.train_and_evaluate(config, _WORKDIR.value)
-    except NonFiniteError as e:  # the run diverged: one line, its own exit status
-        print(f"NonFiniteError: {e}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_NON_FINITE)
-    except (checkpoint.CheckpointMismatch, checkpoint.CheckpointError, PretrainedError,
-            DataError) as e:  # bad input named in one line (file, tensor, unit), no traceback
-        sys.exit(f"{type(e).__name__}: {e}")
-    if config.cluster.mode == "distributed":
-        from skyjax.transport import group as distributed
+        if config.cluster.mode == "distributed":
+            from skyjax.transport import group as distributed
 
-        distributed.shutdown()
+            distributed.shutdown()
+
+
+def check_launch(config) -> None:
+    """A run started as one of several processes (``skyjax.launch``, ``srun``) must be a
+    distributed one: otherwise each process would train the whole model into one workdir."""
+    n = os.environ.get(env_vars.NUM_PROCESSES) or os.environ.get("SLURM_STEP_NUM_TASKS") or "1"
+    if n.isdigit() and int(n) > 1 and config.cluster.mode != "distributed":
+        raise ValueError(f"config.cluster.mode={config.cluster.mode!r} but this process is one "
+                         f"of {n} started together: set --config.cluster.mode=distributed, or "
+                         f"start one process")
+
+
+def check_profile_path(config) -> None:
+    """``config.profile.path``, read and checked against the cluster before anything starts
+    (its unit count is checked against the model once the model's chain is known)."""
+    if not config.profile.path:
+        return
+    from skyjax.profile.format import load_profile  # JSON only, no JAX
+
+    profile = load_profile(config.profile.path)
+    if profile.num_devices != config.cluster.num_devices:
+        raise ValueError(f"config.profile.path={config.profile.path!r} has "
+                         f"{profile.num_devices} devices; config.cluster.num_devices="
+                         f"{config.cluster.num_devices}")
 
 
 def start_jax(config) -> None:
@@ -88,7 +81,8 @@ def start_jax(config) -> None:
     if config.cluster.mode == "distributed":
         from skyjax.transport import group as distributed
 
-        distributed.initialize(coordinator_address=config.cluster.coordinator_address or None)
+        distributed.initialize(coordinator_address=config.cluster.coordinator_address or None,
+                               timeout_s=max(STARTUP_FLOOR_S, config.cluster.peer_timeout_s))
     else:
         from skyjax import cluster
 

@@ -14,3 +14,10 @@ EXIT_PEER_LOST = 75
 # Exit status of a run stopped because a step's loss or gradient norm was NaN or infinite
 # (skyjax.guard); the last good checkpoint is kept. 65 is sysexits' EX_DATAERR.
 EXIT_NON_FINITE = 65
+# Exit status of a command that refused its input (a config key, flag, file or workdir): a
+# launcher does not restart it (64 is sysexits' EX_USAGE); skyjax.failures.
+EXIT_BAD_INPUT = 64
+# Exit status of any other failure (skyjax.failures), and of a run stopped by Ctrl-C or SIGTERM
+# (128 + SIGINT, the shell's convention).
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130

@@ -25,6 +25,7 @@ import ml_collections
 from absl import logging
 
 from skyjax import checkpoint, cluster as cluster_lib, data as data_lib, guard, optim
+from skyjax import workdir as workdir_lib
 from skyjax.report import outputs, watch
 from skyjax import plan as plan_lib
 from skyjax.baseline import microbatch_rng
@@ -231,17 +232,39 @@ def train_step_inputs(executor: Any, batches: Any, step: int, steps: int) -> tup
     return step, batch, next_batch
 
 
+def calibration_steps(config: ml_collections.ConfigDict, start_step: int) -> int:
+    """``config.allocation.calibrate_steps``, or 0 (logged) where calibration has nothing to do:
+    the even split (it plans from no times) or too few steps left to move the units after it."""
+    steps = config.allocation.calibrate_steps
+    if steps and config.allocation.strategy == "even":
+        logging.info("config.allocation.calibrate_steps=%d ignored: the even split does not "
+                     "plan from times", steps)
+        return 0
+    if steps and start_step + steps >= config.train.steps:
+        logging.info("config.allocation.calibrate_steps=%d ignored: only %d step(s) left to "
+                     "train", steps, config.train.steps - start_step)
+        return 0
+    return steps
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Profile -> plan -> train -> eval; process 0 writes ``workdir/summary.json`` and returns it
     (other processes return the same summary without writing)."""
     wall_start = time.perf_counter()
     rss_start = memory.current_rss_bytes()
     validate_config(config)
+    claim = workdir_lib.Claim(workdir) if jax.process_index() == 0 else None  # one run at a time
+    try:
+        return _train_and_evaluate(config, workdir, wall_start, rss_start)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_start: float,
+                        rss_start: int) -> dict:
     extra, probes = shared_host(config)
     resume = checkpoint.prepare(config, workdir)  # refuses another run's checkpoint, by name
-    out = outputs.Outputs(workdir, is_chief=jax.process_index() == 0,
-                          resumed_from_step=resume.step if resume else 0)
-    out.write_json("config.json", config.to_dict())
 
     # The model without parameter memory; the checkpoint's headers are checked here, before
     # anything compiles. Parameters are made later, only for this process's units.
@@ -255,13 +278,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     profile = profile_phase(config, chain, workdir, cluster, transport, probes)
     plan = plan_phase(config, profile, extra)
     start_step = resume.step if resume else 0
-    calibrate = config.allocation.calibrate_steps
-    calibrate = calibrate if start_step + calibrate < config.train.steps else 0
+    calibrate = calibration_steps(config, start_step)
     if calibrate:  # the first steps run on every device; then the plan of the measured times
         plan = calibration_plan(profile, plan, extra)
         logging.info("calibration: steps %d-%d run on the plan below, then the units move to "
                      "the plan of the times measured there", start_step + 1,
                      start_step + calibrate)
+    # Checks, profile and plan succeeded: only now does the workdir change (skyjax.workdir).
+    out = outputs.Outputs(workdir, is_chief=jax.process_index() == 0,
+                          resumed_from_step=resume.step if resume else 0)
+    if out.is_chief and not resume:
+        checkpoint.replace_earlier(config, workdir)  # config.checkpoint.replace
+    out.write_json("config.json", config.to_dict())
+    out.write_json("profile.json", profile.to_json())
     out.write_json("plan.json", plan.to_json())
     outputs.log_plan(plan)
 

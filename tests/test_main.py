@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from skyjax import baseline, optim, train
+from skyjax.checkpoint import committed_steps, find_resume
+from skyjax.names import EXIT_BAD_INPUT
 from skyjax.models.build import build_model
 from tests.helpers import TINY, run_main, tiny_run_config
 
@@ -140,3 +142,17 @@ def test_checkpoint_of_another_seed_is_refused_in_one_line(tmp_path):
     assert "CheckpointMismatch: " in again.stderr and "seed" in again.stderr
     assert "Traceback" not in again.stderr
     assert (workdir / "summary.json").read_text() == summary
+    # starting afresh over them is refused too, unless told to replace them
+    fresh = ["--config.train.steps=2", "--config.train.seed=1", "--config.checkpoint.every=1",
+             "--config.checkpoint.resume=False", *TINY]
+    refused = run_main(workdir, *fresh)
+    assert refused.returncode == EXIT_BAD_INPUT and "Traceback" not in refused.stderr
+    assert "--config.checkpoint.replace=True" in refused.stderr
+    assert committed_steps(str(workdir / "checkpoints")) == [2]
+    replaced = run_main(workdir, *fresh, "--config.checkpoint.replace=True")
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert committed_steps(str(workdir / "checkpoints")) == [1, 2]
+    assert find_resume(str(workdir / "checkpoints")).meta["seed"] == 1
+    # the first run's outputs, whole, in previous/; the new run's in the workdir
+    assert (workdir / "previous" / "summary.json").read_text() == summary
+    assert json.loads((workdir / "config.json").read_text())["train"]["seed"] == 1

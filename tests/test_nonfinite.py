@@ -37,7 +37,8 @@ def test_diverging_run_stops_with_one_line_and_keeps_the_good_checkpoints(tmp_pa
     assert "Traceback" not in proc.stderr
     errors = _errors(proc.stderr)
     assert len(errors) == 1, errors
-    assert errors[0].startswith("NonFiniteError: step 3: loss nan, gradient norm nan"), errors
+    assert errors[0].startswith("skyjax.main: NonFiniteError: step 3: loss nan, gradient norm nan"), \
+        errors
     assert "on stage 0" in errors[0] and "last good checkpoint is step 2" in errors[0]
     checkpoints = str(workdir / "checkpoints")
     assert committed_steps(checkpoints) == [1, 2]  # the diverged step 3 was never saved
@@ -73,18 +74,6 @@ def test_infinite_config_values_are_refused(key, value):
     with pytest.raises(ValueError, match=rf"^config\.train\.{key}={value!r} must be a finite "
                                          rf"number$"):
         validate_config(config)
-
-
-def test_infinite_override_is_refused_by_main_in_one_line(tmp_path):
-    proc = run_main(tmp_path / "run", "--config.train.learning_rate=inf",
-                    "--config.cluster.slowdowns=(1, 1e999, 1, 1)", timeout=120)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert _errors(proc.stderr) == ["Invalid config: config.train.learning_rate=inf must be a "
-                                    "finite number"]
-    proc = run_main(tmp_path / "run", "--config.cluster.slowdowns=(1, 1e999, 1, 1)", timeout=120)
-    assert _errors(proc.stderr) == ["Invalid config: config.cluster.slowdowns[1]=inf must be a "
-                                    "finite number"]
-    assert not (tmp_path / "run").exists()
 
 
 def test_synthetic_data_draws_from_the_pretrained_vocabulary():

@@ -175,7 +175,9 @@ def test_profile_cache_reused_and_invalidated(tmp_path):
     key = p1.extra["cache_key"]
     assert key == key_of(c)
     path = cache_path(workdir, key)
-    assert os.path.exists(path) and os.path.exists(os.path.join(workdir, "profile.json"))
+    assert os.path.exists(path)
+    # the run's own outputs (profile.json) are written by the run, not by the cache
+    assert not os.path.exists(os.path.join(workdir, "profile.json"))
     mtime = os.path.getmtime(path)
     lines.clear()
     p2 = cached(c, workdir, log=lines.append)
@@ -376,7 +378,8 @@ def test_multiprocess_profile_under_jax_distributed(tmp_path):
     assert len(results[0]) == 2 and results[0][0].split()[1:] == results[0][1].split()[1:]
     assert results[1] == results[0]  # the second run loaded the very same profile
     assert "reusing cached profile" in outputs[1]
-    prof = load_profile(str(tmp_path / "profile.json"))
+    (cached,) = (tmp_path / "profiles").glob("*.json")
+    prof = load_profile(str(cached))
     assert prof.extra["profiler"]["link_probe"] == "transport"
     assert [d["name"] for d in prof.devices] == ["proc0:cpu0", "proc1:cpu0"]
     total = (prof.forward_s + prof.backward_s).sum(axis=0)

@@ -15,9 +15,10 @@ from skyjax.checkpoint.layout import checkpoints_dir, committed_steps, latest_st
 from skyjax.checkpoint.manager import CheckpointError, CheckpointManager, expected_tensors
 from skyjax.checkpoint.restore import (CheckpointMismatch, Resume, check_compatible, find_resume,
                                        restore_units)
-from skyjax.checkpoint.run import after_step, make_manager, prepare, restored_states
+from skyjax.checkpoint.run import (after_step, make_manager, prepare, replace_earlier,
+                                   restored_states)
 
 __all__ = ["CheckpointError", "CheckpointManager", "CheckpointMismatch", "Resume", "after_step",
            "check_compatible", "checkpoints_dir", "committed_steps", "expected_tensors",
-           "find_resume", "latest_step", "make_manager", "prepare", "restore_units",
-           "restored_states"]
+           "find_resume", "latest_step", "make_manager", "prepare", "replace_earlier",
+           "restore_units", "restored_states"]

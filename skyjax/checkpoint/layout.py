@@ -115,11 +115,17 @@ def prune(directory: str, keep: int, newest: int | None = None) -> list[int]:
         steps = [s for s in steps if s <= newest]
     old = steps[:-keep]
     for step in old:
-        path = step_dir(directory, step)
-        tmp = f"{path}.deleting"
-        os.rename(path, tmp)  # no longer a checkpoint, even if the rmtree is interrupted
-        shutil.rmtree(tmp, ignore_errors=True)
+        delete_step(directory, step)
     return old
+
+
+def delete_step(directory: str, step: int) -> None:
+    """Deletes one committed checkpoint: renamed first, so that it is no longer a checkpoint
+    even if the deletion is interrupted."""
+    path = step_dir(directory, step)
+    tmp = f"{path}.deleting"
+    os.rename(path, tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def remove_stale(directory: str, attempt: str) -> list[str]:

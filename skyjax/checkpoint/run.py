@@ -25,6 +25,12 @@ def prepare(config: Any, workdir: str) -> Resume | None:
     raises ``CheckpointMismatch`` naming the first difference (seed, dataset, a unit's tensor)
     before anything is written to the workdir."""
     if not config.checkpoint.resume:
+        steps = layout.committed_steps(layout.checkpoints_dir(workdir))
+        if steps and not config.checkpoint.replace:
+            raise CheckpointMismatch(
+                f"{layout.checkpoints_dir(workdir)} holds the checkpoints of an earlier run "
+                f"(steps {', '.join(map(str, steps))}) and config.checkpoint.resume=False: set "
+                f"--config.checkpoint.replace=True to delete them, or use another workdir")
         return None
     resume = find_resume(layout.checkpoints_dir(workdir))
     if resume is None:
@@ -41,6 +47,22 @@ def prepare(config: Any, workdir: str) -> Resume | None:
                                  f"config.train.steps to continue, or use another workdir)")
     logging.info("resuming from %s (after step %d)", resume.path, resume.step)
     return resume
+
+
+def replace_earlier(config: Any, workdir: str) -> list[int]:
+    """With ``config.checkpoint.resume`` off and ``config.checkpoint.replace`` on, deletes the
+    earlier run's checkpoints (once this run's checks and plan have succeeded), so that they
+    cannot mix with this run's; returns the steps deleted."""
+    if config.checkpoint.resume or not config.checkpoint.replace:
+        return []
+    directory = layout.checkpoints_dir(workdir)
+    steps = layout.committed_steps(directory)
+    for step in steps:
+        layout.delete_step(directory, step)
+    if steps:
+        logging.info("config.checkpoint.replace: deleted the earlier run's checkpoints %s",
+                     steps)
+    return steps
 
 
 def restored_states(resume: Resume | None, chain: Sequence[Any], units: Sequence[int],

@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+from skyjax.models import hf_config
+
 Batch = dict[str, np.ndarray]
 
 
@@ -79,12 +81,10 @@ def _model_shape(config: Any) -> tuple[int, int, int, str]:
     """(vocab_size, max_position_embeddings, type_vocab_size, where they come from)."""
     m = config.model
     if m.pretrained:
-        path = os.path.join(m.pretrained, "config.json")
-        if not os.path.isfile(path):
-            raise DataError(f"config.model.pretrained={m.pretrained!r} is not a directory with a "
-                            "config.json")
-        with open(path) as f:
-            hf = json.load(f)
+        try:
+            hf = hf_config.read(m.pretrained)
+        except hf_config.PretrainedConfigError as e:
+            raise DataError(str(e)) from None
         where = f"config.model.pretrained={m.pretrained!r} (config.json)"
         return (int(hf.get("vocab_size", 30522)), int(hf.get("max_position_embeddings", 512)),
                 int(hf.get("type_vocab_size", 2)), where)

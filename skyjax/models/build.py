@@ -12,8 +12,6 @@ unit's parameters are the same whichever process makes them.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Any, Iterable
 
 import jax
@@ -21,6 +19,7 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
+from skyjax.models import hf_config
 from skyjax.models.hf_loading import TensorMap, from_pretrained, map_checkpoint, read_subtree
 from skyjax.models.modeling import BertConfig, BertForSequenceClassification, base_key, init_block
 from skyjax.models.units import Unit, model_params, units
@@ -31,8 +30,8 @@ def model_config(model: Any) -> BertConfig:
     ``model.num_labels``) when ``model.pretrained`` names one, else the ``BertConfig`` fields of
     ``config.model`` itself (the schema names them as Hugging Face does)."""
     if getattr(model, "pretrained", ""):
-        with open(os.path.join(model.pretrained, "config.json")) as f:
-            return BertConfig.from_hf(json.load(f), num_labels=int(model.num_labels))
+        return BertConfig.from_hf(hf_config.read(model.pretrained),
+                                  num_labels=int(model.num_labels))
     fields = {f.name for f in dataclasses.fields(BertConfig)}
     return BertConfig(**{k: model[k] for k in fields if k in model})
 

@@ -14,6 +14,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
+from skyjax.models import hf_config
 from skyjax.models.modeling import (BertConfig, BertForSequenceClassification, base_key,
                                     init_block)
 
@@ -83,10 +84,14 @@ class SafetensorsCheckpoint:
         for file in files:
             if not os.path.exists(file):
                 raise CheckpointError(f"{file}: file not found (named by {index})")
-            with safe_open(file, framework="numpy") as f:
-                for name in f.keys():
-                    self.file_of[name] = file
-                    self.shapes[name] = tuple(f.get_slice(name).get_shape())
+            try:
+                with safe_open(file, framework="numpy") as f:
+                    for name in f.keys():
+                        self.file_of[name] = file
+                        self.shapes[name] = tuple(f.get_slice(name).get_shape())
+            except Exception as e:  # noqa: BLE001 - safetensors' own error type varies
+                raise CheckpointError(f"{file}: cannot be read ({type(e).__name__}: {e}; "
+                                      f"truncated or not safetensors?)") from None
 
     def read(self, name: str) -> np.ndarray:
         from safetensors import safe_open
@@ -106,12 +111,10 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
 def read_config(path: str, num_labels: int | None) -> BertConfig:
     """``config.json`` under ``path`` as a BertConfig (``num_labels`` overrides the file)."""
     file = os.path.join(path, "config.json")
-    if not os.path.exists(file):
-        raise CheckpointError(f"{file}: file not found")
-    with open(file) as f:
-        hf = json.load(f)
-    if hf.get("model_type", "bert") != "bert":
-        raise CheckpointError(f"{file}: model_type={hf['model_type']!r}, expected 'bert'")
+    try:
+        hf = hf_config.read(path)
+    except hf_config.PretrainedConfigError as e:
+        raise CheckpointError(str(e)) from None
     overrides = {} if num_labels is None else {"num_labels": num_labels}
     try:
         return BertConfig.from_hf(hf, **overrides)

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 
+from skyjax import failures, workdir
 from skyjax.jsonio import write_json_atomic
 from skyjax.names import SCHEDULES, STRATEGIES
 from skyjax.plan import planner, simulate
@@ -28,7 +29,7 @@ from skyjax.report.text_table import fmt_bytes, fmt_time, render, time_unit
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m skyjax.plan", description=__doc__.splitlines()[0])
+    p = failures.OneLineParser(prog="python -m skyjax.plan", description=__doc__.splitlines()[0])
     p.add_argument("--profile", required=True, help="profile.json (version 1)")
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
@@ -129,17 +130,26 @@ def write_pictures(plan: Plan, profile: Profile, plot: str | None, timeline: str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with failures.one_line_errors("skyjax.plan"):
+        return plan_and_write(args)
+
+
+def plan_and_write(args: argparse.Namespace) -> int:
+    """Plans ``args.profile``, writes the files asked for, prints the table (or the JSON)."""
     try:
+        for flag in ("out", "trace", "plot", "timeline"):  # before planning: nothing is lost
+            if getattr(args, flag):
+                workdir.check_output_file(f"--{flag}", getattr(args, flag))
         profile = load_profile(args.profile)
         extra = shared_host_model(profile, args.shared_host)
         plan = planner.plan(profile, args.strategy, args.schedule, args.microbatches,
                             certify=args.certify, extra=extra)
-    except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except InfeasibleError as e:
+    except InfeasibleError as e:  # a ValueError too: first
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except (ProfileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = plan.to_json()
     if args.out:
         write_json_atomic(out, args.out, indent=1)
@@ -157,4 +167,3 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     print(json.dumps(out, indent=1) if args.json else format_table(plan, profile))
     return 0
-

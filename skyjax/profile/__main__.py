@@ -2,6 +2,7 @@
 
 from absl import app
 
+from skyjax.config.flags import parse_flags
 from skyjax.profile.cli import main
 
-app.run(main)
+app.run(main, flags_parser=parse_flags)

@@ -69,7 +69,7 @@ def cache_path(workdir: str, key: str) -> str:
 
 
 def in_use_path(workdir: str) -> str:
-    """Where the profile a run uses is written, cached or not."""
+    """Where a run writes the profile it used (with its other outputs), cached or not."""
     return os.path.join(workdir, "profile.json")
 
 
@@ -89,7 +89,7 @@ def try_load(path: str, log: Log) -> Profile | None:
 def load_or_measure(workdir: str, key: str, measure: Callable[[], Profile], reprofile: bool,
                     log: Log) -> Profile:
     """In one process: the profile cached under ``key``, else (or with ``reprofile``)
-    ``measure()`` cached there; the result is also written to ``workdir/profile.json``."""
+    ``measure()`` cached there."""
     path = cache_path(workdir, key)
     prof = None if reprofile else try_load(path, log)
     if prof is None:
@@ -97,5 +97,4 @@ def load_or_measure(workdir: str, key: str, measure: Callable[[], Profile], repr
         save_profile(prof, path)
         log(f"[profile] measured in {prof.extra['profiler']['profile_time_s']:.1f} s; "
             f"cached as {path}")
-    save_profile(prof, in_use_path(workdir))
     return prof

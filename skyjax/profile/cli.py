@@ -12,10 +12,11 @@ this one process (same compute path; links are then probed with ``jax.device_put
 
 from __future__ import annotations
 
-import sys
-
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from skyjax import failures, workdir
+from skyjax.config import validate_config
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
@@ -26,21 +27,31 @@ _REPROFILE = flags.DEFINE_bool("reprofile", False, "Measure even if a cached pro
 _REPEATS = flags.DEFINE_integer("repeats", None, "Timed repeats (default config.profile.repeats).")
 _BUDGET = flags.DEFINE_float("budget_s", None, "Timing budget per unit and device class (s).")
 _DEDUP = flags.DEFINE_bool("dedup", True, "Measure identical units / devices once.")
+_DEBUG = flags.DEFINE_bool("debug", False, "Show a failure's traceback, not one line.")
 flags.mark_flags_as_required(["config"])
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    if not _OUT.value and not _WORKDIR.value:
-        raise app.UsageError("pass --out and/or --workdir")
-    config = FLAGS.config
-    from skyjax.config import validate_config
+    with failures.one_line_errors("skyjax.profile", _DEBUG.value):
+        if len(argv) > 1:
+            raise failures.BadInput(f"unexpected arguments {argv[1:]} (flags are --name=value)")
+        if not _OUT.value and not _WORKDIR.value:
+            raise failures.BadInput("pass --out and/or --workdir")
+        config = FLAGS.config
+        try:  # everything that needs no device, before profiling
+            validate_config(config)
+        except ValueError as e:
+            raise failures.BadInput(f"Invalid config: {e}") from e
+        if _OUT.value:
+            workdir.check_output_file("--out", _OUT.value)
+        if _WORKDIR.value:
+            workdir.check_writable(_WORKDIR.value)
+        measure_and_write(config)
 
-    try:
-        validate_config(config)
-    except ValueError as e:
-        sys.exit(f"Invalid config: {e}")
+
+def measure_and_write(config) -> None:
+    """Profiles the config's model on its cluster (or loads the workdir's cached profile), writes
+    ``--out`` and prints the summary table."""
     from skyjax import cluster as cluster_lib
 
     probes = None

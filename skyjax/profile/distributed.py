@@ -25,7 +25,7 @@ from absl import logging
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
 from skyjax.profile import links, units
-from skyjax.profile.cache import cache_key, cache_path, in_use_path, try_load
+from skyjax.profile.cache import cache_key, cache_path, try_load
 from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile, save_profile
 from skyjax.profile.measure import assemble, combine_passes, device_records
@@ -157,7 +157,7 @@ def load_or_measure_shared(workdir: str, key: str, measure: Callable[[], Profile
                            reprofile: bool, namespace: str, log: Log) -> Profile:
     """Under ``jax.distributed``: process 0 decides (its cache under ``key``, unless
     ``reprofile``), every process runs ``measure()`` if it must (it returns the profile on
-    process 0 only), process 0 caches the result, writes ``workdir/profile.json`` and shares it.
+    process 0 only), process 0 caches the result and shares it.
 
     ``namespace``: the key-value store namespace of this call; every process passes the same,
     and no other call in the same ``jax.distributed`` session may use it.
@@ -175,6 +175,5 @@ def load_or_measure_shared(workdir: str, key: str, measure: Callable[[], Profile
     shared = broadcast_json(prof.to_json() if rank == 0 else None, f"{prefix}/json",
                             SHARE_TIMEOUT_S)
     if rank == 0:
-        save_profile(prof, in_use_path(workdir))
         return prof
     return Profile.from_json(shared)

@@ -37,7 +37,7 @@ def profile_or_load(workdir: str, workload: Workload, cluster: cluster_lib.Clust
     """The cached profile of ``workload`` on ``cluster``, measured first if there is none.
 
     The cache lives at ``workdir/profiles/<cache_key>.json``; ``reprofile`` forces a new
-    measurement. The profile in use is also written to ``workdir/profile.json``. ``chain``: the
+    measurement. ``chain``: the
     model's units if already built (else a skeleton of ``workload.model`` is measured).
 
     Under ``jax.distributed`` with several processes, pass the runtime's ``transport`` and a

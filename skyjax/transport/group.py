@@ -21,12 +21,15 @@ import dataclasses
 import json
 import logging
 import os
+import sys
+import threading
 import time
 from typing import Any
 
 import jax
 
 from skyjax import env_vars
+from skyjax.names import EXIT_PEER_LOST
 from skyjax.transport.watchdog import PeerWatchdog
 
 
@@ -98,13 +101,24 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         jax.config.update("jax_enable_recoverability", True)
     except (AttributeError, KeyError, ValueError) as e:
         log.warning("could not enable jax_enable_recoverability: %s", e)
-    if all(v is not None for v in explicit):
-        log.info("jax.distributed: process %d/%d, coordinator %s", process_id, num_processes,
-                 coordinator_address)
-        jax.distributed.initialize(coordinator_address, num_processes, process_id, **kwargs)
-    else:
-        log.info("jax.distributed: auto-detecting the cluster (SLURM, TPU, ...)")
-        jax.distributed.initialize(**kwargs)
+    # JAX aborts the process (a C++ fatal error and a stack dump) when a peer never connects;
+    # this timer ends it first with one line naming what is missing.
+    kwargs["initialization_timeout"] = int(max(1, timeout_s)) + 30
+    timer = threading.Timer(max(1.0, timeout_s), _missing_peers,
+                            (coordinator_address, num_processes, process_id, timeout_s))
+    timer.daemon = True
+    timer.start()
+    try:
+        if all(v is not None for v in explicit):
+            log.info("jax.distributed: process %d/%d, coordinator %s", process_id,
+                     num_processes, coordinator_address)
+            jax.distributed.initialize(coordinator_address, num_processes, process_id,
+                                       **kwargs)
+        else:
+            log.info("jax.distributed: auto-detecting the cluster (SLURM, TPU, ...)")
+            jax.distributed.initialize(**kwargs)
+    finally:
+        timer.cancel()
     global _shutdown_barrier_s
     _shutdown_barrier_s = max(timeout_s, 120.0)
     # From the coordination state, not jax.process_index(): that would start the backends, and
@@ -115,6 +129,22 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     _info = DistributedInfo(int(state.process_id), int(state.num_processes),
                             state.coordinator_address)
     return _info
+
+
+def _missing_peers(coordinator: str | None, n: int | None, me: int | None,
+                   timeout_s: float) -> None:
+    """Ends a process whose peers did not all connect within ``timeout_s``, in one line."""
+    who = f"process {me}" if me is not None else "this process"
+    if me == 0 or me is None:
+        what = (f"not every one of the {n or '?'} processes connected to the coordinator "
+                f"{coordinator or '(auto-detected)'} within {timeout_s:g} s "
+                f"(config.cluster.peer_timeout_s): one did not start, or cannot reach it")
+    else:
+        what = (f"could not register with the coordinator (process 0) at {coordinator} within "
+                f"{timeout_s:g} s (config.cluster.peer_timeout_s): process 0 is not running, "
+                f"or this host cannot reach that address, or another process is missing")
+    print(f"skyjax: {who}: {what}", file=sys.stderr, flush=True)
+    os._exit(EXIT_PEER_LOST)
 
 
 def is_initialized() -> bool:

@@ -1,0 +1,49 @@
+"""A Hugging Face BERT directory's ``config.json``, read and checked once for every reader (config
+validation, data, model building) without JAX: a missing, truncated or foreign file is one line
+naming it, before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "intermediate_size", "max_position_embeddings", "type_vocab_size")
+
+
+class PretrainedConfigError(ValueError):
+    """A pretrained directory whose ``config.json`` is missing, unreadable or not BERT's."""
+
+
+def read(pretrained: str, key: str = "config.model.pretrained") -> dict[str, Any]:
+    """The checked ``config.json`` of ``pretrained`` (``key``: the config key naming it)."""
+    file = os.path.join(pretrained, "config.json")
+    if not os.path.isdir(pretrained):
+        raise PretrainedConfigError(f"{key}={pretrained!r}: directory not found")
+    if not os.path.isfile(file):
+        raise PretrainedConfigError(f"{key}={pretrained!r} is not a directory with a "
+                                    f"config.json")
+    try:
+        with open(file) as f:
+            hf = json.load(f)
+    except (OSError, UnicodeDecodeError) as e:
+        raise PretrainedConfigError(f"{file}: cannot be read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise PretrainedConfigError(f"{file}: not valid JSON ({e.msg} at line {e.lineno}; "
+                                    f"truncated?)") from None
+    if not isinstance(hf, dict):
+        raise PretrainedConfigError(f"{file}: expected a JSON object, got "
+                                    f"{type(hf).__name__}")
+    if hf.get("model_type", "bert") != "bert":
+        raise PretrainedConfigError(f"{file}: model_type={hf['model_type']!r}, expected "
+                                    f"'bert' (skyjax trains BERT)")
+    for name in SHAPE_KEYS:
+        v = hf.get(name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise PretrainedConfigError(f"{file}: {name}={v!r} must be a positive integer")
+    hidden, heads = hf.get("hidden_size", 768), hf.get("num_attention_heads", 12)
+    if hidden % heads:
+        raise PretrainedConfigError(f"{file}: num_attention_heads={heads} does not divide "
+                                    f"hidden_size={hidden}")
+    return hf

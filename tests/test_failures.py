@@ -1,0 +1,243 @@
+"""Hostile input to every command ends in one line and an exit status that says what kind of
+failure it was, before anything is profiled, and loses nothing (skyjax.failures,
+skyjax.workdir): bad config files and values, bad profiles and pretrained directories, unusable
+workdirs and output paths, a workdir in use, launcher arguments out of range, a config error
+under --max_restarts, a missing peer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from skyjax import launch, workdir as workdir_lib
+from skyjax.checkpoint import committed_steps, find_resume
+from skyjax.names import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PEER_LOST
+from skyjax.profile.format import save_profile
+from tests.helpers import DEMO, REPO, TINY, make_profile
+
+TINY_BERT = os.path.join(REPO, "tests", "fixtures", "tiny_bert")
+FAST_TIMEOUT = 120
+
+
+def _run(module: str, *args: str, env: dict | None = None, cwd: str = REPO,
+         timeout: int = FAST_TIMEOUT) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", **(env or {}))
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def _message(proc: subprocess.CompletedProcess) -> str:
+    """stderr without absl's log lines (``I1126 ...``) and the config dump: the failure's line."""
+    lines = [line for line in proc.stderr.splitlines()
+             if line.strip() and not (line[:1] in "IWE" and line[1:5].isdigit())
+             and line.startswith(("skyjax", "Invalid", "FATAL", "error"))]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory) -> dict[str, str]:
+    """Files for the hostile cases: config files, profiles and pretrained directories."""
+    d = tmp_path_factory.mktemp("bad")
+    files = {}
+
+    def write(name: str, text: str) -> str:
+        path = d / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        files[name] = str(path)
+        return str(path)
+
+    write("syntax.py", "def get_config(:\n")
+    write("raises.py", "def get_config():\n    raise RuntimeError('boom in get_config')\n")
+    write("no_get_config.py", "X = 1\n")
+    files["good_profile.json"] = str(d / "good_profile.json")  # 4 units, 4 devices (the demo)
+    save_profile(make_profile(np.full((4, 4), 1e-3)), files["good_profile.json"])
+    text = (d / "good_profile.json").read_text()
+    files["three_devices_profile.json"] = str(d / "three_devices_profile.json")
+    save_profile(make_profile(np.full((4, 3), 1e-3)), files["three_devices_profile.json"])
+    write("truncated_profile.json", text[:len(text) // 2])
+    write("v99_profile.json", json.dumps(dict(json.loads(text), version=99)))
+    nan = json.loads(text)
+    nan["forward_s"][1][2] = float("nan")
+    write("nan_profile.json", json.dumps(nan))
+    hf = json.loads(open(os.path.join(TINY_BERT, "config.json")).read())
+    write("gpt2/config.json", json.dumps(dict(hf, model_type="gpt2")))
+    write("truncated_config/config.json", json.dumps(hf)[:40])
+    write("a_file", "not a directory\n")
+    return files
+
+
+MAIN_CASES = [  # (name, args, the line's expected text)
+    ("missing config", ["--config=nope.py"], "--config nope.py: file not found"),
+    ("syntax error", ["--config={syntax.py}"], "SyntaxError"),
+    ("get_config raises", ["--config={raises.py}"], "RuntimeError: boom in get_config"),
+    ("no get_config", ["--config={no_get_config.py}"], "get_config"),
+    ("unknown key", ["--config.train.stepz=3"], "config.train.stepz: unknown config key"),
+    ("inf", ["--config.train.learning_rate=inf"], "config.train.learning_rate=inf must be a "
+                                                   "finite number"),
+    ("inf slowdown", ['--config.cluster.slowdowns=(1,1e999,1,1)'],
+     "config.cluster.slowdowns[1]=inf must be a finite number"),
+    ("huge steps", ["--config.train.steps=10000000000000000000000"],
+     "config.train.steps=10000000000000000000000 is out of range"),
+    ("workdir a file", ["--workdir={a_file}"], "is a file, not a directory"),
+    ("workdir not creatable", ["--workdir={a_file}/sub"], "cannot be created"),
+    ("truncated profile", ["--config.profile.path={truncated_profile.json}"], "not valid JSON"),
+    ("profile version 99", ["--config.profile.path={v99_profile.json}"], "version"),
+    ("NaN profile", ["--config.profile.path={nan_profile.json}"], "forward_s"),
+    ("profile of fewer devices", ["--config.profile.path={three_devices_profile.json}"],
+     "has 3 devices; config.cluster.num_devices=4"),
+    ("gpt2 config.json", ["--config.model.pretrained={gpt2/config.json}/.."],
+     "model_type='gpt2', expected 'bert'"),
+    ("truncated config.json", ["--config.model.pretrained={truncated_config/config.json}/.."],
+     "config.json: not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("name,args,expected", MAIN_CASES, ids=[c[0] for c in MAIN_CASES])
+def test_main_refuses_in_one_line_before_anything_starts(tmp_path, bad_files, name, args,
+                                                         expected):
+    for key, path in bad_files.items():
+        args = [a.replace("{" + key + "}", path) for a in args]
+    if not any(a.startswith("--config=") for a in args):
+        args.insert(0, f"--config={DEMO}")
+    if not any(a.startswith("--workdir=") for a in args):
+        args.append(f"--workdir={tmp_path / 'run'}")
+    proc = _run("skyjax.main", *[os.path.normpath(a) if "/.." in a else a for a in args])
+    assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-3000:]
+    assert expected in _message(proc), proc.stderr[-3000:]
+    assert not (tmp_path / "run").exists() or not os.listdir(tmp_path / "run")
+
+
+def test_several_processes_of_a_local_config_are_refused(tmp_path):
+    """Two processes of a ``local`` config would each train the whole model into one workdir."""
+    proc = _run("skyjax.main", f"--config={DEMO}", f"--workdir={tmp_path}",
+                env={"SKYJAX_NUM_PROCESSES": "2"})
+    assert proc.returncode == EXIT_BAD_INPUT
+    assert "config.cluster.mode='local' but this process is one of 2" in _message(proc)
+
+
+def test_a_workdir_in_use_is_refused(tmp_path):
+    claim = workdir_lib.Claim(str(tmp_path))
+    try:
+        proc = _run("skyjax.main", f"--config={DEMO}", f"--workdir={tmp_path}", *TINY)
+    finally:
+        claim.release()
+    assert proc.returncode == EXIT_BAD_INPUT
+    assert f"is in use by another run (pid {os.getpid()})" in _message(proc)
+    assert sorted(os.listdir(tmp_path)) == [workdir_lib.LOCK]
+
+
+def test_set_aside_keeps_one_whole_previous_run(tmp_path):
+    for name, text in [("summary.json", "1"), ("plan.json", "1"), ("metrics.jsonl", "1")]:
+        (tmp_path / name).write_text(text)
+    (tmp_path / "checkpoints").mkdir()
+    assert workdir_lib.set_aside(str(tmp_path), resumed=False) == [
+        "summary.json", "plan.json", "metrics.jsonl"]
+    assert sorted(os.listdir(tmp_path / "previous")) == ["metrics.jsonl", "plan.json",
+                                                          "summary.json"]
+    (tmp_path / "summary.json").write_text("2")
+    (tmp_path / "metrics.jsonl").write_text("2")
+    assert workdir_lib.set_aside(str(tmp_path), resumed=True) == ["summary.json"]
+    assert sorted(os.listdir(tmp_path / "previous")) == ["summary.json"]  # one whole run
+    assert (tmp_path / "metrics.jsonl").read_text() == "2"  # a resumed run continues it
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "metrics.jsonl", "previous"]
+
+
+def test_profile_cli_checks_out_before_profiling(tmp_path):
+    proc = _run("skyjax.profile", f"--config={DEMO}", f"--out={tmp_path}")
+    assert proc.returncode == EXIT_BAD_INPUT
+    assert f"--out {tmp_path} is a directory" in _message(proc)
+    proc = _run("skyjax.profile", f"--config={DEMO}", f"--out={tmp_path}/p.json",
+                "--config.nope=1")
+    assert proc.returncode == EXIT_BAD_INPUT
+    assert "config.nope: unknown config key" in _message(proc)
+
+
+def test_plan_cli_checks_out_before_planning(tmp_path, bad_files):
+    proc = _run("skyjax.plan", "--profile", bad_files["good_profile.json"], "--out",
+                str(tmp_path))
+    assert proc.returncode == 2
+    assert f"--out {tmp_path} is a directory" in _message(proc)
+    proc = _run("skyjax.plan", "--profile", bad_files["truncated_profile.json"])
+    assert proc.returncode == 2 and "not valid JSON" in _message(proc)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--num_processes", "0"], "--num_processes 0: must be at least 1"),
+    (["--num_processes", "-1"], "--num_processes -1: must be at least 1"),
+    (["--num_processes", "100000"], "at most"),
+    (["--num_processes", "1", "--max_restarts", "-1"], "--max_restarts -1: must be 0 or more"),
+    (["--num_processes", "1", "--timeout", "-5"], "--timeout -5.0: must be a positive"),
+    (["--num_processes", "1", "--grace", "-1"], "--grace -1.0: must be 0 or more"),
+])
+def test_launcher_arguments_are_checked(capsys, args, expected):
+    assert launch.main([*args, "--", "--config", DEMO]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err, err
+
+
+def test_a_config_error_is_not_restarted_as_a_lost_process(tmp_path):
+    proc = _run("skyjax.launch", "--num_processes", "2", "--max_restarts", "2", "--",
+                f"--config={DEMO}", f"--workdir={tmp_path}", "--config.cluster.mode=distributed",
+                "--config.train.learning_rate=inf")
+    assert proc.returncode == EXIT_BAD_INPUT, proc.stdout[-3000:]
+    assert "restart" not in proc.stdout and "Traceback" not in proc.stdout
+    assert "config.train.learning_rate=inf must be a finite number" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_missing_peer_is_named(tmp_path):
+    """Process 1 of 2 whose process 0 never starts: named within the startup wait, one line,
+    ``EXIT_PEER_LOST`` (a launcher may restart on the survivors)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _run("skyjax.main", f"--config={DEMO}", f"--workdir={tmp_path}",
+                "--config.cluster.mode=distributed", "--config.cluster.num_devices=2",
+                "--config.cluster.slowdowns=()", "--config.cluster.peer_timeout_s=1",
+                env={"SKYJAX_COORDINATOR": f"127.0.0.1:{port}", "SKYJAX_NUM_PROCESSES": "2",
+                     "SKYJAX_PROCESS_ID": "1"})
+    assert proc.returncode == EXIT_PEER_LOST, proc.stderr[-3000:]
+    assert "process 1: could not register with the coordinator (process 0)" in \
+        _message(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_run_ends_in_one_line_and_keeps_its_checkpoints(tmp_path, sig):
+    """Ctrl-C or SIGTERM mid-training: the run unwinds within seconds with one line and status
+    130; every committed checkpoint still verifies."""
+    env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skyjax.main", f"--config={DEMO}", f"--workdir={tmp_path}",
+         *TINY, "--config.train.steps=100000", "--config.checkpoint.every=1"],
+        cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # until the second checkpoint is committed
+        lines.append(line)
+        if "checkpoint 2 committed" in line:
+            break
+    proc.send_signal(sig)
+    try:
+        _, rest = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    stderr = "".join(lines) + rest
+    assert proc.returncode == EXIT_INTERRUPTED, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert stderr.rstrip().splitlines()[-1].startswith("skyjax.main: interrupted")
+    checkpoints = str(tmp_path / "checkpoints")
+    assert committed_steps(checkpoints)[-1] >= 2
+    assert find_resume(checkpoints).meta["verified"]
