@@ -49,6 +49,7 @@ def _flat(chain, states):
             for n, x in state_entries(chain[u].path, p, o) if not n.startswith("unit/")}
 
 
+@pytest.mark.slow
 def test_restore_under_another_plan_granularity_and_device_count(tmp_path):
     layer = ref.fresh_chain("layer")
     ex = _executor(layer, [(0, 2), (2, 5)])
@@ -77,6 +78,7 @@ def test_restore_under_another_plan_granularity_and_device_count(tmp_path):
     np.testing.assert_allclose(resumed, losses[2:], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_keep_prunes_and_stale_partial_is_ignored_then_removed(tmp_path):
     chain = ref.fresh_chain()
     ex = _executor(chain, [(0, 5)])

@@ -88,6 +88,7 @@ def reference_run(checkpoint, tmp_path_factory):
     return summary, train_losses(workdir)
 
 
+@pytest.mark.slow
 def test_mnli_from_a_hugging_face_checkpoint_reports_both_splits(reference_run):
     summary, losses = reference_run
     assert len(losses) == 4 and all(np.isfinite(losses))
@@ -103,6 +104,7 @@ def test_mnli_from_a_hugging_face_checkpoint_reports_both_splits(reference_run):
     assert process["peak_rss_bytes"] >= process["rss_start_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_any_plan_granularity_and_schedule_give_the_same_losses(checkpoint, reference_run,
                                                                 tmp_path):
     """Three stages of sub-layer units under GPipe, dropout on (the tiny model has 0.1)."""

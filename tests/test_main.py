@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from skyjax import baseline, optim, train
+from skyjax import baseline, optim
 from skyjax.checkpoint import committed_steps, find_resume
 from skyjax.names import EXIT_BAD_INPUT
 from skyjax.models.build import build_model
@@ -62,19 +62,7 @@ def test_bad_override_fails_before_compiling(tmp_path, override, message):
     assert "Traceback" not in proc.stderr
 
 
-def test_layer_and_sublayer_granularity_train_identically(tmp_path):
-    """Same seed, same math: the cut into units does not change the losses."""
-    results = []
-    for granularity in ("layer", "sublayer"):
-        config = tiny_run_config()
-        config.model.hidden_dropout_prob = 0.1  # dropout keys must not depend on the cut either
-        config.allocation.granularity = granularity
-        results.append(train.train_and_evaluate(config, str(tmp_path / granularity)))
-    assert results[0]["num_units"] == 4 and results[1]["num_units"] == 8
-    np.testing.assert_allclose(results[0]["final_loss"], results[1]["final_loss"], rtol=1e-5)
-    np.testing.assert_allclose(results[0]["eval_loss"], results[1]["eval_loss"], rtol=1e-5)
-
-
+@pytest.mark.slow
 def test_microbatches_average_to_the_full_batch_gradient():
     """Without dropout, one step over 4 micro-batches equals one step over the whole batch."""
     from skyjax import data
@@ -105,31 +93,7 @@ def test_learning_rate_schedule():
     assert float(optim.learning_rate_schedule(config.train)(90)) == pytest.approx(1.0)
 
 
-def test_pipelined_run_matches_single_device_run(tmp_path):
-    """Three emulated heterogeneous devices: the same losses as one device (the plan-independence
-    of the math across plans, schedules and granularities is tested in test_runtime_local and
-    test_finetune)."""
-    summaries = []
-    for devices, slowdowns, strategy in ((1, (), "optimal"), (3, (1, 2, 4), "even")):
-        config = tiny_run_config(steps=3)
-        config.model.hidden_dropout_prob = 0.1
-        config.pipeline.microbatches = 4
-        config.cluster.num_devices = devices
-        config.cluster.slowdowns = slowdowns
-        config.allocation.strategy = strategy
-        summaries.append(train.train_and_evaluate(config, str(tmp_path / f"{devices}{strategy}")))
-    assert summaries[1]["num_stages"] == 3
-    for s in summaries[1:]:
-        np.testing.assert_allclose(s["final_loss"], summaries[0]["final_loss"], atol=1e-5)
-        np.testing.assert_allclose(s["eval_loss"], summaries[0]["eval_loss"], atol=1e-5)
-    trace = json.loads((tmp_path / "3even" / "trace.json").read_text())
-    measured = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["pid"] == 0]
-    assert {e["tid"] for e in measured} == {0, 1, 2}
-    assert sorted(e["name"] for e in measured if e["tid"] == 1) == sorted(
-        [f"F{i}" for i in range(4)] + [f"B{i}" for i in range(4)])
-    assert any(e["pid"] >= 10 for e in trace["traceEvents"])  # the simulated step beside it
-
-
+@pytest.mark.slow
 def test_checkpoint_of_another_seed_is_refused_in_one_line(tmp_path):
     """Resume is the default; a checkpoint of another run is refused, naming the difference, and
     nothing in the workdir is overwritten."""

@@ -29,6 +29,7 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in lines if "Error" in line or "Invalid config" in line]
 
 
+@pytest.mark.slow
 def test_diverging_run_stops_with_one_line_and_keeps_the_good_checkpoints(tmp_path):
     workdir = tmp_path / "run"
     proc = run_main(workdir, *TINY, "--config.train.steps=4", "--config.checkpoint.every=1",

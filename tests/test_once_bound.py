@@ -50,6 +50,7 @@ def test_least_sum_is_exact_without_relaxation():
     assert n >= 25, n
 
 
+@pytest.mark.slow
 def test_relaxed_and_cut_least_sum_stays_below_every_once_each_plan():
     """Unlimited kinds (budget 1 or 2: most kinds of a region) and a cut at a random target:
     never above the least once-each sum under the cap, nor above the target."""

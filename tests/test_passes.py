@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from skyjax import cluster as cl
 from skyjax.optim import make_optimizer
@@ -43,6 +44,7 @@ def test_median_pass_per_unit_and_device_first_pass_for_the_rest():
     assert pass_order(3, 0) == [0, 1, 2] and pass_order(3, 1) == [2, 1, 0]
 
 
+@pytest.mark.slow
 def test_profile_in_passes_in_one_process(monkeypatch):
     calls, measure_units = [], measure_lib.units.measure_units
 

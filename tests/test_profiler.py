@@ -52,6 +52,7 @@ def key_of(c):
     return cache_key(Workload.from_config(c), cl.cluster_from_config(c), Options.from_config(c))
 
 
+@pytest.mark.slow
 def test_profile_shapes_and_exact_bytes():
     c = tiny_config(1)
     lines = []
@@ -111,6 +112,7 @@ def test_sublayer_skeleton_matches_model_units():
     assert len(spec.chain) == 5
 
 
+@pytest.mark.slow
 @needs3
 def test_measured_slowdowns_keep_order_and_ratios():
     """Emulated slow-downs (1, 2, 4) are measured, not read: per-device totals in that order,
@@ -133,6 +135,7 @@ def test_measured_slowdowns_keep_order_and_ratios():
     assert plan.step_time_s <= even.step_time_s
 
 
+@pytest.mark.slow
 @needs3
 def test_memory_cap_in_profile_and_planner_avoids_device():
     c = tiny_config(3, layers=4, memory_caps_bytes=(0, 1, 0))
@@ -167,6 +170,7 @@ def test_memory_cap_in_profile_and_planner_avoids_device():
     assert all(st.memory_bytes <= cap for st in capped.stages if st.device == 1)
 
 
+@pytest.mark.slow
 def test_profile_cache_reused_and_invalidated(tmp_path):
     workdir = str(tmp_path)
     c = tiny_config(1)
@@ -231,6 +235,7 @@ def test_link_probes_measure_emulated_links():
     assert lat[1, 0] == lat[0, 1]
 
 
+@pytest.mark.slow
 @needs3
 def test_distributed_path_through_a_transport(monkeypatch):
     """profile_distributed on 3 'processes' (threads, one device each) over LocalTransport under
@@ -299,6 +304,7 @@ def test_distributed_path_through_a_transport(monkeypatch):
                                idle + (extra[:, None] + extra[None, :]) / 2 * (1 - np.eye(3)))
 
 
+@pytest.mark.slow
 @needs3
 def test_distributed_profile_times_every_device_at_once(monkeypatch):
     """Without the shared-host model (real accelerators) every process times its own device at
@@ -335,6 +341,7 @@ def test_distributed_profile_times_every_device_at_once(monkeypatch):
     assert np.all(prof.message_s == 0)
 
 
+@pytest.mark.slow
 def test_cli_writes_profile_and_table(tmp_path):
     out = tmp_path / "profile.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -89,6 +89,7 @@ def test_profile_progress_appends_device_and_eta():
     assert seen[1] == "[profile] unit layer_1: same shapes as layer_0, reused"
 
 
+@pytest.mark.slow
 def test_real_profile_lines_carry_the_eta():
     from tests.helpers import measure, tiny_config
 

@@ -57,6 +57,7 @@ def stale_profile(path) -> None:
     save_profile(prof, str(path))
 
 
+@pytest.mark.slow
 def test_dynamic_run_moves_units_and_keeps_the_math(tmp_path):
     from skyjax import train
 

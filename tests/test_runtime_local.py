@@ -10,10 +10,14 @@ from tests.helpers import (BATCH, SEQ, executor, fresh_chain, make_batch, make_p
                            reference_loss, reference_losses, rng_for, run_as_processes)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-@pytest.mark.parametrize("blocks,m", [([(0, 2), (2, 3), (3, 5)], 4), ([(0, 1), (1, 5)], 1),
-                                      ([(0, 4), (4, 5)], 3 - 1)])
-def test_one_step_gradients_equal_full_model_grad(schedule, blocks, m):
+# Each schedule over cuts of 3 and 2 stages, m below, at and above the stage count.
+@pytest.mark.parametrize("blocks,m,schedule", [
+    pytest.param([(0, 2), (2, 3), (3, 5)], 4, "1f1b", marks=pytest.mark.slow),
+    ([(0, 1), (1, 5)], 1, "gpipe"),
+    pytest.param([(0, 4), (4, 5)], 2, "gpipe", marks=pytest.mark.slow),
+    ([(0, 4), (4, 5)], 2, "1f1b"),
+])
+def test_one_step_gradients_equal_full_model_grad(blocks, m, schedule):
     chain = fresh_chain()
     params0 = jax.tree.map(np.array, [u.params for u in chain])
     batch = make_batch(0)
@@ -26,9 +30,9 @@ def test_one_step_gradients_equal_full_model_grad(schedule, blocks, m):
 
 
 @pytest.mark.parametrize("granularity,blocks,schedule", [
-    ("layer", [(0, 5)], "1f1b"),
+    pytest.param("layer", [(0, 5)], "1f1b", marks=pytest.mark.slow),
     ("layer", [(0, 2), (2, 4), (4, 5)], "1f1b"),
-    ("sublayer", [(0, 1), (1, 9), (9, 11)], "gpipe"),
+    pytest.param("sublayer", [(0, 1), (1, 9), (9, 11)], "gpipe", marks=pytest.mark.slow),
 ])
 def test_losses_equal_single_device_training(granularity, blocks, schedule):
     steps, m, clip = 4, 2, 0.5  # a small clip norm so that global-norm clipping is active
@@ -42,6 +46,7 @@ def test_losses_equal_single_device_training(granularity, blocks, schedule):
     assert all(c == {"forward": 1, "backward": 1, "update": 1} for c in counts), counts
 
 
+@pytest.mark.slow
 def test_distributed_executor_posts_its_receives_ahead():
     """Each stage of the distributed runtime posts a receive before the action that needs it
     (``PipelineStage._pull_ahead`` through ``ProcessLink.prefetch``), addressed to the sending
@@ -87,6 +92,7 @@ def test_distributed_executor_posts_its_receives_ahead():
         assert len(got) == 2 and all(s == src and posted for (_, s), posted in got), got
 
 
+@pytest.mark.slow
 def test_distributed_executor_gathers_the_metrics_before_the_update():
     """Process 0 collects the step's metrics after the actions and before the update: gathered
     after it, every step waited for the slowest stage's update, which the cost model (and the
@@ -119,6 +125,7 @@ def test_distributed_executor_gathers_the_metrics_before_the_update():
     assert np.isfinite(metrics.loss) and len(metrics.results[0].spans) == 4
 
 
+@pytest.mark.slow
 def test_distributed_executor_puts_the_next_steps_inputs_in_its_first_wait():
     """Given the next step's batch (ready, as the training loop takes it from the prefetch
     thread), a stage that reads the batch (first: tokens; last: labels) puts the next step's

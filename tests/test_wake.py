@@ -114,6 +114,7 @@ def test_T_is_at_least_the_replayed_step_where_a_later_update_outlasts_the_fill(
     assert plan.extra_s == pytest.approx(plan.step_time_s - analytic.step_time_s)
 
 
+@pytest.mark.slow
 def test_profiler_measures_wake_costs_per_device():
     from tests.helpers import measure, tiny_config
     from skyjax.profile.options import Options

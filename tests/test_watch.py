@@ -43,3 +43,10 @@ def test_run_leaves_progress_tensorboard_and_pictures(tmp_path):
 
     for name in ("plan.png", "timeline.png"):
         assert (workdir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+    # trace.json: the last step's measured actions, a thread per stage, beside the simulation
+    trace = json.loads((workdir / "trace.json").read_text())
+    measured = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["pid"] == 0]
+    assert {e["tid"] for e in measured} == {0, 1}
+    assert sorted(e["name"] for e in measured if e["tid"] == 1) == ["B0", "B1", "F0", "F1"]
+    assert any(e["pid"] >= 10 for e in trace["traceEvents"])

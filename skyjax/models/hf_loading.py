@@ -97,7 +97,12 @@ class SafetensorsCheckpoint:
         from safetensors import safe_open
 
         with safe_open(self.file_of[name], framework="numpy") as f:
-            return f.get_tensor(name)
+            x = f.get_tensor(name)
+        if x.dtype.kind == "f" and not np.isfinite(x).all():  # would train to NaN, silently
+            bad = int(x.size - np.isfinite(x).sum())
+            raise CheckpointError(f"{self.file_of[name]}: tensor {name} holds {bad} NaN or "
+                                  f"infinite value(s)")
+        return x
 
     def read_all(self) -> dict[str, np.ndarray]:
         return {name: self.read(name) for name in self.file_of}
