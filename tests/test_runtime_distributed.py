@@ -49,7 +49,6 @@ def _plan(blocks, devices, schedule, m):
 @pytest.mark.parametrize("schedule,blocks,devices,m", [
     ("gpipe", [(0, 4), (4, 5)], [2, 0], 2),  # uneven, reordered, process 1 idle, m = p
     ("1f1b", [(0, 1), (1, 3), (3, 5)], [0, 1, 2], 1),  # m < p
-    ("gpipe", [(0, 5)], [1], 2),  # p = 1 on process 1; processes 0 and 2 idle
 ])
 def test_one_step_gradients_equal_full_model_grad(tmp_path, schedule, blocks, devices, m):
     from tests import helpers as ref
@@ -67,19 +66,10 @@ def test_one_step_gradients_equal_full_model_grad(tmp_path, schedule, blocks, de
             np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
 
 
-def test_losses_equal_single_device_training(tmp_path):
-    from tests import helpers as ref
-
-    steps, m, clip = 3, 2, 0.5
-    plan = _plan([(0, 3), (3, 5)], [1, 0], "1f1b", m)
-    _run(tmp_path, 2, {"mode": "losses", "plan": plan, "steps": steps, "clip": clip})
-    want = ref.reference_losses(ref.fresh_chain(), steps, m, clip)
-    got = json.loads((tmp_path / "losses.json").read_text())
-    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-
-
 def test_rebuild_moves_units_between_processes_without_changing_the_math(tmp_path):
-    """Re-planning mid-run: units (params + optimizer state) move to other processes."""
+    """Several steps over 3 processes give single-device training's losses, clipping on, and
+    still do after a re-plan mid-run moves every unit (params + optimizer state) to another
+    process."""
     from tests import helpers as ref
 
     steps, m, clip = 4, 2, 0.5

@@ -30,7 +30,6 @@ def test_one_step_gradients_equal_full_model_grad(blocks, m, schedule):
 
 
 @pytest.mark.parametrize("granularity,blocks,schedule", [
-    pytest.param("layer", [(0, 5)], "1f1b", marks=pytest.mark.slow),
     ("layer", [(0, 2), (2, 4), (4, 5)], "1f1b"),
     pytest.param("sublayer", [(0, 1), (1, 9), (9, 11)], "gpipe", marks=pytest.mark.slow),
 ])
