@@ -53,8 +53,8 @@ def exit_status(e: BaseException) -> int:
 
     if isinstance(e, NonFiniteError):
         return EXIT_NON_FINITE
-    if isinstance(e, (BadInput, ValueError, FileNotFoundError, NotADirectoryError,
-                      IsADirectoryError, PermissionError, SyntaxError)):
+    if isinstance(e, (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                      PermissionError, SyntaxError)):  # BadInput and the config checks' errors
         return EXIT_BAD_INPUT
     return EXIT_FAILED
 

@@ -38,27 +38,22 @@ def check_step(step: int, metrics: Any, names: Callable[[], list[str]] | None = 
         loss = None  # a process that does not gather the loss (distributed, not process 0)
     if _finite(loss) and _finite(norm):
         return
-    stage_names = names() if names is not None else []
-    last_checkpoint = last_checkpoint() if last_checkpoint is not None else None
-    stage = None
+    stages = names() if names is not None else []
+    kept = last_checkpoint() if last_checkpoint is not None else None
+    where = ""
     results = list(getattr(metrics, "results", []) or [])
-    if _finite(loss) and stage_names and len(results) == len(stage_names):  # local: per stage
-        for k in reversed(range(len(results))):
-            r = results[k]
-            local = getattr(r, "grad_sq_norm", None)
-            if local is not None and not math.isfinite(local):
-                stage = k
-                break
-    if stage is None and stage_names and not _finite(loss):
-        stage = len(stage_names) - 1  # the loss is computed on the last stage
-    where = "" if stage is None else f" on stage {stage} ({stage_names[stage]})"
-    if stage is not None and not _finite(loss):
-        where = f" (the loss is computed on stage {stage}, {stage_names[stage]})"
+    if not _finite(loss) and stages:
+        where = f" (the loss is computed on stage {len(stages) - 1}, {stages[-1]})"
+    elif stages and len(results) == len(stages):  # local: each stage's own gradient norm
+        bad = [k for k, r in enumerate(results)
+               if not _finite(getattr(r, "grad_sq_norm", None))]
+        if bad:
+            where = f" on stage {bad[-1]} ({stages[bad[-1]]})"
     norm_text = "n/a (config.train.grad_clip_norm=0)" if norm is None else f"{norm:g}"
-    kept = ("no checkpoint kept" if last_checkpoint is None
-            else f"the last good checkpoint is step {last_checkpoint}")
     loss_text = "n/a" if loss is None else f"{loss:g}"
+    kept_text = ("no checkpoint kept" if kept is None
+                 else f"the last good checkpoint is step {kept}")
     raise NonFiniteError(f"step {step + 1}: loss {loss_text}, gradient norm {norm_text}{where}: "
-                         f"training diverged, stopped before checkpointing it; {kept} "
+                         f"training diverged, stopped before checkpointing it; {kept_text} "
                          f"(lower config.train.learning_rate, or check the data and the "
                          f"pretrained weights)")

@@ -197,7 +197,7 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
         core_slices(num_processes)  # one clear line now, not from inside an attempt
     problem = check_args(num_processes, timeout_s, max_restarts, grace_s)
     if problem:
-        raise ValueError(problem)
+        raise failures.BadInput(problem)
     out = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
     if out is None:  # a text-only stdout (e.g. some notebook front ends)
         out = _TextOut(sys.stdout)
@@ -327,10 +327,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="bind each process to its own disjoint slice of this host's cores "
                              "(as SLURM's --cpu-bind=cores): they stop sharing cores")
     args = parser.parse_args(own)
-    problem = check_args(args.num_processes, args.timeout, args.max_restarts, args.grace)
-    if problem:
-        print(f"skyjax.launch: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     with failures.one_line_errors("skyjax.launch"):
         return launch(rest, args.num_processes, args.timeout, module=args.module,
                       grace_s=args.grace, max_restarts=args.max_restarts,

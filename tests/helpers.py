@@ -518,13 +518,20 @@ TINY = [*ONE_DEVICE, "--config.model.hidden_size=32", "--config.model.num_hidden
         "--config.pipeline.microbatches=2", "--config.train.log_every=1"]
 
 
+def run_module(module: str, *args: str, env: dict | None = None,
+               timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m module args`` from the repository root on CPU, ``env`` added."""
+    full_env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    JAX_PLATFORMS="cpu", **(env or {}))
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
 def run_main(workdir, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """``python -m skyjax.main`` on configs/local_demo.py with ``args``."""
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, "-m", "skyjax.main", f"--config={DEMO}", f"--workdir={workdir}", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return run_module("skyjax.main", f"--config={DEMO}", f"--workdir={workdir}", *args,
+                      timeout=timeout)
 
 
 # ---------------------------------------------------------------- runs killed and resumed

@@ -6,6 +6,7 @@ under --max_restarts, a missing peer."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -21,18 +22,11 @@ from skyjax import launch, workdir as workdir_lib
 from skyjax.checkpoint import committed_steps, find_resume
 from skyjax.names import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PEER_LOST
 from skyjax.profile.format import save_profile
-from tests.helpers import DEMO, REPO, TINY, make_profile
+from tests.helpers import DEMO, REPO, TINY, make_profile, run_module
 
 TINY_BERT = os.path.join(REPO, "tests", "fixtures", "tiny_bert")
 FAST_TIMEOUT = 120
-
-
-def _run(module: str, *args: str, env: dict | None = None, cwd: str = REPO,
-         timeout: int = FAST_TIMEOUT) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", **(env or {}))
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+_run = functools.partial(run_module, timeout=FAST_TIMEOUT)
 
 
 def _message(proc: subprocess.CompletedProcess) -> str:
@@ -206,7 +200,9 @@ def test_plan_cli_checks_out_before_planning(tmp_path, bad_files):
     (["--num_processes", "1", "--grace", "-1"], "--grace -1.0: must be 0 or more"),
 ])
 def test_launcher_arguments_are_checked(capsys, args, expected):
-    assert launch.main([*args, "--", "--config", DEMO]) == EXIT_BAD_INPUT
+    with pytest.raises(SystemExit) as end:
+        launch.main([*args, "--", "--config", DEMO])
+    assert end.value.code == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err, err
 

@@ -70,11 +70,16 @@ def read_meta(step_path: str) -> dict:
     return meta
 
 
+def crc_text(crc: int) -> str:
+    """A CRC-32 as written in manifests and ``meta.json``: 8 hex digits."""
+    return f"{crc & 0xFFFFFFFF:08x}"
+
+
 def meta_checksum(meta: dict) -> str:
     """CRC-32 of ``meta`` without its ``checksum`` key, as canonical JSON (sorted keys)."""
     body = {k: v for k, v in meta.items() if k != "checksum"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return f"{zlib.crc32(text.encode()) & 0xFFFFFFFF:08x}"
+    return crc_text(zlib.crc32(text.encode()))
 
 
 def fsync_path(path: str) -> None:

@@ -58,7 +58,8 @@ def verify(path: str) -> dict:
     if "files" not in meta and "checksum" not in meta:
         meta["verified"] = False
         return meta
-    if meta.get("checksum") != layout.meta_checksum(meta):
+    if meta.get("checksum") != layout.meta_checksum(meta) \
+            or not isinstance(meta.get("files"), dict):
         raise store.ChecksumError(f"{path}/{layout.META} does not match its checksum "
                                   "(corrupted)")
     store.verify_files(path, meta["files"])

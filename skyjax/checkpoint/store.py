@@ -69,7 +69,7 @@ CHECKSUM = "crc32"
 
 def checksum(data: bytes | memoryview) -> str:
     """The checksum of ``data``: CRC-32 as 8 hex digits."""
-    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+    return layout.crc_text(zlib.crc32(data))
 
 
 def file_checksum(path: str, chunk: int = 1 << 24) -> tuple[int, str]:
@@ -81,7 +81,7 @@ def file_checksum(path: str, chunk: int = 1 << 24) -> tuple[int, str]:
             if not block:
                 break
             crc, size = zlib.crc32(block, crc), size + len(block)
-    return size, f"{crc & 0xFFFFFFFF:08x}"
+    return size, layout.crc_text(crc)
 
 
 class ChecksumError(ValueError):

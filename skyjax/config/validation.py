@@ -156,7 +156,7 @@ def _check_data(config: Any, max_positions: int) -> None:
         _fail(f"config.data.seq_len={d.seq_len} is below {need}: two segments of "
               f"max(config.data.synthetic.min_segment_len={s.min_segment_len}, "
               f"config.data.synthetic.max_markers={s.max_markers}) tokens and 3 special tokens")
-    vocab, _, _, where = glue._model_shape(config)  # the pretrained checkpoint's, if any
+    vocab, _, _, where = glue.model_shape(config)  # the pretrained checkpoint's, if any
     if vocab < synthetic.min_vocab_size():
         key = (f"vocab_size={vocab} of {where}" if m.pretrained
                else f"config.model.vocab_size={vocab}")

@@ -30,7 +30,7 @@ def model_vocab_size(config: Any) -> int:
     """The model's real vocabulary size: the pretrained checkpoint's ``config.json`` when
     ``config.model.pretrained`` names one (``config.model.vocab_size`` is then unused), else
     ``config.model.vocab_size``."""
-    return glue._model_shape(config)[0]
+    return glue.model_shape(config)[0]
 
 
 def _synthetic_kwargs(config: Any) -> dict[str, Any]:
@@ -43,8 +43,12 @@ def check_token_ids(batch: Batch, vocab_size: int, what: str) -> Batch:
     """``batch``, once its token ids are known to lie in ``[0, vocab_size)`` (an id outside the
     embedding table is silently clamped by XLA and trains to NaN); raises ``DataError``."""
     ids = batch["input_ids"]
-    if ids.size and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
-        raise glue.DataError(f"{what}: token id {int(ids.max())} is outside the model's "
+    if not ids.size:
+        return batch
+    low, high = int(ids.min()), int(ids.max())
+    if high >= vocab_size or low < 0:
+        raise glue.DataError(f"{what}: token id {high if high >= vocab_size else low} is "
+                             f"outside the model's "
                              f"vocabulary of {vocab_size} (config.model.vocab_size, or the "
                              f"pretrained checkpoint's config.json)")
     return batch

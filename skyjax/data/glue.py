@@ -77,7 +77,7 @@ def task(name: str) -> Task:
 # Checks that need no TensorFlow, transformers or JAX (run by validate_config and again when the
 # data is built).
 
-def _model_shape(config: Any) -> tuple[int, int, int, str]:
+def model_shape(config: Any) -> tuple[int, int, int, str]:
     """(vocab_size, max_position_embeddings, type_vocab_size, where they come from)."""
     m = config.model
     if m.pretrained:
@@ -141,7 +141,7 @@ def check_config(config: Any, *, need_tokenizer: bool = False) -> None:
     if m.num_labels != t.num_labels:
         raise DataError(f"config.model.num_labels={m.num_labels} but config.data.name={d.name!r} "
                         f"has {t.num_labels} labels")
-    vocab_size, max_positions, type_vocab_size, where = _model_shape(config)
+    vocab_size, max_positions, type_vocab_size, where = model_shape(config)
     if d.seq_len > max_positions:
         raise DataError(f"config.data.seq_len={d.seq_len} is above max_position_embeddings="
                         f"{max_positions} of {where}")
@@ -178,7 +178,7 @@ def load_tokenizer(config: Any) -> Any:
     except Exception as e:  # a malformed file: name the directory
         raise DataError(f"{key}={path!r}: cannot load a BertTokenizerFast "
                         f"({type(e).__name__}: {_first_line(e)})") from e
-    vocab_size, _, _, where = _model_shape(config)
+    vocab_size, _, _, where = model_shape(config)
     n = max(tok.get_vocab().values(), default=-1) + 1
     if n > vocab_size:
         raise DataError(f"{key}={path!r}: the tokenizer's vocabulary has {n} token ids, more "

@@ -24,7 +24,7 @@ from skyjax.jsonio import write_json_atomic
 from skyjax.names import SCHEDULES, STRATEGIES
 from skyjax.plan import planner, simulate
 from skyjax.plan.types import InfeasibleError, Plan
-from skyjax.profile.format import Profile, ProfileError, load_profile
+from skyjax.profile.format import Profile, load_profile
 from skyjax.report.text_table import fmt_bytes, fmt_time, render, time_unit
 
 
@@ -147,7 +147,7 @@ def plan_and_write(args: argparse.Namespace) -> int:
     except InfeasibleError as e:  # a ValueError too: first
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except (ProfileError, ValueError) as e:
+    except ValueError as e:  # ProfileError, a bad output path
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = plan.to_json()
