@@ -32,12 +32,18 @@ setup(
         # GLUE from TensorFlow Datasets (skyjax/data/glue.py). Reading an array_record
         # preparation needs only tensorflow-datasets; a tfrecord one, and tfds.testing's mock
         # data, need TensorFlow.
-        "tfds": ["tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16"],
+        # importlib_resources: tensorflow-datasets' builders need it to prepare a dataset
+        # (python -m skyjax.data.prepare) but do not declare it.
+        "tfds": ["tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16", "importlib_resources"],
+        # Your own data from Hugging Face datasets (config.data.name="hf:...").
+        "datasets": ["datasets>=2.14"],
         # torch: the reference implementation the tests compare against. Pinned to the CPU
         # build's version: an unpinned torch pulls several GB of CUDA packages. The GLUE tests
-        # (tests/test_glue.py) need the "tfds" extra's packages, repeated here with the same
-        # specifiers so that ".[test]" and ".[tfds,test]" resolve alike.
+        # (tests/test_glue.py) need the "tfds" extra's packages and the tables tests the
+        # "datasets" extra's, repeated here with the same specifiers so that ".[test]" and
+        # ".[tfds,datasets,test]" resolve alike; the metric tests compare with scikit-learn.
         "test": ["pytest>=8", "pytest-timeout>=2.3", "torch==2.13.0",
-                 "tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16"],
+                 "tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16", "importlib_resources",
+                 "datasets>=2.14", "scikit-learn>=1.3"],
     },
 )

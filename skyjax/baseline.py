@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from skyjax.metrics import classification_loss, summarize_eval, weighted_sums
+from skyjax import scores
+from skyjax.metrics import classification_loss, eval_outputs
 from skyjax.models import bert
 from skyjax.optim import global_norm
 
@@ -77,17 +78,18 @@ def make_train_step(chain: list[bert.Unit], optimizer: optax.GradientTransformat
 
 
 def make_eval_step(chain: list[bert.Unit]) -> Callable:
-    """``eval_step(params, batch) -> (sum of loss, sum of correct, sum of weight)``, jitted;
+    """``eval_step(params, batch) -> per-example (loss, prediction, label, weight)``, jitted;
     padding rows carry ``weights`` 0."""
 
     def eval_fn(params: Params, batch: Batch):
         logits = forward(chain, params, batch, None, False)
-        return weighted_sums(logits, batch["labels"], batch["weights"])
+        return eval_outputs(logits, batch["labels"], batch["weights"])
 
     return jax.jit(eval_fn)
 
 
-def evaluate(eval_step: Callable, params: Params, batches: Iterable[Batch]) -> dict[str, float]:
-    """Mean loss and accuracy over the weighted eval examples (``{}`` when there are none, as
-    the pipeline executors report)."""
-    return summarize_eval(eval_step(params, batch) for batch in batches)
+def evaluate(eval_step: Callable, params: Params, batches: Iterable[Batch],
+             metric: str = "accuracy") -> dict[str, float]:
+    """The held-out figures of ``metric`` over the weighted eval examples (``{}`` when there are
+    none, as the pipeline executors report)."""
+    return scores.summarize((eval_step(params, batch) for batch in batches), metric)

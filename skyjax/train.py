@@ -144,11 +144,12 @@ def memory_report(config: ml_collections.ConfigDict, chain: list[bert.Unit], min
 
 
 def evaluate_splits(executor, eval_sets: dict[str, list[Batch]], step: int,
-                    out: outputs.Outputs) -> dict[str, dict]:
-    """Every validation split through the pipeline; one metrics.jsonl line per split."""
+                    out: outputs.Outputs, metric: str = "accuracy") -> dict[str, dict]:
+    """Every validation split through the pipeline, scored by ``metric``
+    (``skyjax.scores``); one metrics.jsonl line per split."""
     results = {}
     for split, batches in eval_sets.items():
-        results[split] = executor.evaluate(batches)
+        results[split] = executor.evaluate(batches, metric)
         logging.info("eval %s at step %d: %s", split, step, results[split])
         out.log_metrics({"step": step, "split": split, **results[split]})
     return results
@@ -170,6 +171,8 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
     recent: collections.deque = collections.deque(maxlen=RECENT_STEPS)  # the final plan's spans
     last = prev = None
     start = time.perf_counter()
+    metric = data_lib.metric(config) if eval_sets else "accuracy"
+    regression = config.model.num_labels == 1  # no accuracy to report
     batches = data_lib.StepBatches(data_lib.train_batches(config, start_step), start_step)
     progress = watch.train_progress(config, out.is_chief)  # lines with ETA; a bar on a terminal
     try:
@@ -188,7 +191,8 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             # the first step's boundary also holds its first log line and one-off work
             prev = last if step > start_step else None
             progress.update(step + 1, last.loss)
-            metrics = {"loss": last.loss, "accuracy": last.accuracy}
+            metrics = {"loss": last.loss} if regression else {"loss": last.loss,
+                                                               "accuracy": last.accuracy}
             if (step + 1) % t.log_every == 0 or step == 0 or step + 1 == t.steps:
                 record = {"step": step + 1, **metrics, "learning_rate": float(schedule(step)),
                           "step_time_s": step_times[-1],
@@ -197,7 +201,8 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
                 out.log_metrics(record)
             if eval_sets and t.eval_every and (step + 1) % t.eval_every == 0 \
                     and step + 1 < t.steps:
-                for split, r in evaluate_splits(executor, eval_sets, step + 1, out).items():
+                for split, r in evaluate_splits(executor, eval_sets, step + 1, out,
+                                                metric).items():
                     evals.append({"step": step + 1, "split": split, **r})
                 prev = None
             if replanner is not None and step + 1 < t.steps:
@@ -292,6 +297,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
     out.write_json("config.json", config.to_dict())
     out.write_json("profile.json", profile.to_json())
     out.write_json("plan.json", plan.to_json())
+    label_names = data_lib.label_names(config)
+    if label_names is not None:  # string labels: the id of each (checkpoints record it too)
+        out.write_json("labels.json", {"label_names": label_names})
     outputs.log_plan(plan)
 
     mine = own_units(plan, len(chain))
@@ -311,8 +319,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
                             resume.step if resume else 0, saver)
         result["resumed_from_step"] = resume.step if resume else 0
         result["calibration_strategy"] = plan.strategy  # the plan the run started on
+        result["metric"] = data_lib.metric(config)
         executor = result.pop("executor")
-        final_evals = evaluate_splits(executor, eval_sets, config.train.steps, out)
+        final_evals = evaluate_splits(executor, eval_sets, config.train.steps, out,
+                                      data_lib.metric(config))
     finally:
         executor.close()
     if replanner.history:  # the plan in use at the end, on the measured-corrected profile

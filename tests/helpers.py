@@ -381,7 +381,8 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def make_batch(step):
+def make_batch(step, regression=False):
+    """Batch ``step`` of the reference task; ``regression``: float labels."""
     rng = np.random.default_rng(step)
     ids = rng.integers(1, _CFG["vocab_size"], (BATCH, SEQ)).astype(np.int32)
     mask = np.ones_like(ids)
@@ -389,8 +390,9 @@ def make_batch(step):
     mask[5, 6:] = 0
     types = np.zeros_like(ids)
     types[:, 8:] = 1
+    labels = rng.integers(0, 3, BATCH)
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
-            "labels": rng.integers(0, 3, BATCH).astype(np.int32)}
+            "labels": labels.astype(np.float32) * 0.75 if regression else labels.astype(np.int32)}
 
 
 def rng_for(step, mb):
@@ -407,12 +409,13 @@ def make_plan(blocks, schedule, m, devices=None):
                          exact=False)
 
 
-def fresh_chain(granularity="layer"):
+def fresh_chain(granularity="layer", num_labels=3):
+    """The reference model's units; ``num_labels`` 1: a regression head."""
     from flax import nnx
 
     from skyjax.models import bert
 
-    cfg = bert.BertConfig(**_CFG)
+    cfg = bert.BertConfig(**{**_CFG, "num_labels": num_labels})
     return bert.units(bert.BertForSequenceClassification(cfg, nnx.Rngs(0)), granularity)
 
 

@@ -104,18 +104,24 @@ def reference_batch(tokenizer, name: str, rows: list[dict], seq_len: int = SEQ_L
 # The table.
 
 def test_task_table():
-    assert set(config_defaults.DATASETS) == {"synthetic", "glue/mnli", "glue/sst2", "glue/mrpc",
-                                             "glue/qqp", "glue/qnli", "glue/rte"}
+    assert set(config_defaults.DATASETS) == {"synthetic", *(f"glue/{t}" for t in (
+        "cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"))}
     t = glue.TASKS
     assert t["glue/mnli"].text == ("premise", "hypothesis") and t["glue/mnli"].num_labels == 3
     assert t["glue/mnli"].eval_splits == ("validation_matched", "validation_mismatched")
-    assert t["glue/sst2"].text == ("sentence",)
-    assert t["glue/mrpc"].text == t["glue/rte"].text == ("sentence1", "sentence2")
+    assert t["glue/sst2"].text == t["glue/cola"].text == ("sentence",)
+    assert t["glue/mrpc"].text == t["glue/rte"].text == t["glue/stsb"].text \
+        == t["glue/wnli"].text == ("sentence1", "sentence2")
     assert t["glue/qqp"].text == ("question1", "question2")
     assert t["glue/qnli"].text == ("question", "sentence")
+    # the published metric of each task
+    assert {n: task.metric for n, task in t.items() if task.metric != "accuracy"} == {
+        "glue/cola": "matthews", "glue/mrpc": "f1", "glue/qqp": "f1",
+        "glue/stsb": "pearson_spearman"}
+    assert t["glue/stsb"].num_labels == 1 and t["glue/stsb"].regression
     for name, task in t.items():
         assert task.train_split == "train"
-        if name != "glue/mnli":
+        if name not in ("glue/mnli", "glue/stsb"):
             assert task.num_labels == 2 and task.eval_splits == ("validation",)
 
 
@@ -123,15 +129,20 @@ def test_task_table():
 def test_every_task_matches_tfds_and_builds(name, vocab_dir, mock):
     builder = tfds.builder(name)
     task = glue.TASKS[name]
-    assert builder.info.features["label"].num_classes == task.num_labels
+    label = builder.info.features["label"]
+    assert getattr(label, "num_classes", 1) == task.num_labels  # STS-B: a float score
     for key in task.text:
         assert key in builder.info.features
     config = make_config(vocab_dir, name)
     (batch,) = take(data.train_batches(config), 1)
     assert batch["input_ids"].shape == (BATCH, SEQ_LEN) and batch["labels"].shape == (BATCH,)
-    for key in ("input_ids", "token_type_ids", "attention_mask", "labels"):
+    for key in ("input_ids", "token_type_ids", "attention_mask"):
         assert batch[key].dtype == np.int32, key
-    assert 0 <= batch["labels"].min() and batch["labels"].max() < task.num_labels
+    if task.regression:
+        assert batch["labels"].dtype == np.float32 and np.isfinite(batch["labels"]).all()
+    else:
+        assert batch["labels"].dtype == np.int32
+        assert 0 <= batch["labels"].min() and batch["labels"].max() < task.num_labels
     assert list(data.eval_splits(config)) == list(task.eval_splits)
     if len(task.text) == 1:  # single sentence: [CLS] a [SEP], token types all 0
         np.testing.assert_array_equal(batch["token_type_ids"], 0)
@@ -410,7 +421,7 @@ def test_dataset_not_prepared(vocab_dir, tmp_path):
             build(config)
         msg = one_line(e)
         assert "glue/rte" in msg and str(tmp_path) in msg
-        assert f"tfds build glue/rte --data_dir {tmp_path} --file_format=array_record" in msg
+        assert f"python -m skyjax.data.prepare glue/rte --data_dir {tmp_path}" in msg
 
 
 def test_missing_data_dir_fails_validation(vocab_dir, tmp_path):

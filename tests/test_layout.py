@@ -100,7 +100,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 # Lowest first: a module may import its own package and the packages of lower rows only.
 LAYERS: list[set[str]] = [
-    {"names", "env_vars", "jsonio", "tree", "metrics", "optim", "spans", "guard"},
+    {"names", "env_vars", "jsonio", "tree", "metrics", "scores", "optim", "spans", "guard"},
     {"models", "cluster", "failures", "workdir"},
     {"data"},  # reads the pretrained model's config.json through models.hf_config
     {"config"},  # checks values against what models, data and cluster accept

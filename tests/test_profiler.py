@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 from skyjax import cluster as cl
+from skyjax import env_vars
 from skyjax.models import bert
 from skyjax.optim import make_optimizer
 from skyjax import plan as plan_lib
@@ -60,8 +61,9 @@ def test_profile_shapes_and_exact_bytes():
     chain = bert.units(model, "layer")
     prof = measure(c, chain=chain, log=lines.append)  # as train.py calls it
     assert [u["name"] for u in prof.units] == [u.name for u in chain]
-    assert prof.forward_s.shape == (4, 1) and np.all(prof.forward_s > 0)
-    assert np.all(prof.backward_s > 0)
+    # net of the fixed cost per call, so a unit as cheap as a bare call is 0, never below
+    assert prof.forward_s.shape == (4, 1) and np.all(prof.forward_s >= 0)
+    assert np.all(prof.backward_s >= 0) and (prof.forward_s + prof.backward_s).sum() > 0
     assert prof.microbatch == {"size": 8, "seq_len": 16}
     # Layers are measured once and reused; lines name units and devices.
     assert prof.forward_s[1, 0] == prof.forward_s[2, 0]
@@ -171,7 +173,8 @@ def test_memory_cap_in_profile_and_planner_avoids_device():
 
 
 @pytest.mark.slow
-def test_profile_cache_reused_and_invalidated(tmp_path):
+def test_profile_cache_reused_and_invalidated(tmp_path, monkeypatch):
+    monkeypatch.delenv(env_vars.PROFILE_CACHE)  # the workdir's own cache
     workdir = str(tmp_path)
     c = tiny_config(1)
     lines = []
@@ -203,6 +206,13 @@ def test_profile_cache_reused_and_invalidated(tmp_path):
     p3 = cached(c2, workdir)
     assert p3.microbatch["seq_len"] == 8 and p3.extra["cache_key"] != key
     assert len(os.listdir(os.path.join(workdir, "profiles"))) == 2
+    # SKYJAX_PROFILE_CACHE: one cache for every workdir
+    monkeypatch.setenv(env_vars.PROFILE_CACHE, str(tmp_path / "shared"))
+    shared = cached(c2, str(tmp_path / "elsewhere"))
+    assert os.listdir(tmp_path / "shared") == [f"{shared.extra['cache_key']}.json"]
+    assert not os.path.exists(tmp_path / "elsewhere" / "profiles")
+    assert cached(c2, str(tmp_path / "third")).to_json() == shared.to_json()
+    monkeypatch.delenv(env_vars.PROFILE_CACHE)
     # --reprofile measures again and overwrites the cache entry.
     p4 = cached(c, workdir, reprofile=True)
     assert p4.extra["profiler"]["created"] >= p1.extra["profiler"]["created"]
@@ -363,12 +373,13 @@ def test_cli_writes_profile_and_table(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_multiprocess_profile_under_jax_distributed(tmp_path):
+def test_multiprocess_profile_under_jax_distributed(tmp_path, monkeypatch):
     """2 processes (this module's __main__ block) under jax.distributed with the runtime's
     TransferServerTransport: each measures its own device, links are probed through the
     transport, all processes get the same profile; a second run reuses the cache."""
     import io
 
+    monkeypatch.delenv(env_vars.PROFILE_CACHE)  # the workdir's own cache
     from skyjax.launch import launch
 
     env = {"PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), REPO]),
@@ -389,8 +400,11 @@ def test_multiprocess_profile_under_jax_distributed(tmp_path):
     prof = load_profile(str(cached))
     assert prof.extra["profiler"]["link_probe"] == "transport"
     assert [d["name"] for d in prof.devices] == ["proc0:cpu0", "proc1:cpu0"]
-    total = (prof.forward_s + prof.backward_s).sum(axis=0)
-    assert total[1] > 1.3 * total[0]  # slow-downs (1, 3), each timed alone (1.9x under load)
+    # slow-downs (1, 3), each timed alone: whole calls (units net of the fixed cost per call,
+    # plus that cost), since a tiny unit's net time can be 0 on either device
+    calls = len(prof.units) * (prof.forward_call_s + prof.backward_call_s)
+    total = (prof.forward_s + prof.backward_s).sum(axis=0) + calls
+    assert total[1] > 1.5 * total[0]
     assert prof.latency_s[0, 1] > 0.003 * 0.5  # the emulated link's sleep: a lower bound
     assert np.all(prof.input_s > 0)  # each process timed its own device's input put
 

@@ -29,6 +29,29 @@ def test_one_step_gradients_equal_full_model_grad(blocks, m, schedule):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0), got, want)
 
 
+def test_a_regression_head_pipelines_with_the_same_gradients_and_eval():
+    """num_labels 1 (STS-B): float labels, mean squared error; the eval reports correlations."""
+    from skyjax import baseline
+
+    chain = fresh_chain(num_labels=1)
+    params0 = jax.tree.map(np.array, [u.params for u in chain])
+    batch = make_batch(0, regression=True)
+    want = jax.grad(lambda p: reference_loss(chain, p, batch, 0, 2))(params0)
+    ex = executor(chain, [(0, 3), (3, 5)], "1f1b", 2, optax.sgd(1.0))
+    ex.train_step(0, batch)
+    got = jax.tree.map(lambda before, after: before - np.asarray(after), params0, ex.unit_params())
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0), got, want)
+    held_out = [{**make_batch(7, regression=True), "weights": np.ones(BATCH, np.float32)}]
+    result = ex.evaluate(held_out, "pearson_spearman")
+    ex.close()
+    step = baseline.make_eval_step(chain)
+    single = baseline.evaluate(step, jax.tree.map(np.asarray, ex.unit_params()), held_out,
+                               "pearson_spearman")
+    assert set(result) == {"eval_loss", "eval_examples", "eval_pearson", "eval_spearman"}
+    for key in result:
+        assert result[key] == pytest.approx(single[key], abs=1e-5), key
+
+
 @pytest.mark.parametrize("granularity,blocks,schedule", [
     ("layer", [(0, 2), (2, 4), (4, 5)], "1f1b"),
     pytest.param("sublayer", [(0, 1), (1, 9), (9, 11)], "gpipe", marks=pytest.mark.slow),

@@ -16,8 +16,15 @@ from skyjax.checkpoint.restore import (CheckpointMismatch, Resume, check_compati
 
 
 def run_identity(config: Any) -> dict:
-    """What a checkpoint must share with the run that resumes it (besides the tensors)."""
-    return {"seed": int(config.train.seed), "dataset": str(config.data.name)}
+    """What a checkpoint must share with the run that resumes it (besides the tensors): the
+    seed, the dataset and, for string labels, their names in id order (the label mapping)."""
+    from skyjax import data
+
+    out = {"seed": int(config.train.seed), "dataset": str(config.data.name)}
+    names = data.label_names(config)
+    if names is not None:
+        out["label_names"] = names
+    return out
 
 
 def prepare(config: Any, workdir: str) -> Resume | None:

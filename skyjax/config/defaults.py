@@ -17,7 +17,9 @@ from skyjax.data import glue  # the task table only (no TensorFlow, transformers
 # Allowed values of the string-valued enum keys (checked by validate_config).
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 LR_SCHEDULES = ("linear", "cosine", "constant")
-DATASETS = ("synthetic", *glue.TASKS)  # glue/mnli, glue/sst2, ... (skyjax/data/glue.py)
+# Named datasets; config.data.name may also be a .csv/.tsv/.jsonl file or hf:DIR / hf:NAME
+# (skyjax/data/tables.py).
+DATASETS = ("synthetic", *glue.TASKS)  # glue/mnli, glue/cola, ... (skyjax/data/glue.py)
 
 
 def _model() -> ml_collections.ConfigDict:
@@ -35,7 +37,7 @@ def _model() -> ml_collections.ConfigDict:
     m.type_vocab_size = 2
     m.layer_norm_eps = 1e-12
     m.initializer_range = 0.02
-    m.num_labels = 3
+    m.num_labels = 3  # 1 = a regression head (mean squared error; GLUE STS-B)
     m.pad_token_id = 0
     # "" = random init from the fields above; else a Hugging Face BERT directory (config.json +
     # model.safetensors) whose config.json then supplies the shape fields.
@@ -45,19 +47,33 @@ def _model() -> ml_collections.ConfigDict:
 
 def _data() -> ml_collections.ConfigDict:
     d = ml_collections.ConfigDict()
-    # "synthetic" (offline) | "glue/mnli" | "glue/sst2" | "glue/mrpc" | "glue/qqp" | "glue/qnli" |
-    # "glue/rte" (TensorFlow Datasets, prepared beforehand; needs the "tfds" extra)
+    # "synthetic" (offline) | "glue/cola" | "glue/sst2" | "glue/mrpc" | "glue/qqp" | "glue/stsb" |
+    # "glue/mnli" | "glue/qnli" | "glue/rte" | "glue/wnli" (TensorFlow Datasets, prepared with
+    # `python -m skyjax.data.prepare`) | a training file "PATH.csv" / ".tsv" / ".jsonl" |
+    # "hf:DIR" (datasets' save_to_disk) | "hf:NAME" (a Hugging Face hub dataset; "datasets" extra)
     d.name = "synthetic"
     d.seq_len = 32
     d.batch_size = 32  # global batch per optimizer step (split into pipeline.microbatches)
     # Held-out examples scored per eval split at each eval: 0 = no eval; N = the first N of each
-    # split (capped at its size); -1 = every split whole (GLUE only).
+    # split (capped at its size); -1 = every split whole (not synthetic).
     d.eval_examples = 1024
-    # GLUE: BertTokenizerFast directory (vocab.txt or tokenizer.json); "" = the one in
+    # Text data: BertTokenizerFast directory (vocab.txt or tokenizer.json); "" = the one in
     # config.model.pretrained.
     d.tokenizer = ""
     d.data_dir = ""  # GLUE: TFDS data_dir ("" = $TFDS_DATA_DIR or ~/tensorflow_datasets)
     d.prefetch = 4  # training batches built ahead by a background thread (every source; >= 1)
+    # Held-out metric (skyjax/scores.py): "" = the GLUE task's own, else accuracy, or
+    # pearson_spearman for a regression | "accuracy" | "matthews" | "f1" | "pearson_spearman".
+    d.metric = ""
+    # Your own data (files or hf:): the text column(s), one or two, and the label column.
+    d.text_columns = ("sentence",)
+    d.label_column = "label"
+    # String labels in id order; () = the training split's distinct labels, sorted.
+    d.label_names = ()
+    d.eval_files = ()  # files: held-out files, one eval split each (named after the file)
+    d.hf_subset = ""  # hf:NAME: the dataset's configuration (e.g. "cola" of "nyu-mll/glue")
+    d.train_split = "train"  # hf: the training split
+    d.eval_splits = ("validation",)  # hf: the held-out splits
     d.synthetic = ml_collections.ConfigDict()
     d.synthetic.max_markers = 4  # most marker tokens in one segment
     d.synthetic.min_segment_len = 4  # shortest segment A or B (tokens, without specials)

@@ -17,7 +17,9 @@ import ml_collections
 
 from skyjax import names
 from skyjax.config import defaults
-from skyjax.data import glue, synthetic
+from skyjax import scores
+from skyjax.data import glue, synthetic, tables, text
+from skyjax.data.text import DataError
 from skyjax.models import hf_config
 
 _NUMBER = (int, float)
@@ -114,8 +116,8 @@ def _pretrained_max_positions(path: str) -> int:
 
 def _check_model(m: Any) -> int:
     """Checks config.model; returns the model's max_position_embeddings."""
-    if m.num_labels < 2:
-        _fail(f"config.model.num_labels={m.num_labels} must be >= 2")
+    if m.num_labels < 1:
+        _fail(f"config.model.num_labels={m.num_labels} must be >= 1 (1: a regression head)")
     if m.pretrained:  # the shape comes from the checkpoint's config.json
         return _pretrained_max_positions(m.pretrained)
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -137,15 +139,24 @@ def _check_model(m: Any) -> int:
 
 def _check_data(config: Any, max_positions: int) -> None:
     d, m = config.data, config.model
-    _one_of("config.data.name", d.name, defaults.DATASETS)
+    if not (tables.is_files(d.name) or tables.is_hf(d.name)):
+        _one_of("config.data.name", d.name, defaults.DATASETS)
     _positive("config.data.batch_size", d.batch_size)
     _at_least("config.data.seq_len", d.seq_len, 4)
     _at_least("config.data.prefetch", d.prefetch, 1)
     if d.seq_len > max_positions:
         _fail(f"config.data.seq_len={d.seq_len} is above "
               f"config.model.max_position_embeddings={max_positions}")
+    if d.metric:
+        try:
+            scores.check_metric(d.metric, m.num_labels)
+        except ValueError as e:
+            _fail(str(e))
     if d.name in glue.TASKS:
         _check_glue(config)
+        return
+    if tables.is_files(d.name) or tables.is_hf(d.name):
+        _check_tables(config)
         return
     _at_least("config.data.eval_examples", d.eval_examples, 0)
     s = d.synthetic
@@ -177,6 +188,23 @@ def _check_glue(config: Any) -> None:
     try:
         glue.check_config(config)
     except glue.DataError as e:
+        _fail(str(e))
+
+
+def _check_tables(config: Any) -> None:
+    """Your own data: the keys, then the files (or dataset) read and their labels checked, so
+    that a bad line is reported before anything is built."""
+    d = config.data
+    if d.eval_examples < -1:
+        _fail(f"config.data.eval_examples={d.eval_examples} must be >= -1 (-1 = whole splits)")
+    try:
+        tables.check_keys(config)
+        if not tables.is_files(d.name) and d.eval_files:
+            _fail(f"config.data.eval_files={tuple(d.eval_files)!r} is for local files; hf: data "
+                  "names its held-out splits in config.data.eval_splits")
+        task = tables.load(config).task
+        text.check_fit(config, task)
+    except DataError as e:
         _fail(str(e))
 
 

@@ -2,9 +2,12 @@
 attention_mask [batch, seq_len] and labels [batch]; eval batches add float32 ``weights``, 0 on
 rows that only pad the last batch).
 
-``config.data.name`` is ``"synthetic"`` (the offline sentence-pair task, :mod:`.synthetic`) or a
-GLUE task (``"glue/mnli"``, ``"glue/sst2"``, ... :data:`.glue.TASKS`) read from TensorFlow
-Datasets and tokenised with a BERT tokenizer (:mod:`.glue`). Every training batch is a pure
+``config.data.name`` is ``"synthetic"`` (the offline sentence-pair task, :mod:`.synthetic`), a
+GLUE task (``"glue/mnli"``, ``"glue/cola"``, ... :data:`.glue.TASKS`) read from TensorFlow
+Datasets (:mod:`.glue`), or your own data (:mod:`.tables`): a ``.csv``, ``.tsv`` or ``.jsonl``
+file, or ``hf:DIR`` / ``hf:NAME`` for Hugging Face ``datasets``; text is tokenised with a BERT
+tokenizer (:mod:`.text`). Labels are int32 class ids, or float32 values for a regression
+(``config.model.num_labels`` 1). Every training batch is a pure
 function of ``(config.train.seed, step)``, so each process derives the same batch order, and a run
 resumes at any step without replaying the data. Errors in the data config (tokenizer, dataset not
 prepared, label count) are raised when the data is built: by :func:`train_batches`,
@@ -19,8 +22,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from skyjax.data import glue, synthetic
+from skyjax.data import glue, synthetic, tables
 from skyjax.data.prefetch import Prefetcher, StepBatches
+from skyjax.data.text import DataError
 
 Batch = dict[str, np.ndarray]
 SYNTHETIC_EVAL_SPLIT = "eval"
@@ -47,19 +51,53 @@ def check_token_ids(batch: Batch, vocab_size: int, what: str) -> Batch:
         return batch
     low, high = int(ids.min()), int(ids.max())
     if high >= vocab_size or low < 0:
-        raise glue.DataError(f"{what}: token id {high if high >= vocab_size else low} is "
+        raise DataError(f"{what}: token id {high if high >= vocab_size else low} is "
                              f"outside the model's "
                              f"vocabulary of {vocab_size} (config.model.vocab_size, or the "
                              f"pretrained checkpoint's config.json)")
     return batch
 
 
-def _is_synthetic(config: Any) -> bool:
-    name = config.data.name
+def kind(name: str) -> str:
+    """``"synthetic"``, ``"glue"``, ``"files"`` or ``"hf"``; raises ``DataError`` naming
+    ``config.data.name`` when it is none of them."""
     if name == "synthetic":
-        return True
-    glue.task(name)  # raises DataError naming config.data.name if unknown
-    return False
+        return "synthetic"
+    if name in glue.TASKS:
+        return "glue"
+    if tables.is_files(name):
+        return "files"
+    if tables.is_hf(name):
+        return "hf"
+    raise DataError(f"config.data.name={name!r} is not 'synthetic', a GLUE task "
+                    f"({', '.join(glue.TASKS)}), a .csv, .tsv or .jsonl file, or hf:DIR / hf:NAME")
+
+
+def _is_synthetic(config: Any) -> bool:
+    return kind(config.data.name) == "synthetic"
+
+
+def task(config: Any) -> glue.Task | None:
+    """The text task of the config (None: synthetic). Local files and ``datasets`` are read."""
+    k = kind(config.data.name)
+    if k == "synthetic":
+        return None
+    return glue.task(config.data.name) if k == "glue" else tables.load(config).task
+
+
+def metric(config: Any) -> str:
+    """The held-out metric (``skyjax.scores.METRICS``): ``config.data.metric`` when set, else
+    the GLUE task's own, else accuracy (classification) or pearson_spearman (regression)."""
+    if config.data.metric:
+        return config.data.metric
+    t = task(config)
+    return "accuracy" if t is None else t.metric
+
+
+def label_names(config: Any) -> list[str] | None:
+    """String labels in id order of your own data (None: integer ids, a regression, GLUE or
+    synthetic); part of the run's identity, which checkpoints record."""
+    return tables.label_names(config) if kind(config.data.name) in ("files", "hf") else None
 
 
 def _train_make(config: Any) -> Callable[[int], Batch]:
@@ -70,8 +108,10 @@ def _train_make(config: Any) -> Callable[[int], Batch]:
         kwargs = _synthetic_kwargs(config)
         make = lambda i: synthetic.make_batch(config.train.seed, i, d.batch_size,  # noqa: E731
                                               d.seq_len, split="train", **kwargs)
-    else:
+    elif kind(d.name) == "glue":
         make = glue.train_batch_fn(config)
+    else:
+        make = tables.train_batch_fn(config)
     return lambda i: check_token_ids(make(i), vocab, f"{config.data.name} training batch {i}")
 
 
@@ -102,11 +142,13 @@ def eval_splits(config: Any) -> dict[str, list[Batch]]:
     """Every held-out split, ``{split name: batches}``, in a fixed order: synthetic ``{"eval":
     ...}``; GLUE its validation splits (MNLI ``validation_matched``, ``validation_mismatched``;
     the others ``validation``). Each has ``config.data.eval_examples`` examples (capped at the
-    split's size; -1 = the whole split, GLUE only) in batches of ``config.data.batch_size``; the
+    split's size; -1 = the whole split, not synthetic) in batches of ``config.data.batch_size``; the
     last batch is padded, with ``weights`` 0 on the padding. ``eval_examples`` 0: ``{}``."""
     if _is_synthetic(config):
         return {SYNTHETIC_EVAL_SPLIT: _synthetic_eval(config)} if config.data.eval_examples else {}
-    return glue.eval_split_batches(config)
+    if kind(config.data.name) == "glue":
+        return glue.eval_split_batches(config)
+    return tables.eval_split_batches(config)
 
 
 def eval_batches(config: Any) -> list[Batch]:
@@ -114,5 +156,6 @@ def eval_batches(config: Any) -> list[Batch]:
     ``config.data.eval_examples`` is 0."""
     if _is_synthetic(config):
         return _synthetic_eval(config)
-    first = glue.task(config.data.name).eval_splits[:1]
-    return next(iter(glue.eval_split_batches(config, first).values()), [])
+    first = task(config).eval_splits[:1]
+    make = glue.eval_split_batches if kind(config.data.name) == "glue" else tables.eval_split_batches
+    return next(iter(make(config, first).values()), [])

@@ -1,5 +1,6 @@
-"""The profile cache: ``workdir/profiles/<key>.json``, where the key hashes everything that
-changes the numbers (:func:`cache_key`), and load-or-measure in one process.
+"""The profile cache: ``workdir/profiles/<key>.json`` (or ``$SKYJAX_PROFILE_CACHE/<key>.json``,
+one cache for every workdir), where the key hashes everything that changes the numbers
+(:func:`cache_key`), and load-or-measure in one process.
 
 The repeats are deliberately not in the key: they change the precision, not the quantity.
 """
@@ -16,6 +17,7 @@ from typing import Callable
 import jax
 
 from skyjax import cluster as cluster_lib
+from skyjax import env_vars
 from skyjax.profile.chain import Workload
 from skyjax.profile.format import Profile, ProfileError, load_profile, save_profile
 from skyjax.profile.options import Log, Options
@@ -64,8 +66,13 @@ def cache_key(workload: Workload, cluster: cluster_lib.Cluster, options: Options
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def cache_dir(workdir: str) -> str:
+    """``$SKYJAX_PROFILE_CACHE`` when set (shared by every workdir), else ``workdir/profiles``."""
+    return os.environ.get(env_vars.PROFILE_CACHE) or os.path.join(workdir, "profiles")
+
+
 def cache_path(workdir: str, key: str) -> str:
-    return os.path.join(workdir, "profiles", f"{key}.json")
+    return os.path.join(cache_dir(workdir), f"{key}.json")
 
 
 def in_use_path(workdir: str) -> str:

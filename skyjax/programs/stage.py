@@ -9,7 +9,7 @@ last stage's forward ends in the loss, so its backward needs no incoming cotange
 micro-batch, ``update`` applies optax with gradients already scaled for global-norm clipping
 (the optimizer comes from ``skyjax.optim.make_optimizer(config.train, clip=False)``: a stage cannot
 clip alone, it sees only its share of the norm). Each program is compiled once per shape
-(``compile_counts`` lets tests prove it). The loss and eval sums are ``skyjax.metrics``'.
+(``compile_counts`` lets tests prove it). The loss and eval outputs are ``skyjax.metrics``'.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from skyjax.metrics import classification_loss, weighted_sums
+from skyjax.metrics import classification_loss, eval_outputs
 from skyjax.models.bert import Carry, Params, Unit, apply_units
 from skyjax.tree import tree_avals
 
@@ -105,11 +105,12 @@ class StageProgram:
         return new_params, new_state, jax.tree.map(jnp.zeros_like, grads)
 
     def _evaluate(self, params: list[Params], carry: Carry, labels=None, weights=None):
-        """Eval-mode forward; the last stage returns weighted sums (loss, correct, weight)."""
+        """Eval-mode forward; the last stage returns per-example (loss, prediction, label,
+        weight), see ``skyjax.metrics.eval_outputs``."""
         out = apply_units(self.chain, params, carry, None, False)
         if not self.is_last:
             return out
-        return weighted_sums(out["logits"], labels, weights)
+        return eval_outputs(out["logits"], labels, weights)
 
     # -- helpers ---------------------------------------------------------------------------------
 

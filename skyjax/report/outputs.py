@@ -109,8 +109,13 @@ def make_summary(config: ml_collections.ConfigDict, plan: dict, result: dict,
         "eval_accuracy": first.get("eval_accuracy"),
         "eval_loss": first.get("eval_loss"),
         "eval_examples": first.get("eval_examples", 0),
-        "eval_by_split": {split: {"accuracy": r.get("eval_accuracy"), "loss": r.get("eval_loss"),
-                                  "examples": r.get("eval_examples", 0)}
+        # every figure of the metric (skyjax.scores): accuracy, matthews, f1, pearson, spearman
+        "metric": result.get("metric", "accuracy"),
+        "eval_scores": {k[len("eval_"):]: v for k, v in first.items()
+                        if k not in ("eval_loss", "eval_examples")},
+        "eval_by_split": {split: {"examples": r.get("eval_examples", 0), "loss": r.get("eval_loss"),
+                                  **{k[len("eval_"):]: v for k, v in r.items()
+                                     if k not in ("eval_loss", "eval_examples")}}
                           for split, r in final_evals.items()},
         "evals": result["evals"],
         "step_time_s": median,
@@ -189,7 +194,8 @@ def log_summary(summary: dict) -> None:
     """The run's last line; with calibration, it ends with the measured speed-up
     (:func:`calibration_line`)."""
     measured = calibration_line(summary.get("calibration"))
-    logging.info("summary: eval_accuracy %s, final_loss %.4f, median step %.4f s (predicted "
-                 "%.4f s), wall %.1f s%s", summary["eval_accuracy"], summary["final_loss"],
+    scores = ", ".join(f"eval_{k} {v:.4f}" for k, v in summary.get("eval_scores", {}).items())
+    logging.info("summary: %s, final_loss %.4f, median step %.4f s (predicted "
+                 "%.4f s), wall %.1f s%s", scores or "no eval", summary["final_loss"],
                  summary["step_time_s"], summary["predicted_step_time_s"],
                  summary["wall_time_s"], f"; {measured}" if measured else "")

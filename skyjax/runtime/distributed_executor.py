@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import optax
 
-from skyjax.metrics import summarize_eval
+from skyjax import scores
 from skyjax.models.bert import Unit
 from skyjax.plan import Plan
 from skyjax.plan.schedules import actions
@@ -159,13 +159,15 @@ class DistributedExecutor:
         """Puts ``step``'s inputs on the stage's device ahead (``train_step``'s ``next_batch``)."""
         self._prepared = self._inputs(step, batch)
 
-    def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
+    def evaluate(self, batches: Iterable[Batch], metric: str = "accuracy") -> dict[str, float]:
+        """The held-out figures of ``metric`` (``skyjax.scores``) on the first process, ``{}``
+        on the others."""
         batches = eval_microbatches(batches, self.microbatches)
         results = self.stage.run_eval(batches) if self.stage else []
         gathered = self.transport.gather_to_first({"results": results}, self._gather_tag())
         if gathered is None:
             return {}
-        return summarize_eval([tuple(r) for g in gathered for r in g["results"]])
+        return scores.summarize([r for g in gathered for r in g["results"]], metric)
 
     def unit_params(self) -> list[Any]:
         return list(self.stage.state.params) if self.stage else []

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import optax
 
-from skyjax.metrics import summarize_eval
+from skyjax import scores
 from skyjax.models.bert import Unit
 from skyjax.plan import Plan
 from skyjax.plan.schedules import actions
@@ -89,10 +89,11 @@ class LocalExecutor:
                            max(r.wall_s for r in results), results,
                            grad_norm=sq_to_norm(self.stages[0].last_sq_norm))
 
-    def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
+    def evaluate(self, batches: Iterable[Batch], metric: str = "accuracy") -> dict[str, float]:
+        """The held-out figures of ``metric`` (``skyjax.scores``) over ``batches``."""
         batches = eval_microbatches(batches, self.microbatches)
         results = self._all(lambda s: s.run_eval(batches))[-1]
-        return summarize_eval(results)
+        return scores.summarize(results, metric)
 
     def unit_params(self) -> list[Any]:
         """Every unit's current params, in chain order (for checks and checkpoints)."""

@@ -255,9 +255,9 @@ class PipelineStage:
             slowdown=self.slowdown)
         return local if max_grad_norm else None
 
-    def run_eval(self, batches: Iterable[Batch]) -> list[tuple[float, float, float]]:
+    def run_eval(self, batches: Iterable[Batch]) -> list[tuple[np.ndarray, ...]]:
         """Forward-only pass over micro-batch-sized ``batches`` (optional ``weights``); the last
-        stage returns weighted sums (loss, correct, weight) per batch. Eval messages have their
+        stage returns per-example (loss, prediction, label, weight) arrays per batch. Eval messages have their
         own tag range (``tags.eval_message``); the transports pair repeated tags in order."""
         results = []
         for i, batch in enumerate(batches):
@@ -267,7 +267,7 @@ class PipelineStage:
                 weights = batch.get("weights", np.ones(len(batch["labels"]), np.float32))
                 out = self.program.evaluate(self.state.params, carry, self._put(batch["labels"]),
                                             self._put(weights))
-                results.append(tuple(float(x) for x in out))
+                results.append(tuple(np.asarray(x) for x in out))
             else:
                 self.link.send(tag, self.program.evaluate(self.state.params, carry), self.index + 1)
         return results
