@@ -189,10 +189,10 @@ def _hf_dataset_dict(name: str, subset: str) -> Any:
                         "cache must hold it (HF_DATASETS_OFFLINE=1)") from None
 
 
-def read_hf(name: str, subset: str, split: str, text_columns: Sequence[str],
+def read_hf(name: str, splits: Any, split: str, text_columns: Sequence[str],
             label_column: str, key: str) -> Split:
-    """Every example of ``split`` of the Hugging Face dataset ``name`` (``hf:DIR`` or ``hf:NAME``)."""
-    splits = _hf_dataset_dict(name, subset)
+    """Every example of ``split`` of ``splits``, the Hugging Face dataset ``name`` (``hf:DIR`` or
+    ``hf:NAME``) as :func:`_hf_dataset_dict` opened it once for all its splits."""
     if split not in splits:
         raise DataError(f"{key}={split!r}: {name} has no such split (it has "
                         f"{', '.join(map(repr, splits))})")
@@ -361,12 +361,12 @@ def load(config: Any) -> Dataset:
                             "(the training split's name)")
         train_split, where = "train", d.name
     else:
-        train = read_hf(d.name, d.hf_subset, d.train_split, columns, d.label_column,
+        splits = _hf_dataset_dict(d.name, d.hf_subset)
+        train = read_hf(d.name, splits, d.train_split, columns, d.label_column,
                         "config.data.train_split")
         evals = list(d.eval_splits)
-        raw = {d.train_split: train, **{s: read_hf(d.name, d.hf_subset, s, columns,
-                                                   d.label_column, "config.data.eval_splits")
-                                         for s in evals}}
+        raw = {d.train_split: train, **{s: read_hf(d.name, splits, s, columns, d.label_column,
+                                                   "config.data.eval_splits") for s in evals}}
         train_split, where = d.train_split, f"{d.name}[{d.train_split}]"
     names = None if m.num_labels == 1 else _names_of(train, m.num_labels, d.label_names, where)
     sources = {s: Source(columns, split, label_ids(split, m.num_labels, names, d.label_column))
