@@ -1,7 +1,11 @@
 """What a plan is: stages of (device, block of units) with their predicted costs, as plan.json.
 
-A plan is stages k = 0..p-1, each a distinct device d_k and a non-empty block of units
-[a_k, b_k), covering all units in order (docs/design.md). ``Plan.to_json`` / ``Plan.from_json`` are
+A plan is one or more pipelines in data parallel. A pipeline is stages k = 0..p-1, each a
+distinct device d_k and a non-empty block of units [a_k, b_k), covering all units in order
+(docs/design.md). Several pipelines use disjoint devices, each with a share of every global batch
+in whole micro-batches (``Plan.shares``); their stages sit in one flat list, pipeline 0's first,
+each stage naming its pipeline, so a stage's position in ``Plan.stages`` is its id everywhere
+(spans, traces, tables). ``Plan.to_json`` / ``Plan.from_json`` are
 the plan.json object that ``python -m skyjax.plan --out`` writes and training reads back.
 Plain data: the numbers come from :mod:`skyjax.plan.cost`.
 """
@@ -29,6 +33,7 @@ class Stage:
     comm_s: float
     memory_bytes: int
     update_s: float = 0.0
+    pipeline: int = 0  # which pipeline (several pipelines: ``Plan.shares``)
 
     @property
     def time_s(self) -> float:
@@ -40,6 +45,8 @@ class Stage:
                "comm_s": self.comm_s, "memory_bytes": self.memory_bytes}
         if self.update_s:  # only profiles with fixed costs (version 2) measure it
             out["update_s"] = self.update_s
+        if self.pipeline:
+            out["pipeline"] = self.pipeline
         return out
 
 
@@ -61,6 +68,36 @@ class Plan:
     lower_bound_s: float | None = None
     device_names: list[str] | None = None
     extra_s: float = 0.0
+    # several pipelines: micro-batches of every global batch per pipeline (sum = microbatches),
+    # pipeline i taking global micro-batches [sum(shares[:i]), sum(shares[:i + 1])); None: one
+    shares: list[int] | None = None
+    allreduce_s: float = 0.0  # the step's exchange of replicated gradients (cost model)
+    pipeline_step_s: list[float] | None = None  # each pipeline's T_i (without sync_s)
+
+    @property
+    def num_pipelines(self) -> int:
+        return 1 if not self.shares else len(self.shares)
+
+    def pipeline_shares(self) -> list[int]:
+        """Micro-batches per pipeline (``[microbatches]`` for one pipeline)."""
+        return list(self.shares) if self.shares else [self.microbatches]
+
+    def first_microbatch(self, i: int) -> int:
+        """The global index of pipeline i's first micro-batch."""
+        return sum(self.pipeline_shares()[:i])
+
+    def stage_ids(self, i: int) -> list[int]:
+        """Positions in ``stages`` of pipeline i's stages, in pipeline order."""
+        return [k for k, s in enumerate(self.stages) if s.pipeline == i]
+
+    def pipeline(self, i: int) -> "Plan":
+        """Pipeline i as a plan of its own (its stages, its micro-batches, its T_i)."""
+        if self.num_pipelines == 1:
+            return self
+        stages = [dataclasses.replace(self.stages[k], pipeline=0) for k in self.stage_ids(i)]
+        step = self.pipeline_step_s[i] if self.pipeline_step_s else self.step_time_s
+        return Plan(self.strategy, self.schedule, self.shares[i], stages, step,
+                    max(s.time_s for s in stages), self.exact, None, self.device_names)
 
     @property
     def analytic_s(self) -> float:
@@ -78,15 +115,25 @@ class Plan:
             out["device_names"] = list(self.device_names)
         if self.extra_s:
             out["extra_s"] = self.extra_s
+        if self.shares:
+            out["shares"] = list(self.shares)
+            out["allreduce_s"] = self.allreduce_s
+            if self.pipeline_step_s is not None:
+                out["pipeline_step_s"] = list(self.pipeline_step_s)
         return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Plan":
         stages = [Stage(int(s["device"]), (int(s["units"][0]), int(s["units"][1])),
                         float(s["compute_s"]), float(s["comm_s"]), int(s["memory_bytes"]),
-                        float(s.get("update_s", 0.0)))
+                        float(s.get("update_s", 0.0)), int(s.get("pipeline", 0)))
                   for s in d["stages"]]
+        shares = d.get("shares")
         return cls(d["strategy"], d["schedule"], int(d["microbatches"]), stages,
                    float(d["step_time_s"]), float(d["bottleneck_s"]), bool(d["exact"]),
                    d.get("lower_bound_s"), d.get("device_names"),
-                   float(d.get("extra_s", d.get("replay_penalty_s", 0.0))))
+                   float(d.get("extra_s", d.get("replay_penalty_s", 0.0))),
+                   [int(x) for x in shares] if shares else None,
+                   float(d.get("allreduce_s", 0.0)),
+                   [float(x) for x in d["pipeline_step_s"]] if d.get("pipeline_step_s")
+                   else None)
