@@ -200,7 +200,7 @@ def one_stage_overhead(args) -> dict:
                          seq_len=config.data.seq_len,
                          optimizer=optim.make_optimizer(config.train, clip=False),
                          max_grad_norm=config.train.grad_clip_norm,
-                         rng=lambda s, m: baseline.microbatch_rng(0, s, m))
+                         rng=lambda s, first, n: bert.example_keys(0, s, first, n))
     optimizer = optim.make_optimizer(config.train)
     params = jax.tree.map(np.array, [u.params for u in chain])
     opt_state = optimizer.init(params)

@@ -7,7 +7,6 @@ are the ones the pipeline uses (``skyjax.metrics``, ``skyjax.optim``), so the tw
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,16 +23,10 @@ from skyjax.optim import global_norm
 Params = list[dict[str, Any]]  # one pure param dict per unit
 Batch = dict[str, np.ndarray]
 
-# Streams folded into the root key jax.random.PRNGKey(config.train.seed).
-_DROPOUT_STREAM = 1
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def microbatch_rng(seed: int, step: int, microbatch: int) -> jax.Array:
-    """The dropout key of one micro-batch: the same on every stage and for every plan. Jitted
-    (one dispatch instead of four): every stage derives a key per forward, every step."""
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), _DROPOUT_STREAM)
-    return jax.random.fold_in(jax.random.fold_in(key, step), microbatch)
+def microbatch_rng(seed: int, step: int, microbatch: int, size: int) -> jax.Array:
+    """The dropout keys of micro-batch ``microbatch`` of ``size`` examples: one per example
+    (``skyjax.models.bert.example_keys``), the same on every stage and for every plan."""
+    return bert.example_keys(seed, step, microbatch * size, size)
 
 
 def forward(chain: list[bert.Unit], params: Params, batch: Batch, rng: jax.Array | None,
@@ -49,7 +42,8 @@ def make_train_step(chain: list[bert.Unit], optimizer: optax.GradientTransformat
     """``step(params, opt_state, batch, step) -> (params, opt_state, metrics)``, jitted.
 
     The batch is split into ``microbatches`` equal micro-batches whose gradients are averaged
-    (what a pipeline computes), each with dropout key ``microbatch_rng(seed, step, i)``.
+    (what a pipeline computes), example j of the batch with dropout key
+    ``example_keys(seed, step, j, 1)``.
     """
 
     def loss_fn(params: Params, mb: Batch, rng: jax.Array):
@@ -62,7 +56,10 @@ def make_train_step(chain: list[bert.Unit], optimizer: optax.GradientTransformat
 
         def accumulate(acc, i):
             mb = jax.tree.map(lambda x: x[i], split)
-            (loss, accuracy), grads = grad_fn(params, mb, microbatch_rng(seed, step, i))
+            size = mb["labels"].shape[0]
+            keys = bert.example_keys(seed, step, 0, size * microbatches)
+            (loss, accuracy), grads = grad_fn(params, mb, jax.lax.dynamic_slice_in_dim(
+                keys, i * size, size))
             acc = jax.tree.map(jnp.add, acc, (grads, loss, accuracy))
             return acc, None
 

@@ -28,7 +28,6 @@ from skyjax import checkpoint, cluster as cluster_lib, data as data_lib, guard, 
 from skyjax import workdir as workdir_lib
 from skyjax.report import outputs, watch
 from skyjax import plan as plan_lib
-from skyjax.baseline import microbatch_rng
 from skyjax.config import validate_config
 from skyjax.report.compare import step_boundary_s
 from skyjax.models import bert, build
@@ -110,7 +109,8 @@ def make_executor(config: ml_collections.ConfigDict, chain: list[bert.Unit], pla
                   unit_states=unit_states,
                   optimizer=optim.make_optimizer(config.train, clip=False),
                   max_grad_norm=config.train.grad_clip_norm or None,
-                  rng=lambda step, mb: microbatch_rng(config.train.seed, step, mb))
+                  rng=lambda step, first, count: bert.example_keys(config.train.seed, step,
+                                                                   first, count))
     if jax.process_count() > 1:
         me = jax.process_index()
         return DistributedExecutor(chain, plan, transport, me, cluster.jax_devices[me],

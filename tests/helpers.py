@@ -395,10 +395,13 @@ def make_batch(step, regression=False):
             "labels": labels.astype(np.float32) * 0.75 if regression else labels.astype(np.int32)}
 
 
-def rng_for(step, mb):
+def rng_for(step, first, count):
+    """Dropout keys of examples ``first .. first + count - 1`` of step ``step``: one each."""
     import jax
+    import jax.numpy as jnp
 
-    return jax.random.fold_in(jax.random.fold_in(jax.random.key(7), step), mb)
+    key = jax.random.fold_in(jax.random.key(7), step)
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(first + jnp.arange(count))
 
 
 def make_plan(blocks, schedule, m, devices=None):
@@ -428,7 +431,7 @@ def reference_loss(chain, params, batch, step, m):
     for mb in range(m):
         sl = {k: v[mb * size:(mb + 1) * size] for k, v in batch.items()}
         carry = bert.initial_carry(sl["input_ids"], sl["token_type_ids"], sl["attention_mask"])
-        out = bert.apply_units(chain, params, carry, rng_for(step, mb), True)
+        out = bert.apply_units(chain, params, carry, rng_for(step, mb * size, size), True)
         total += classification_loss(out["logits"], sl["labels"])[0] / m
     return total
 

@@ -12,9 +12,10 @@ This module only re-exports them under the stable names (``bert.units``,
 
 from skyjax.models.hf_loading import CheckpointError, from_pretrained
 from skyjax.models.modeling import (ACTIVATIONS, BertConfig, BertForSequenceClassification,
-                                    BertLayer, Carry, Params, initial_carry, site_key)
+                                    BertLayer, Carry, Params, example_keys, initial_carry,
+                                    site_key)
 from skyjax.models.units import Unit, apply_units, model_params, units
 
 __all__ = ["ACTIVATIONS", "BertConfig", "BertForSequenceClassification", "BertLayer", "Carry",
-           "CheckpointError", "Params", "Unit", "apply_units", "from_pretrained", "initial_carry",
+           "CheckpointError", "Params", "example_keys", "Unit", "apply_units", "from_pretrained", "initial_carry",
            "model_params", "site_key", "units"]

@@ -11,6 +11,7 @@ from how the model is cut, so the granularity and the plan never change the math
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Mapping
 
@@ -104,18 +105,43 @@ class BertConfig:
 SITE_EMBEDDINGS, SITE_ATTENTION_PROBS, SITE_ATTENTION_OUTPUT, SITE_FFN_OUTPUT, SITE_CLASSIFIER = range(5)
 
 
+DROPOUT_STREAM = 1  # folded into jax.random.PRNGKey(seed) for every dropout key
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def example_keys(seed: int, step: int, first: int, count: int) -> jax.Array:
+    """The dropout keys of examples ``first .. first + count - 1`` of step ``step``'s global
+    batch, one per example (``[count, 2]``). Keyed by the example, not by its micro-batch, so
+    neither the micro-batch count nor how the batch is shared among pipelines changes a mask."""
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), DROPOUT_STREAM), step)
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(first + jnp.arange(count))
+
+
+def _per_example(rng: jax.Array) -> bool:
+    """Whether ``rng`` holds one key per example (raw ``[b, 2]`` or typed ``[b]``) rather than
+    one key for the whole batch."""
+    typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+    return rng.ndim == (1 if typed else 2)
+
+
 def site_key(rng: jax.Array, block: int, site: int) -> jax.Array:
-    """The dropout key of ``site`` in ``block`` for the micro-batch key ``rng``."""
-    return jax.random.fold_in(jax.random.fold_in(rng, block), site)
+    """The dropout key(s) of ``site`` in ``block`` for the key(s) ``rng`` (one per example, or
+    one for the batch)."""
+    fold = lambda k: jax.random.fold_in(jax.random.fold_in(k, block), site)  # noqa: E731
+    return jax.vmap(fold)(rng) if _per_example(rng) else fold(rng)
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None, train: bool) -> jax.Array:
-    """Inverted dropout, active only when ``train`` and ``rate > 0``."""
+    """Inverted dropout, active only when ``train`` and ``rate > 0``; with one key per example
+    (leading axis of ``x``) each example's mask comes from its own key."""
     if not train or rate == 0.0:
         return x
     if rng is None:
         raise ValueError("train=True with dropout needs an rng key")
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    if _per_example(rng):
+        keep = jax.vmap(lambda k, row: jax.random.bernoulli(k, 1.0 - rate, row.shape))(rng, x)
+    else:
+        keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 

@@ -39,7 +39,7 @@ def measure_input_put(targets: list[tuple[Any, float]], carry: Any, labels: np.n
         for r in range(repeats + 1):
             evict_caches()
             tic = time.perf_counter()
-            key = microbatch_rng(0, r, 0)
+            key = microbatch_rng(0, r, 0, len(labels))
             jax.block_until_ready(jax.device_put(([host], [labels], [key]), dev))
             if r:
                 times.append(time.perf_counter() - tic)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from skyjax.models.bert import example_keys
 from skyjax.programs.stage import float_entries
 
 
@@ -16,7 +17,8 @@ def call_inputs(carry: Any, labels: np.ndarray | None, is_last: bool,
                 device: Any) -> tuple[Any, Any, Any]:
     """``(carry, dropout key, labels or None)`` on ``device``, as a stage's forward takes them
     (labels only for the chain's last stage)."""
-    return (jax.device_put(carry, device), jax.device_put(jax.random.PRNGKey(0), device),
+    keys = example_keys(0, 0, 0, carry["attention_mask"].shape[0])  # one per example
+    return (jax.device_put(carry, device), jax.device_put(keys, device),
             jax.device_put(labels, device) if is_last else None)
 
 

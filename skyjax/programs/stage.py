@@ -42,10 +42,14 @@ class StageProgram:
     """Jitted programs for the block ``chain``; ``is_last`` adds the loss to the forward."""
 
     def __init__(self, chain: list[Unit], *, is_last: bool, microbatches: int,
-                 optimizer: optax.GradientTransformation | None = None, train: bool = True):
+                 optimizer: optax.GradientTransformation | None = None, train: bool = True,
+                 loss_microbatches: int | None = None):
         self.chain = chain
         self.is_last = is_last
-        self.microbatches = microbatches
+        self.microbatches = microbatches  # this pipeline's micro-batches per step
+        # the global batch's micro-batches: each one's mean loss weighs 1 / loss_microbatches, so
+        # the gradients of every pipeline's share add up to the global batch's mean
+        self.loss_microbatches = loss_microbatches or microbatches
         self.optimizer = optimizer
         self.train = train
         self.compile_counts = {"forward": 0, "backward": 0, "update": 0}
@@ -62,7 +66,7 @@ class StageProgram:
         if not self.is_last:
             return out, None
         loss, accuracy = classification_loss(out["logits"], labels)
-        return loss / self.microbatches, (loss, accuracy)
+        return loss / self.loss_microbatches, (loss, accuracy)
 
     def _forward(self, params: list[Params], carry: Carry, rng, labels=None):
         self.compile_counts["forward"] += 1

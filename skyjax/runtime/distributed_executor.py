@@ -22,7 +22,7 @@ from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
 from skyjax.runtime.pipeline import (PipelineStage, StepInputs, StepMetrics, StepResult,
                                      sq_to_norm)
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
-                                      placements, unit_owners)
+                                      pipeline_sizes, placements, replica_peers, unit_owners)
 from skyjax.spans import Span
 
 
@@ -62,7 +62,7 @@ class DistributedExecutor:
     def __init__(self, chain: Sequence[Unit], plan: Plan, transport: Any, process_index: int,
                  device: jax.Device, *, batch_size: int, seq_len: int,
                  optimizer: optax.GradientTransformation, max_grad_norm: float | None,
-                 rng: Callable[[int, int], jax.Array], slowdown: float = 1.0,
+                 rng: Callable[[int, int, int], jax.Array], slowdown: float = 1.0,
                  unit_states: dict[int, UnitState] | None = None):
         self.plan = plan
         self.chain = abstract_units(chain)
@@ -72,25 +72,37 @@ class DistributedExecutor:
                           max_grad_norm=max_grad_norm, rng=rng, slowdown=slowdown)
         self.places = placements(plan)
         self.schedule = plan.schedule
-        self.microbatches = int(plan.microbatches)
+        self.microbatches = int(plan.microbatches)  # of the global batch
+        self.microbatch_size = batch_size // self.microbatches
         self.max_grad_norm = max_grad_norm
         self.rng = rng
         self.transport = transport
         self.process_index = process_index
-        p = len(self.places)
+        shares, sizes = plan.pipeline_shares(), pipeline_sizes(self.places)
+        several = len(shares) > 1
         watchdog = distributed.watchdog()
         if watchdog is not None:  # a lost process is reported with its stage
-            watchdog.set_roles({place.device: f"stage {k}, units [{place.start}, {place.end})"
-                                for k, place in enumerate(self.places)})
-        link = ProcessLink(transport, [place.device for place in self.places])
+            watchdog.set_roles({place.device: (f"pipeline {place.pipeline} " if several else "")
+                                + f"stage {place.index}, units [{place.start}, {place.end})"
+                                for place in self.places})
         mine = [k for k, place in enumerate(self.places) if place.device == process_index]
         self.stage: PipelineStage | None = None
+        self.actions: list = []
         if mine:
+            k = mine[0]
+            place = self.places[k]
+            i = place.pipeline
+            link = ProcessLink(transport, [self.places[j].device for j in plan.stage_ids(i)])
             shapes = boundary_shapes(chain, microbatch_like(batch_size, seq_len,
                                                             self.microbatches))
-            self.stage = build_stage(chain, self.places[mine[0]], mine[0], p, device, link,
-                                     shapes, self.microbatches, optimizer, slowdown, unit_states)
-        self.actions = actions(self.schedule, p, self.microbatches)
+            self.stage = build_stage(chain, place, place.index, sizes[i], device, link, shapes,
+                                     shares[i], optimizer, slowdown, unit_states,
+                                     loss_microbatches=self.microbatches)
+            self.stage.num_pipelines, self.stage.stage_id = len(shares), k
+            self.stage.first_microbatch = plan.first_microbatch(i)
+            self.stage.peers = replica_peers(self.places, k, [q.device for q in self.places])
+            self.stage.replica_link = transport
+            self.actions = actions(self.schedule, sizes[i], shares[i])
         self._gathers = 0
         # (batch, StepInputs) of the next step, put ahead during this one (train_step)
         self._prepared: tuple[Batch | None, StepInputs] | None = None
@@ -127,6 +139,9 @@ class DistributedExecutor:
                 prepared = self._inputs(step, batch)
             idle = None if next_batch is None else lambda: self._prepare(step + 1, next_batch)
             result = stage.run_actions(step, self.actions[stage.index], prepared[1], idle)
+            result.losses = [(stage.first_microbatch + j, x) for j, x in enumerate(result.losses)]
+            result.accuracies = [(stage.first_microbatch + j, x)
+                                 for j, x in enumerate(result.accuracies)]
         else:
             result = StepResult([], [], [], 0.0)
         gathered = self.transport.gather_to_first(
@@ -135,6 +150,7 @@ class DistributedExecutor:
             self._gather_tag())
         total = None  # the global squared gradient norm, on every process (clipping on)
         if self.stage is not None:
+            self.stage.reduce_replicas(step)
             result.grad_sq_norm = self.stage.update(step, self.max_grad_norm)
             total = self.stage.last_sq_norm
         elif self.max_grad_norm:
@@ -142,10 +158,11 @@ class DistributedExecutor:
         if gathered is None:
             return StepMetrics(float("nan"), float("nan"), result.wall_s, [result],
                                grad_norm=sq_to_norm(total), has_loss=False)
-        losses = [x for g in gathered for x in g["losses"]]
-        accuracies = [x for g in gathered for x in g["accuracies"]]
-        results = [StepResult(g["losses"], g["accuracies"], [Span(**s) for s in g["spans"]],
-                              g["wall_s"]) for g in gathered]
+        # (global micro-batch, value) from every pipeline's last stage, in micro-batch order
+        losses = [x for _, x in sorted(tuple(y) for g in gathered for y in g["losses"])]
+        accuracies = [x for _, x in sorted(tuple(y) for g in gathered for y in g["accuracies"])]
+        results = [StepResult([x for _, x in g["losses"]], [x for _, x in g["accuracies"]],
+                              [Span(**s) for s in g["spans"]], g["wall_s"]) for g in gathered]
         return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
                            max(g["wall_s"] for g in gathered), results,
                            grad_norm=sq_to_norm(total))
@@ -153,7 +170,9 @@ class DistributedExecutor:
     def _inputs(self, step: int, batch: Batch | None) -> tuple[Batch | None, StepInputs]:
         """``(batch, its StepInputs for step)`` on the stage's device."""
         microbatch = None if batch is None else split_microbatches(batch, self.microbatches)
-        return batch, self.stage.step_inputs(step, microbatch, lambda mb: self.rng(step, mb))
+        size = self.microbatch_size
+        return batch, self.stage.step_inputs(step, microbatch,
+                                             lambda g: self.rng(step, g * size, size))
 
     def _prepare(self, step: int, batch: Batch) -> None:
         """Puts ``step``'s inputs on the stage's device ahead (``train_step``'s ``next_batch``)."""
@@ -163,20 +182,26 @@ class DistributedExecutor:
         """The held-out figures of ``metric`` (``skyjax.scores``) on the first process, ``{}``
         on the others."""
         batches = eval_microbatches(batches, self.microbatches)
-        results = self.stage.run_eval(batches) if self.stage else []
+        # pipeline 0 alone: the replicas hold the same params
+        results = self.stage.run_eval(batches) if self._in_first_pipeline else []
         gathered = self.transport.gather_to_first({"results": results}, self._gather_tag())
         if gathered is None:
             return {}
         return scores.summarize([r for g in gathered for r in g["results"]], metric)
 
+    @property
+    def _in_first_pipeline(self) -> bool:
+        return self.stage is not None and self.stage.pipeline == 0
+
     def unit_params(self) -> list[Any]:
         return list(self.stage.state.params) if self.stage else []
 
     def unit_states(self) -> dict[int, UnitState]:
-        """This process's units' (params, optimizer state), by unit index."""
-        if self.stage is None:
+        """This process's units' (params, optimizer state), by unit index; {} in pipelines
+        other than 0, whose replicas equal pipeline 0's (a checkpoint holds one copy)."""
+        if not self._in_first_pipeline:
             return {}
-        start = self.places[self.stage.index].start
+        start = self.stage.first_unit
         return {start + i: (p, o) for i, (p, o) in enumerate(
             zip(self.stage.state.params, self.stage.state.opt_state))}
 

@@ -1,6 +1,7 @@
 """``LocalExecutor``: every stage of a plan in this process, each on its own local device and in
 its own thread, so that emulated slow devices and link delays overlap as real devices would.
-Stages talk through a :class:`~skyjax.transport.LocalTransport`."""
+Stages talk through a :class:`~skyjax.transport.LocalTransport`; with several pipelines, all of
+them share it, a stage addressed by its position in the plan."""
 
 from __future__ import annotations
 
@@ -18,23 +19,24 @@ from skyjax.plan.schedules import actions
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
 from skyjax.runtime.pipeline import PipelineStage, StepMetrics, sq_to_norm
-from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
-                                      placements)
+from skyjax.runtime.placement import (PipelineLink, UnitState, abstract_units, boundary_shapes,
+                                      build_stage, pipeline_sizes, placements, replica_peers)
 from skyjax.transport import LocalTransport
 
 
 class LocalExecutor:
     """All stages of ``plan`` in this process, one thread each, on ``devices[stage.device]``.
 
-    ``slowdowns`` (by device index) and ``links`` (a ``LinkEmulation`` by device index) emulate
-    heterogeneous devices; ``unit_states`` continues from another executor's (``rebuild``).
+    ``rng(step, first, count)``: the dropout keys of examples ``first .. first + count - 1`` of
+    the step's global batch (``skyjax.models.bert.example_keys``). ``slowdowns`` (by device
+    index) and ``links`` (a ``LinkEmulation`` by device index) emulate heterogeneous devices; ``unit_states`` continues from another executor's (``rebuild``).
     """
 
     needs_batch = True  # its first and last stages read every step's batch
 
     def __init__(self, chain: Sequence[Unit], plan: Plan, devices: Sequence[jax.Device], *,
                  batch_size: int, seq_len: int, optimizer: optax.GradientTransformation,
-                 max_grad_norm: float | None, rng: Callable[[int, int], jax.Array],
+                 max_grad_norm: float | None, rng: Callable[[int, int, int], jax.Array],
                  slowdowns: Sequence[float] = (), links: Any = None,
                  unit_states: dict[int, UnitState] | None = None):
         self.plan = plan
@@ -46,23 +48,34 @@ class LocalExecutor:
         transport = LocalTransport([devices[p.device] for p in self.places], links,
                                    link_ids=[p.device for p in self.places])
         self.schedule = plan.schedule
-        self.microbatches = int(plan.microbatches)
+        self.microbatches = int(plan.microbatches)  # of the global batch
         self.max_grad_norm = max_grad_norm
         self.rng = rng
-        p = len(self.places)
+        self.microbatch_size = batch_size // self.microbatches
+        shares, sizes = plan.pipeline_shares(), pipeline_sizes(self.places)
         shapes = boundary_shapes(chain, microbatch_like(batch_size, seq_len, self.microbatches))
-        self.stages = [
-            build_stage(chain, place, k, p, devices[place.device], transport.for_stage(k), shapes,
-                        self.microbatches, optimizer,
-                        slowdowns[place.device] if slowdowns else 1.0, unit_states)
-            for k, place in enumerate(self.places)]
+        ids = [plan.stage_ids(i) for i in range(len(shares))]
+        self.stages = []
+        for k, place in enumerate(self.places):
+            i = place.pipeline
+            stage = build_stage(chain, place, place.index, sizes[i], devices[place.device],
+                                PipelineLink(transport.for_stage(k), ids[i]), shapes, shares[i],
+                                optimizer, slowdowns[place.device] if slowdowns else 1.0,
+                                unit_states, loss_microbatches=self.microbatches)
+            stage.num_pipelines, stage.stage_id = len(shares), k
+            stage.first_microbatch = plan.first_microbatch(i)
+            stage.peers = replica_peers(self.places, k, range(len(self.places)))
+            stage.replica_link = transport.for_stage(k)
+            self.stages.append(stage)
         self.transport = transport
-        self.actions = actions(self.schedule, p, self.microbatches)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=p,
+        self.actions = [actions(self.schedule, sizes[i], shares[i]) for i in range(len(shares))]
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self.places),
                                                            thread_name_prefix="stage")
 
-    def _all(self, fn: Callable[[PipelineStage], Any]) -> list[Any]:
-        """Runs ``fn`` on every stage in its thread; one failure aborts the others' waits."""
+    def _all(self, fn: Callable[[PipelineStage], Any],
+             stages: list[PipelineStage] | None = None) -> list[Any]:
+        """Runs ``fn`` on every stage (or ``stages``) in its thread; one failure aborts the
+        others' waits."""
 
         def guarded(stage: PipelineStage) -> Any:
             try:
@@ -71,7 +84,7 @@ class LocalExecutor:
                 self.transport.abort(e)
                 raise
 
-        futures = [self._pool.submit(guarded, stage) for stage in self.stages]
+        futures = [self._pool.submit(guarded, stage) for stage in stages or self.stages]
         return [f.result() for f in futures]
 
     def train_step(self, step: int, batch: Batch,
@@ -80,29 +93,40 @@ class LocalExecutor:
         used: the stages share this process's host, so there is no idle host to put the next
         step's inputs from."""
         microbatch = split_microbatches(batch, self.microbatches)
-        rng = lambda mb: self.rng(step, mb)  # noqa: E731
+        size = self.microbatch_size
+        rng = lambda g: self.rng(step, g * size, size)  # noqa: E731
         results = self._all(lambda s: s.run_step(
-            step, self.actions[s.index], s.step_inputs(step, microbatch, rng),
+            step, self.actions[s.pipeline][s.index], s.step_inputs(step, microbatch, rng),
             self.max_grad_norm))
-        last = results[-1]
-        return StepMetrics(float(np.mean(last.losses)), float(np.mean(last.accuracies)),
+        lasts = [r for r, s in zip(results, self.stages) if s.is_last]  # in pipeline order
+        losses = [x for r in lasts for x in r.losses]
+        accuracies = [x for r in lasts for x in r.accuracies]
+        return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
                            max(r.wall_s for r in results), results,
                            grad_norm=sq_to_norm(self.stages[0].last_sq_norm))
 
     def evaluate(self, batches: Iterable[Batch], metric: str = "accuracy") -> dict[str, float]:
         """The held-out figures of ``metric`` (``skyjax.scores``) over ``batches``."""
         batches = eval_microbatches(batches, self.microbatches)
-        results = self._all(lambda s: s.run_eval(batches))[-1]
+        first = [s for s in self.stages if s.pipeline == 0]  # the replicas hold the same params
+        results = self._all(lambda s: s.run_eval(batches), first)[-1]
         return scores.summarize(results, metric)
 
     def unit_params(self) -> list[Any]:
-        """Every unit's current params, in chain order (for checks and checkpoints)."""
-        return [p for s in self.stages for p in s.state.params]
+        """Every unit's current params, in chain order (for checks and checkpoints; pipeline
+        0's, which every replica equals)."""
+        return [p for s in self.stages if s.pipeline == 0 for p in s.state.params]
+
+    def replica_params(self, pipeline: int) -> list[Any]:
+        """Pipeline ``pipeline``'s copy of every unit's params, in chain order."""
+        return [p for s in self.stages if s.pipeline == pipeline for p in s.state.params]
 
     def unit_states(self) -> dict[int, UnitState]:
-        """Every unit's (params, optimizer state), by unit index."""
+        """Every unit's (params, optimizer state), by unit index (pipeline 0's)."""
         out = {}
         for place, stage in zip(self.places, self.stages):
+            if place.pipeline:
+                continue
             for u, p, o in zip(place.units, stage.state.params, stage.state.opt_state):
                 out[u] = (p, o)
         return out

@@ -9,6 +9,12 @@ optax. Sends never block and receives block only on data the stage needs, so any
 action lists are consistent runs without deadlock, for any number of stages and micro-batches.
 Message tags come from ``skyjax.transport.tags``; measured actions are ``skyjax.spans.Span`` records
 (the simulator's type, so a measured step and its simulation share one trace builder).
+
+Several pipelines in data parallel: each stage is in one pipeline, whose share of the global batch
+is whole micro-batches from ``first_microbatch`` on; after its last action a stage sends the
+gradients of the units it shares with stages of other pipelines (``ReplicaPeer``) to them, and
+sums every replica in pipeline order (:meth:`PipelineStage.reduce_replicas`), so every owner
+holds the same sum, bit for bit, before the update.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import time
 from typing import Any, Callable, Iterable, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from skyjax.cluster import timed_call
@@ -96,6 +103,27 @@ class StepInputs:
     keys: list
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplicaPeer:
+    """A stage of another pipeline owning units ``[start, end)`` that this stage owns too:
+    ``address`` is where its transport reaches it (local: its stage id; distributed: its
+    process)."""
+
+    pipeline: int
+    address: int
+    start: int
+    end: int
+
+
+@jax.jit
+def _ordered_sum(replicas: list) -> Any:
+    """The sum of per-pipeline gradient trees in pipeline order (one order for every owner)."""
+    total = replicas[0]
+    for g in replicas[1:]:
+        total = jax.tree.map(jnp.add, total, g)
+    return total
+
+
 PULL_AHEAD = 2  # receives posted ahead of the action that needs them (transports with prefetch)
 
 
@@ -119,6 +147,16 @@ class PipelineStage:
     in_like: Any  # ShapeDtypeStructs of the input carry (micro-batch shapes)
     out_like: Any  # of the output carry (unused on the last stage)
     slowdown: float = 1.0
+    # several pipelines (module doc): which one, its first global micro-batch, this stage's id
+    # among all pipelines' stages (spans), the other pipelines' owners of its units and the
+    # transport handle that reaches them
+    pipeline: int = 0
+    num_pipelines: int = 1
+    first_microbatch: int = 0
+    stage_id: int | None = None
+    first_unit: int = 0
+    peers: tuple[ReplicaPeer, ...] = ()
+    replica_link: Any = None
     _posted: int = dataclasses.field(default=0, init=False, repr=False)  # see _pull_ahead
     # the global squared gradient norm of the last update (None: clipping off, not computed)
     last_sq_norm: float | None = dataclasses.field(default=None, init=False, repr=False)
@@ -143,16 +181,17 @@ class PipelineStage:
     def step_inputs(self, step: int, microbatch: Callable[[int], Batch] | None,
                     rng: Callable[[int], jax.Array]) -> StepInputs:
         """The step's :class:`StepInputs` on this stage's device, in one transfer; ``microbatch``
-        (micro-batch ``i`` of the step's batch) is only read where :attr:`needs_batch`."""
-        m = self.program.microbatches
+        (micro-batch ``g`` of the step's global batch) is only read where :attr:`needs_batch`;
+        ``rng(g)``: its dropout keys. This pipeline's micro-batches are ``first_microbatch`` on."""
+        ids = range(self.first_microbatch, self.first_microbatch + self.program.microbatches)
         if self.needs_batch and microbatch is None:
             raise ValueError(f"stage {self.index} of {self.num_stages}: step {step} needs its "
                              "batch (the first stage's tokens, the last stage's labels)")
-        mbs = [microbatch(i) for i in range(m)] if self.needs_batch else None
+        mbs = [microbatch(g) for g in ids] if self.needs_batch else None
         carries, labels, keys = self._put((
             [host_carry(b) for b in mbs] if self.is_first else None,
             [b["labels"] for b in mbs] if self.is_last else None,
-            [rng(i) for i in range(m)]))
+            [rng(g) for g in ids]))
         return StepInputs(step, carries, labels, keys)
 
     def _input(self, tag: int, batch: Batch | None) -> Any:
@@ -184,6 +223,7 @@ class PipelineStage:
         """Runs one optimizer step's actions, then the (globally clipped) update."""
         start = time.perf_counter()
         result = self.run_actions(step, actions, inputs)
+        self.reduce_replicas(step)
         result.grad_sq_norm = self.update(step, max_grad_norm)
         result.wall_s = time.perf_counter() - start
         return result
@@ -237,16 +277,46 @@ class PipelineStage:
                     self.link.send(message_tag(step, action, self.program.microbatches), d_carry,
                                    self.index - 1)
             t0 = wall_start + (t0 - start)
-            spans.append(Span(self.index, action.kind, mb, t0, t0 + seconds))
+            spans.append(Span(self.span_id, action.kind, self.first_microbatch + mb, t0,
+                              t0 + seconds))
         if idle is not None:
             idle()
         return StepResult(losses, accuracies, spans, time.perf_counter() - start)
 
+    @property
+    def span_id(self) -> int:
+        """The stage's id in spans and traces: its position among all pipelines' stages."""
+        return self.index if self.stage_id is None else self.stage_id
+
+    def reduce_replicas(self, step: int) -> None:
+        """Several pipelines: sends this stage's gradients of the units it shares to each peer
+        (sends never block), receives theirs, and replaces its gradients by the sum over all
+        pipelines in pipeline order (no-op with one pipeline)."""
+        if not self.peers:
+            return
+        tag = tags.replica_grads(step, self.program.loss_microbatches)
+        grads, a = self.state.grads, self.first_unit
+        for peer in self.peers:
+            self.replica_link.send(tag, grads[peer.start - a:peer.end - a], peer.address)
+        got: dict[tuple[int, int], Any] = {}
+        for peer in self.peers:
+            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                grads[peer.start - a:peer.end - a])
+            for u, g in zip(range(peer.start, peer.end),
+                            self.replica_link.recv(tag, like, peer.address)):
+                got[u, peer.pipeline] = g
+        self.state.grads = [
+            _ordered_sum([g if i == self.pipeline else got[u, i]
+                          for i in range(self.num_pipelines)])
+            for u, g in zip(range(a, a + len(grads)), grads)]
+
     def update(self, step: int, max_grad_norm: float | None) -> float | None:
         """The step's optimizer update, after every stage agreed on the global gradient norm;
         returns this stage's squared gradient norm (None: clipping off, not computed). The
-        global one is kept in :attr:`last_sq_norm`."""
-        local = float(global_sq_norm(self.state.grads)) if max_grad_norm else 0.0
+        global one is kept in :attr:`last_sq_norm`. With several pipelines only pipeline 0's
+        stages count their (summed, identical) gradients, so each unit counts once."""
+        counts = max_grad_norm and self.pipeline == 0
+        local = float(global_sq_norm(self.state.grads)) if counts else 0.0
         total = self.link.allreduce_sum(local, tags.grad_norm(step)) if max_grad_norm else 0.0
         self.last_sq_norm = float(total) if max_grad_norm else None
         scale = np.float32(clip_scale(total, max_grad_norm))

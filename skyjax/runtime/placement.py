@@ -16,7 +16,7 @@ import optax
 from skyjax.models.bert import Unit, initial_carry
 from skyjax.plan import Plan
 from skyjax.runtime.batches import Batch
-from skyjax.runtime.pipeline import PipelineStage, StageLink
+from skyjax.runtime.pipeline import PipelineStage, ReplicaPeer, StageLink
 from skyjax.programs.stage import StageProgram
 from skyjax.tree import tree_shapes
 
@@ -25,11 +25,14 @@ UnitState = tuple[Any, Any]  # (params, optimizer state) of one unit
 
 @dataclasses.dataclass(frozen=True)
 class StagePlacement:
-    """A block of units ``[start, end)`` and the index of the device that runs it."""
+    """A block of units ``[start, end)`` and the index of the device that runs it; with several
+    pipelines, its pipeline and its index in that pipeline."""
 
     device: int
     start: int
     end: int
+    pipeline: int = 0
+    index: int = 0  # position in its pipeline
 
     @property
     def units(self) -> range:
@@ -37,14 +40,62 @@ class StagePlacement:
 
 
 def placements(plan: Plan) -> list[StagePlacement]:
-    """The stages of ``plan``, in pipeline order."""
-    return [StagePlacement(int(s.device), int(s.units[0]), int(s.units[1])) for s in plan.stages]
+    """The stages of ``plan`` in its order (pipeline 0's first, each in pipeline order)."""
+    index: dict[int, int] = {}
+    out = []
+    for s in plan.stages:
+        k = index[s.pipeline] = index.get(s.pipeline, -1) + 1
+        out.append(StagePlacement(int(s.device), int(s.units[0]), int(s.units[1]),
+                                  int(s.pipeline), k))
+    return out
+
+
+def pipeline_sizes(places: Sequence[StagePlacement]) -> list[int]:
+    """The number of stages of each pipeline."""
+    sizes: dict[int, int] = {}
+    for p in places:
+        sizes[p.pipeline] = sizes.get(p.pipeline, 0) + 1
+    return [sizes[i] for i in sorted(sizes)]
+
+
+def replica_peers(places: Sequence[StagePlacement], k: int,
+                  address: Sequence[int]) -> tuple[ReplicaPeer, ...]:
+    """The stages of other pipelines that share units with stage ``k``, with the units shared
+    and ``address[j]`` where stage j is reached."""
+    me = places[k]
+    return tuple(ReplicaPeer(q.pipeline, int(address[j]), max(me.start, q.start),
+                             min(me.end, q.end))
+                 for j, q in enumerate(places)
+                 if q.pipeline != me.pipeline and max(me.start, q.start) < min(me.end, q.end))
 
 
 def unit_owners(plan: Plan) -> list[int]:
-    """The device of every unit, by unit index."""
-    owners = {u: place.device for place in placements(plan) for u in place.units}
+    """The device of every unit, by unit index (pipeline 0's, with several pipelines)."""
+    owners = {u: place.device for place in placements(plan) if place.pipeline == 0
+              for u in place.units}
     return [owners[u] for u in sorted(owners)]
+
+
+class PipelineLink:
+    """A stage's view of a transport addressed by stage id, for a pipeline whose stage ``k`` has
+    id ``ids[k]`` (several pipelines share one transport)."""
+
+    def __init__(self, base: Any, ids: Sequence[int]):
+        self.base, self.ids = base, list(ids)
+
+    def send(self, tag: int, tree: Any, dst: int) -> None:
+        self.base.send(tag, tree, self.ids[dst])
+
+    def recv(self, tag: int, like: Any, src: int) -> Any:
+        return self.base.recv(tag, like, self.ids[src])
+
+    def prefetch(self, tag: int, like: Any, src: int) -> None:
+        post = getattr(self.base, "prefetch", None)
+        if post is not None:
+            post(tag, like, self.ids[src])
+
+    def allreduce_sum(self, value: float, tag: int) -> float:
+        return self.base.allreduce_sum(value, tag)
 
 
 def device_units(plan: Plan, device: int) -> list[int]:
@@ -71,12 +122,14 @@ def boundary_shapes(chain: Sequence[Unit], batch_like: Batch) -> list[Any]:
 def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_stages: int,
                 device: jax.Device, link: StageLink, shapes: list[Any], microbatches: int,
                 optimizer: optax.GradientTransformation, slowdown: float = 1.0,
-                unit_states: dict[int, UnitState] | None = None) -> PipelineStage:
+                unit_states: dict[int, UnitState] | None = None,
+                loss_microbatches: int | None = None) -> PipelineStage:
     """A stage owning units ``[place.start, place.end)`` on ``device``: params copied there from
-    the units, or params and optimizer states from ``unit_states`` (by unit index)."""
+    the units, or params and optimizer states from ``unit_states`` (by unit index).
+    ``microbatches``: its pipeline's per step; ``loss_microbatches``: the global batch's."""
     block = list(chain[place.start:place.end])
     program = StageProgram(block, is_last=index == num_stages - 1, microbatches=microbatches,
-                           optimizer=optimizer)
+                           optimizer=optimizer, loss_microbatches=loss_microbatches)
     if unit_states:
         params = jax.device_put([unit_states[u][0] for u in place.units], device, may_alias=False)
         opt = jax.device_put([unit_states[u][1] for u in place.units], device, may_alias=False)
@@ -85,4 +138,5 @@ def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_st
         state = program.init_state(jax.device_put([u.params for u in block], device,
                                                   may_alias=False))
     return PipelineStage(index, num_stages, program, state, device, link, shapes[place.start],
-                         shapes[place.end], slowdown)
+                         shapes[place.end], slowdown, pipeline=place.pipeline,
+                         first_unit=place.start)

@@ -13,7 +13,9 @@ Point to point (``send`` / ``recv``):
 tags                        messages                                     from
 ==========================  ===========================================  =======================
 ``0, 1, 2, ...``            training activations (F) and cotangents (B)  :func:`train_message`
-                            of (step, micro-batch): 3 tags each
+                            of (step, micro-batch): 3 tags each; the
+                            third of micro-batch 0: a step's replicated  :func:`replica_grads`
+                            gradients (several pipelines)
 ``PROFILE_BASE`` (900 000)  profiler link probes (and its collectives),  ``PROFILE_BASE``; the
 and up                      before training                              profiler counts up
 ``-1`` down to              evaluation activations, one tag per eval     :func:`eval_message`
@@ -36,6 +38,7 @@ from point-to-point messages: the gradient-norm all-reduce of step ``s`` uses :f
 from __future__ import annotations
 
 FORWARD, BACKWARD = 0, 1  # message directions within a (step, micro-batch)
+REPLICAS = 2  # the third tag of (step, micro-batch 0): replicated gradients between pipelines
 _PER_MICROBATCH = 3  # tags reserved per (step, micro-batch); part of the wire format
 
 PROFILE_BASE = 900_000  # first tag of the profiler (profile_distributed's ``tag_base``)
@@ -45,6 +48,12 @@ MIGRATE_BASE = -(10 ** 9)  # units moving after a re-plan: MIGRATE_BASE - unit
 def train_message(step: int, microbatch: int, direction: int, microbatches: int) -> int:
     """The tag of one training message: (step, micro-batch, ``FORWARD`` / ``BACKWARD``)."""
     return (step * microbatches + microbatch) * _PER_MICROBATCH + direction
+
+
+def replica_grads(step: int, microbatches: int) -> int:
+    """The tag of step ``step``'s gradients sent to the stages of other pipelines that own the
+    same units (one message per stage pair and step; ``microbatches``: the global count)."""
+    return train_message(step, 0, REPLICAS, microbatches)
 
 
 def eval_message(index: int) -> int:
