@@ -81,9 +81,11 @@ def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], wor
 
 def plan_phase(config: ml_collections.ConfigDict, profile: Profile,
                extra: ExtraCost | None = None) -> plan_lib.Plan:
-    """The plan for the profile (``dynamic`` plans as ``optimal`` and re-plans while training)."""
+    """The plan for the profile (``dynamic`` plans as ``optimal`` and re-plans while training;
+    ``allocation.max_pipelines``: up to that many pipelines in data parallel)."""
     return plan_lib.plan(profile, config.allocation.strategy, config.pipeline.schedule,
-                         config.pipeline.microbatches, extra=extra)
+                         config.pipeline.microbatches, extra=extra,
+                         max_pipelines=config.allocation.max_pipelines)
 
 
 def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0) -> Any:

@@ -148,6 +148,8 @@ def test_tuple_override_from_command_line():
     ("--config.allocation.replan_every=10", "config.allocation.replan_every=10 needs"),
     ("--config.allocation.calibrate_steps=1", "config.allocation.calibrate_steps=1: the first"),
     ("--config.allocation.calibrate_steps=-2", "config.allocation.calibrate_steps=-2"),
+    ("--config.allocation.max_pipelines=0", "config.allocation.max_pipelines=0"),
+    ("--config.allocation.max_pipelines=64", "config.allocation.max_pipelines=64 exceeds"),
     ("--config.model.pretrained=/nonexistent", "config.model.pretrained='/nonexistent'"),
     ("--config.profile.repeats=0", "config.profile.repeats=0"),
     ("--config.profile.passes=0", "config.profile.passes=0"),

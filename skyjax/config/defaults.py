@@ -113,6 +113,9 @@ def _allocation() -> ml_collections.ConfigDict:
     # plan on the profile calibrated by them (measured compute, link waits, step period) and
     # move the units there; 0 = plan from the profile alone
     a.calibrate_steps = 0
+    # optimal: split the devices into up to N pipelines in data parallel, each with a share of
+    # every batch in whole micro-batches (the planner chooses how many; 1 = one pipeline)
+    a.max_pipelines = 1
     return a
 
 

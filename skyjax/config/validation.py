@@ -232,9 +232,26 @@ def _check_pipeline(config: Any) -> None:
               f"config.data.batch_size={config.data.batch_size}")
 
 
-def _check_allocation(a: Any) -> None:
+def _check_allocation(a: Any, config: Any) -> None:
     _one_of("config.allocation.strategy", a.strategy, names.STRATEGIES)
     _one_of("config.allocation.granularity", a.granularity, names.GRANULARITIES)
+    _at_least("config.allocation.max_pipelines", a.max_pipelines, 1)
+    if a.max_pipelines > 1:
+        if a.max_pipelines > config.pipeline.microbatches:
+            _fail(f"config.allocation.max_pipelines={a.max_pipelines} exceeds "
+                  f"config.pipeline.microbatches={config.pipeline.microbatches}: each "
+                  "pipeline takes at least one micro-batch of every batch")
+        if a.strategy != "optimal":
+            _fail(f"config.allocation.max_pipelines={a.max_pipelines} needs "
+                  f"config.allocation.strategy='optimal' (several pipelines are planned once), "
+                  f"got {a.strategy!r}")
+        if a.calibrate_steps:
+            _fail(f"config.allocation.max_pipelines={a.max_pipelines} cannot be combined with "
+                  f"config.allocation.calibrate_steps={a.calibrate_steps}: calibration "
+                  "re-plans one pipeline")
+        if config.cluster.shared_host:
+            _fail(f"config.allocation.max_pipelines={a.max_pipelines} cannot be combined with "
+                  "config.cluster.shared_host=True: the shared-host model plans one pipeline")
     _at_least("config.allocation.replan_every", a.replan_every, 0)
     _at_least("config.allocation.calibrate_steps", a.calibrate_steps, 0)
     if a.calibrate_steps == 1:
@@ -272,7 +289,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _check_data(config, max_positions)
     _check_train(config.train)
     _check_pipeline(config)
-    _check_allocation(config.allocation)
+    _check_allocation(config.allocation, config)
     _check_cluster(config.cluster)
     _at_least("config.profile.repeats", config.profile.repeats, 1)
     _at_least("config.profile.passes", config.profile.passes, 1)
