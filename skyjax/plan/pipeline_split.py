@@ -13,12 +13,16 @@ devices (``pipelines.ChainCache``); devices that chain leaves unused are idle.
   DP); a chain with a larger T_i but a cheaper exchange is not considered.
 * Larger instances: candidate splits from link groups (regions; ``classes.link_groups``, over
   ``MAX_GROUPS`` coarsened) and speeds: each set partition of the groups (or one block, or one
-  group per block, when there are many), each block's devices dealt round-robin, fastest first
+  group per block, when there are many; groups may be left out), each block's devices dealt round-robin, fastest first
   within a group, into r pipelines, for every r with blocks x r <= max_pipelines. Shares by the
   greedy rule: start at 1 each, repeatedly give one micro-batch to the pipeline whose
   T_i(m_i + 1) is least (exact for min max_i T_i when every T_i is non-decreasing in m_i). The
   screen prices T_i(m') by one quick chain per pipeline (``ChainCache.get(quick=True)``) found
-  at a share estimated from speeds and re-priced at m' (a real plan: its memory is checked);
+  at a share estimated from speeds (rounded up to a power of two) and re-priced at m' (a real
+  plan: its memory is checked). Splits go in the order of a lower bound on their T
+  (``split_bound``: fractional work, and the exchange each pipeline must make), and the screen
+  stops at the first whose bound reaches the best T so far, or after ``SCREEN_SEARCHES``
+  chain searches;
   the ``REFINE_TOP`` best candidates then get the full chain search at their final shares. The
   result carries ``lower_bound_s`` (``pipelines.fractional_bound``), never ``exact``.
 
@@ -50,6 +54,7 @@ EXHAUSTIVE_WORK = 1e8  # most vectorised elements of those searches' DPs (exact.
 MAX_GROUPS = 6  # more link groups are coarsened for the candidate splits
 ALL_GROUP_PARTITIONS = 5  # every partition of the groups up to this many groups
 REFINE_TOP = 2  # screened candidates that get the full chain search
+SCREEN_SEARCHES = 80  # the screen stops after this many chain searches (seconds at 64 x 26)
 _INF = math.inf
 
 
@@ -169,13 +174,16 @@ def _exhaustive(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
 
 
 def candidate_splits(t: Tables, max_pipelines: int) -> list[list[list[int]]]:
-    """Splits into 2..max_pipelines pipelines from link groups and speeds (module doc)."""
+    """Splits into 2..max_pipelines pipelines from link groups and speeds (module doc); devices
+    of groups a split leaves out are idle."""
     groups = link_groups(t)
     if len(groups) > MAX_GROUPS:
         groups = coarse_groups(t, MAX_GROUPS)
     g = len(groups)
-    if g <= ALL_GROUP_PARTITIONS:
-        gparts = list(set_partitions(g, max_pipelines))
+    if g <= ALL_GROUP_PARTITIONS:  # every subset of the groups, every partition of it
+        gparts = [[[sub[i] for i in b] for b in part] for r in range(1, g + 1)
+                  for sub in itertools.combinations(range(g), r)
+                  for part in set_partitions(r, max_pipelines)]
     else:
         gparts = [[list(range(g))]] + ([[[i] for i in range(g)]] if g <= max_pipelines else [])
     speed = t.prefix[:, -1]  # one micro-batch through the whole model
@@ -198,6 +206,27 @@ def candidate_splits(t: Tables, max_pipelines: int) -> list[list[list[int]]]:
     return out
 
 
+def split_bound(t: Tables, split: list[list[int]], gprefix: np.ndarray, rate: np.ndarray,
+                bandwidth: np.ndarray) -> float:
+    """A lower bound on T for any chains and shares on this split: the fractional bound
+    (``pipelines.fractional_bound``) over the at most U devices each pipeline can use, plus
+    AR >= max_i sum_{j != i} G / (n_i max bandwidth from S_i to S_j): each other pipeline's
+    stages cover every unit, so pipeline i's n_i <= min(U, |S_i|) devices send it G = all
+    gradient bytes between them, and AR is at least their mean."""
+    w = float(t.work.min(axis=1).sum())
+    cap = sum(np.sort(rate[s])[::-1][: t.num_units].sum() for s in split)
+    ar = 0.0
+    for i, si in enumerate(split):
+        n_i = min(t.num_units, len(si))
+        total = 0.0
+        for j, sj in enumerate(split):
+            if i != j:
+                top = float(bandwidth[np.ix_(si, sj)].max())
+                total += gprefix[-1] / top if top > 0 else _INF
+        ar = max(ar, total / n_i)
+    return t.microbatches * w / cap + ar + t.sync_s
+
+
 def greedy_shares(step: Sequence[Callable[[int], float]], m: int) -> list[int] | None:
     """Shares minimising max_i step[i](m_i) for non-decreasing step functions: 1 each, then
     each further micro-batch to the pipeline whose step with it is least (None: no fit)."""
@@ -218,13 +247,21 @@ def _by_candidates(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
     """Screen every candidate split, then the full chain search for the best few."""
     t, m, sync = cache.t, cache.t.microbatches, cache.t.sync_s
     lat, bw = cache.profile.latency_s, cache.profile.bandwidth_Bps
-    speed = 1.0 / np.maximum(t.prefix[:, -1], 1e-300)
+    w = t.work.min(axis=1)  # s_d of fractional_bound: d's speed against the fastest per unit
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(t.work > 0, w[:, None] / t.work, 1.0).min(axis=0)
+    splits = candidate_splits(t, max_pipelines)
+    bounds = [split_bound(t, s, gprefix, rate, bw) for s in splits]
     screened = []
-    for split in candidate_splits(t, max_pipelines):
-        rate = np.array([np.sort(speed[s])[::-1][: t.num_units].sum() for s in split])
-        est = m * rate / rate.sum()
-        steps = [_step_fn(cache, s, max(1, int(math.ceil(1.25 * e)) + 1))
-                 for s, e in zip(split, est)]
+    for i in np.argsort(bounds, kind="stable"):
+        split = splits[i]
+        if bounds[i] >= best.step_s:  # sorted: no later split can win either
+            break
+        if cache.searches >= SCREEN_SEARCHES:
+            break
+        share = np.array([np.sort(rate[s])[::-1][: t.num_units].sum() for s in split])
+        est = m * share / share.sum()
+        steps = [_step_fn(cache, s, _pow2(1.25 * e + 1)) for s, e in zip(split, est)]
         shares = greedy_shares(steps, m)
         if shares is None:
             continue
@@ -241,6 +278,11 @@ def _by_candidates(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
             full.append(q if q is not None and q.step_s < p.step_s else p)
         ar, _ = exchange_s([p.chain for p in full], gprefix, lat, bw)
         best.offer(max(p.step_s for p in full) + ar + sync, full, shares)
+
+
+def _pow2(x: float) -> int:
+    """The least power of two >= x (few distinct m_ref, so the screens share chain searches)."""
+    return 1 << max(0, math.ceil(math.log2(max(x, 1.0))))
 
 
 class _step_fn:
