@@ -10,6 +10,8 @@ heuristic <- planner):
 * ``bounds``: lower bounds on the step time and the bottleneck.
 * ``exact`` / ``heuristic``: the two searches for the ``optimal`` strategy.
 * ``planner``: ``plan()``, which picks the strategy and search.
+* ``pipelines`` / ``pipeline_split``: several pipelines in data parallel, their cost (the
+  gradient exchange) and the search over splits and shares (``plan(max_pipelines=N)``).
 * ``schedules``: GPipe / 1F1B as per-stage action lists; ``simulate``: an event simulation of
   them; ``compare``: a plan's predicted vs a measured step, per stage; ``replan``: the
   re-planning policy and calibration from measured steps; ``cli``: ``python -m skyjax.plan``.
@@ -22,9 +24,10 @@ from skyjax.plan.bounds import lower_bound, min_bottleneck
 from skyjax.plan.classes import device_classes, link_groups
 from skyjax.plan.cost import Tables, evaluate, stage_costs, step_time, tables
 from skyjax.plan.even import even_assignment
+from skyjax.plan.pipelines import evaluate_pipelines
 from skyjax.plan.planner import plan
 from skyjax.plan.types import InfeasibleError, Plan, Stage
 
 __all__ = ["InfeasibleError", "Plan", "Stage", "Tables", "device_classes", "evaluate",
-           "even_assignment", "link_groups", "lower_bound", "min_bottleneck", "plan",
+           "evaluate_pipelines", "even_assignment", "link_groups", "lower_bound", "min_bottleneck", "plan",
            "stage_costs", "step_time", "tables"]

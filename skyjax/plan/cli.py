@@ -1,12 +1,14 @@
 """``python -m skyjax.plan``: plan a pipeline from a profile file (no devices needed).
 
   python -m skyjax.plan --profile profile.json --strategy optimal --schedule 1f1b \\
-      --microbatches 8 [--certify] [--shared_host auto|on|off] [--json] [--out plan.json]
+      --microbatches 8 [--pipelines N] [--certify] [--shared_host auto|on|off] [--json] [--out plan.json]
       [--trace trace.json] [--plot plan.png] [--timeline timeline.png]
 
 Without ``--json`` it prints a table (stage, device, units, compute, comm, memory, share of the
 bottleneck, totals; the bottleneck marked); with it, the plan.json object (docs/design.md).
-``--trace`` writes the simulated schedule as a Chrome / Perfetto trace; ``--plot`` and
+``--pipelines N`` lets the planner split the devices into up to N pipelines in data parallel
+(the table then shows each stage's pipeline, each pipeline's devices, share and T_i, and the
+gradient all-reduce). ``--trace`` writes the simulated schedule as a Chrome / Perfetto trace; ``--plot`` and
 ``--timeline`` draw the plan and the simulated step (:mod:`skyjax.report.plots`; matplotlib is
 imported only then, so planning itself needs neither it nor JAX). ``--certify`` also computes
 the lower-bound certificates (:mod:`skyjax.plan.certificates`). A bad profile or an infeasible
@@ -34,6 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     p.add_argument("--microbatches", type=_positive_int, default=8)
+    p.add_argument("--pipelines", type=_positive_int, default=1,
+                   help="most pipelines in data parallel (the planner picks 1..N; default 1); under "
+                        "the core model: the shared-host model plans one pipeline")
     p.add_argument("--certify", action="store_true",
                    help="compute the lower-bound certificates (plan.json's lower_bound_s and "
                         "exact; seconds at scale)")
@@ -65,9 +70,11 @@ def format_table(plan: Plan, profile: Profile) -> str:
     time, memory against the device's, share of the bottleneck), a totals row, the bottleneck
     stage marked, and how the predicted step time is made up."""
     used = len(plan.stages)
+    several = plan.num_pipelines > 1
     head = (f"{plan.strategy} plan, {plan.schedule}, {plan.microbatches} micro-batches: "
             f"{used} stage{'s' if used != 1 else ''} on {used} of {profile.num_devices} devices, "
-            f"{profile.num_units} units")
+            f"{profile.num_units} units"
+            + (f", {plan.num_pipelines} pipelines in data parallel" if several else ""))
     unit = time_unit(max([s.time_s for s in plan.stages] + [1e-12]))
     worst = max(range(used), key=lambda k: plan.stages[k].time_s) if used else -1
     rows, notes = [], []
@@ -77,21 +84,25 @@ def format_table(plan: Plan, profile: Profile) -> str:
                                              else "")
         dev = profile.devices[s.device]
         cap = float(dev["memory_bytes"])
-        rows.append((str(k), f"{s.device} {dev['name']}", str(b - a), f"[{a}, {b}) {names}",
+        rows.append(((str(s.pipeline),) if several else ()) + (str(k), f"{s.device} {dev['name']}", str(b - a), f"[{a}, {b}) {names}",
                      fmt_time(s.compute_s, unit), fmt_time(s.comm_s, unit),
                      fmt_time(s.time_s, unit), fmt_bytes(s.memory_bytes), fmt_bytes(cap),
                      f"{s.memory_bytes / cap:.1%}" if cap > 0 else "-",
                      f"{s.time_s / plan.bottleneck_s:.0%}" if plan.bottleneck_s > 0 else "-"))
         notes.append("bottleneck" if k == worst else "")
-    total = ("total", "", str(profile.num_units), "",
+    total = (("",) if several else ()) + ("total", "", str(profile.num_units), "",
              fmt_time(sum(s.compute_s for s in plan.stages), unit),
              fmt_time(sum(s.comm_s for s in plan.stages), unit),
              fmt_time(sum(s.time_s for s in plan.stages), unit),
              fmt_bytes(sum(s.memory_bytes for s in plan.stages)), "", "", "")
-    table = render(("stage", "device", "units", "unit range", "compute", "comm", "stage time",
-                    "memory", "device memory", "used", "share"), rows,
-                   right=(True, False, True, False, True, True, True, True, True, True, True),
-                   total=total, notes=notes)
+    table = render((("pipeline",) if several else ()) + (
+        "stage", "device", "units", "unit range", "compute", "comm", "stage time", "memory",
+        "device memory", "used", "share"), rows,
+        right=((True,) if several else ()) + (True, False, True, False, True, True, True, True,
+                                             True, True, True),
+        total=total, notes=notes)
+    if several:
+        return "\n".join([head, "", table, "", *_pipelines_tail(plan, worst)])
     stages_s = sum(s.time_s for s in plan.stages)
     extra = plan.step_time_s - stages_s - (plan.microbatches - 1) * plan.bottleneck_s
     tail = (f"predicted step time {fmt_time(plan.step_time_s)} = sum of stage times "
@@ -106,6 +117,26 @@ def format_table(plan: Plan, profile: Profile) -> str:
         tail += (f"heuristic, lower bound {fmt_time(plan.lower_bound_s)}" if plan.lower_bound_s
                  else "even split (no search)")
     return "\n".join([head, "", table, "", tail])
+
+
+def _pipelines_tail(plan: Plan, worst: int) -> list[str]:
+    """Per pipeline its devices, units, share and T_i; then how T is made up."""
+    lines = []
+    for i in range(plan.num_pipelines):
+        sub = plan.pipeline(i)
+        lines.append(f"pipeline {i}: devices {[s.device for s in sub.stages]}, units "
+                     f"[{sub.stages[0].units[0]}, {sub.stages[-1].units[1]}) in "
+                     f"{len(sub.stages)} stage{'s' if len(sub.stages) != 1 else ''}, share "
+                     f"{sub.microbatches} micro-batches, T_i {fmt_time(sub.step_time_s)}")
+    sync = plan.step_time_s - max(plan.pipeline_step_s or [0.0]) - plan.allreduce_s
+    tail = (f"predicted step time {fmt_time(plan.step_time_s)} = slowest pipeline "
+            f"{fmt_time(max(plan.pipeline_step_s or [0.0]))} + gradient all-reduce "
+            f"{fmt_time(plan.allreduce_s)} + sync {fmt_time(sync)}; bottleneck stage {worst}; ")
+    if plan.exact:
+        tail += "optimal over splits and shares given each pipeline's least-T_i chain (exact)"
+    else:
+        tail += f"heuristic, lower bound {fmt_time(plan.lower_bound_s)}"
+    return lines + ["", tail]
 
 
 def shared_host_model(profile: Profile, choice: str):
@@ -142,8 +173,13 @@ def plan_and_write(args: argparse.Namespace) -> int:
                 workdir.check_output_file(f"--{flag}", getattr(args, flag))
         profile = load_profile(args.profile)
         extra = shared_host_model(profile, args.shared_host)
+        if args.pipelines > 1 and extra is not None:
+            if args.shared_host == "on":
+                raise ValueError("--pipelines > 1 with --shared_host on: the shared-host "
+                                 "model plans one pipeline")
+            extra = None  # auto: several pipelines are planned under the core model
         plan = planner.plan(profile, args.strategy, args.schedule, args.microbatches,
-                            certify=args.certify, extra=extra)
+                            certify=args.certify, extra=extra, max_pipelines=args.pipelines)
     except InfeasibleError as e:  # a ValueError too: first
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -139,10 +139,12 @@ def _fastest_subsets(t: Tables, top: "_CapSearch", orders: list[list[int]], make
     return cs if cs.score < top.score * (1 - 1e-9) else top
 
 
-def search(t: Tables, cap_lb: float, rounds: int = 5, k: int = 8) -> Solution | None:
+def search(t: Tables, cap_lb: float, rounds: int = 5, k: int = 8,
+           improve: bool = True) -> Solution | None:
     """Each candidate order gets a cap search (all rounds when n x U is small, otherwise one
     screening round and only the best is refined); then, within a work budget, local search
-    over orders (:mod:`skyjax.plan.order_search`)."""
+    over orders (:mod:`skyjax.plan.order_search`; ``improve=False`` skips it: a quicker
+    screen, used by :mod:`skyjax.plan.pipeline_split` at scale)."""
     groups = link_groups(t)
     if len(groups) > MAX_LINK_GROUPS:  # e.g. noisy measured links: coarsen, charge worst links
         groups = coarse_groups(t, MAX_LINK_GROUPS)
@@ -170,8 +172,9 @@ def search(t: Tables, cap_lb: float, rounds: int = 5, k: int = 8) -> Solution | 
     top = min(searches, key=lambda cs: cs.score)
     if not full:
         top.refine(rounds - 1, best)
-    top = order_search.improve(top, lambda order, best: cap_search(order, best, rounds),
-                               class_of, group_of, t.microbatches, t.num_units)
+    if improve:
+        top = order_search.improve(top, lambda order, best: cap_search(order, best, rounds),
+                                   class_of, group_of, t.microbatches, t.num_units)
     sol = top.solution()
     if t.schedule == "gpipe" and sol is not None and order_search.memory_bound(t, sol):
         # slow devices between fast ones re-align memory-bound blocks: screened near the

@@ -29,6 +29,11 @@ Extra cost terms (``extra``, :mod:`skyjax.plan.extension`; the optional shared-h
 carries what they add, which the searches do not see; the planner then also asks them for
 better plans (``ExtraCost.best_of``: device subsets for processes sharing a host's cores).
 
+Several pipelines (``max_pipelines`` > 1): the devices split into up to that many pipelines in
+data parallel, each planned by the searches above on its devices with its share of the
+micro-batches, the replicated gradients exchanged between them (:mod:`skyjax.plan.pipelines`,
+:mod:`skyjax.plan.pipeline_split`); the single-pipeline plan is returned where it is best.
+
 An infeasible problem raises InfeasibleError naming the tightest device and the missing bytes.
 """
 
@@ -38,7 +43,7 @@ import numpy as np
 
 from skyjax.names import STRATEGIES
 from skyjax.plan import exact as exact_search
-from skyjax.plan import heuristic
+from skyjax.plan import heuristic, pipeline_split
 from skyjax.plan.bounds import lower_bound, min_bottleneck
 from skyjax.plan.classes import device_classes
 from skyjax.plan.cost import Tables, evaluate_tables, tables
@@ -55,10 +60,26 @@ GOAL_GAP = 0.009  # chain_bound's goal: a gap just inside REGION_GAP (its last s
 
 def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
          microbatches: int = 8, *, force_heuristic: bool = False, certify: bool = False,
-         extra: ExtraCost | None = None) -> Plan:
+         extra: ExtraCost | None = None, max_pipelines: int = 1) -> Plan:
     """Plan a profile. even: all devices in order; optimal/dynamic: least T (module doc).
     ``certify``: also compute the lower-bound certificates (module doc); ``extra``: extra cost
-    terms (:mod:`skyjax.plan.extension`), None for the core model alone."""
+    terms (:mod:`skyjax.plan.extension`), None for the core model alone. ``max_pipelines``:
+    above 1, the least T over 1..max_pipelines pipelines in data parallel
+    (:mod:`skyjax.plan.pipeline_split`; ``even`` ignores it)."""
+    if isinstance(max_pipelines, bool) or int(max_pipelines) != max_pipelines \
+            or max_pipelines < 1:
+        raise ValueError(f"max_pipelines: expected a positive integer, got {max_pipelines!r}")
+    if max_pipelines > 1 and strategy != "even":
+        if extra is not None:
+            raise ValueError("max_pipelines > 1 with extra cost terms: the shared-host model "
+                             "plans one pipeline")
+        try:
+            single = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify,
+                           None)
+        except InfeasibleError:  # several pipelines may fit (fewer micro-batches in flight)
+            single = None
+        return pipeline_split.search(profile, schedule, microbatches, int(max_pipelines),
+                                     single, strategy=strategy, force_heuristic=force_heuristic)
     out = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify, extra)
     if extra is None or strategy == "even":
         return out

@@ -125,7 +125,12 @@ def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True,
                   extra: ExtraCost | None = None) -> SimResult:
     """Simulate a plan on its profile (:func:`stage_actions_s`), with each stage's update
     and the synchronisation at the step boundary; with ``extra`` (:mod:`skyjax.plan.extension`)
-    the step time and busy times also carry what its terms add (not drawn in the trace)."""
+    the step time and busy times also carry what its terms add (not drawn in the trace).
+    Several pipelines: ``_simulate_pipelines``."""
+    if plan.num_pipelines > 1:
+        if extra is not None:
+            raise ValueError("simulate_plan: extra cost terms model one pipeline")
+        return _simulate_pipelines(plan, profile, overlap_comm)
     fwd, bwd, link = stage_actions_s(plan, profile)
     names = [profile.devices[s.device]["name"] for s in plan.stages]
     out = simulate(fwd, bwd, link, plan.schedule, plan.microbatches, overlap_comm=overlap_comm,
@@ -139,3 +144,40 @@ def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True,
         out.busy_s = [b * r for b, r in zip(out.busy_s, effect[1])]
         out.idle_s = [out.step_time_s - b for b in out.busy_s]
     return out
+
+
+def _simulate_pipelines(plan: Plan, profile: Profile, overlap_comm: bool) -> SimResult:
+    """Each pipeline simulated on its own with its m_i micro-batches (no sync_s); the step is the
+    slowest pipeline's, then the gradient exchange as the cost model prices it
+    (``plan.allreduce_s``, not replayed), then sync_s. Stages (busy, idle, peaks, trace rows)
+    are in the plan's flat order, and micro-batches carry their global index."""
+    runs, ids = [], []
+    for i in range(plan.num_pipelines):
+        sub = plan.pipeline(i)
+        fwd, bwd, link = stage_actions_s(sub, profile)
+        runs.append((simulate(fwd, bwd, link, plan.schedule, sub.microbatches,
+                              overlap_comm=overlap_comm, update_s=[s.update_s for s in sub.stages]),
+                     link, plan.first_microbatch(i)))
+        ids.append(plan.stage_ids(i))
+    step = max(r.step_time_s for r, _, _ in runs) + plan.allreduce_s + float(profile.sync_s)
+    n = len(plan.stages)
+    busy, peaks = [0.0] * n, [0] * n
+    spans: list[Span] = []
+    events: list[dict] = []
+    names = [profile.devices[s.device]["name"] for s in plan.stages]
+    for (r, link, first), own in zip(runs, ids):
+        for k, g in enumerate(own):
+            busy[g], peaks[g] = r.busy_s[k], r.peak_inflight[k]
+        mine = [Span(own[s.stage], s.kind, s.microbatch + first, s.start, s.end)
+                for s in r.spans]
+        spans += mine
+        if overlap_comm:  # pipeline link k is drawn on the row of its sender, own[k]
+            local = [dataclasses.replace(s, microbatch=s.microbatch + first) for s in r.spans]
+            for e in link_events(local, link, pid=1, name="links"):
+                if e["ph"] == "M" and any(x["ph"] == "M" for x in events):
+                    continue
+                events.append(dict(e, tid=own[e["tid"]]) if "tid" in e else e)
+    events = stage_events(spans, pid=0, name="stages", stage_names=names, origin=0.0) + events
+    return SimResult(step_time_s=step, busy_s=busy, idle_s=[step - b for b in busy],
+                     peak_inflight=peaks, trace=trace_json(events), spans=spans,
+                     slowdown=[1.0] * n)

@@ -1,0 +1,311 @@
+"""Choosing several pipelines: which devices form each pipeline and its share of micro-batches.
+
+The cost (:mod:`skyjax.plan.pipelines`): T = max_i T_i + AR + sync_s, T_i the step of pipeline i
+on its devices with its m_i micro-batches (m_i >= 1, sum m_i = m), AR the gradient exchange
+between pipelines. Each pipeline gets the least-T_i chain the planner's search finds on its
+devices (``pipelines.ChainCache``); devices that chain leaves unused are idle.
+
+* Small instances (``exhaustive``: <= ``EXHAUSTIVE_DEVICES`` devices and the count of
+  (partition, composition) pairs and the chain searches they need within budget): every set
+  partition of the devices into 1..max_pipelines blocks, every composition of m into as many
+  positive parts, each block's least-T_i chain for its share, AR priced on those chains. This is
+  exact given each pipeline's least-T_i chain (``exact`` when every chain search was the exact
+  DP); a chain with a larger T_i but a cheaper exchange is not considered.
+* Larger instances: candidate splits from link groups (regions; ``classes.link_groups``, over
+  ``MAX_GROUPS`` coarsened) and speeds: each set partition of the groups (or one block, or one
+  group per block, when there are many; groups may be left out), each block's devices dealt round-robin, fastest first
+  within a group, into r pipelines, for every r with blocks x r <= max_pipelines. Shares by the
+  greedy rule: start at 1 each, repeatedly give one micro-batch to the pipeline whose
+  T_i(m_i + 1) is least (exact for min max_i T_i when every T_i is non-decreasing in m_i). The
+  screen prices T_i(m') by one quick chain per pipeline (``ChainCache.get(quick=True)``) found
+  at a share estimated from speeds (rounded up to a power of two) and re-priced at m' (a real
+  plan: its memory is checked). Splits go in the order of a lower bound on their T
+  (``split_bound``: fractional work, and the exchange each pipeline must make), and the screen
+  stops at the first whose bound reaches the best T so far, or after ``SCREEN_SEARCHES``
+  chain searches;
+  the ``REFINE_TOP`` best candidates then get the full chain search at their final shares. The
+  result carries ``lower_bound_s`` (``pipelines.fractional_bound``), never ``exact``.
+
+The single-pipeline plan (the planner's own, handed in) is always a candidate and is returned
+unchanged when it is best and the search was exhaustive and exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from skyjax.plan.classes import coarse_groups, link_groups
+from skyjax.plan.exact import exact_cost
+from skyjax.plan.pipelines import (ChainCache, Priced, build_plan, exchange_s, fractional_bound,
+                                   grad_prefix)
+from skyjax.plan.cost import Tables, tables
+from skyjax.plan.types import InfeasibleError, Plan
+from skyjax.profile.format import Profile
+
+EXHAUSTIVE_DEVICES = 8  # most devices for the exhaustive search
+EXHAUSTIVE_COMBOS = 200_000  # most (partition, composition) pairs
+EXHAUSTIVE_SEARCHES = 3000  # most (device subset up to symmetry, m_i) chain searches
+EXHAUSTIVE_WORK = 1e8  # most vectorised elements of those searches' DPs (exact.exact_cost)
+MAX_GROUPS = 6  # more link groups are coarsened for the candidate splits
+ALL_GROUP_PARTITIONS = 5  # every partition of the groups up to this many groups
+REFINE_TOP = 2  # screened candidates that get the full chain search
+SCREEN_SEARCHES = 80  # the screen stops after this many chain searches (seconds at 64 x 26)
+_INF = math.inf
+
+
+def set_partitions(n: int, max_blocks: int) -> Iterator[list[list[int]]]:
+    """Every partition of 0..n-1 into 1..max_blocks blocks (restricted growth strings)."""
+    def grow(i: int, blocks: list[list[int]]) -> Iterator[list[list[int]]]:
+        if i == n:
+            yield [list(b) for b in blocks]
+            return
+        for b in blocks:
+            b.append(i)
+            yield from grow(i + 1, blocks)
+            b.pop()
+        if len(blocks) < max_blocks:
+            blocks.append([i])
+            yield from grow(i + 1, blocks)
+            blocks.pop()
+    if n > 0:
+        yield from grow(0, [])
+
+
+def compositions(m: int, k: int) -> Iterator[tuple[int, ...]]:
+    """Every way to write m as an ordered sum of k positive integers."""
+    for cuts in itertools.combinations(range(1, m), k - 1):
+        b = (0,) + cuts + (m,)
+        yield tuple(y - x for x, y in zip(b, b[1:]))
+
+
+def _stirling(n: int, k: int) -> int:
+    """Partitions of n items into exactly k blocks."""
+    row = [1] + [0] * k
+    for i in range(1, n + 1):
+        row = [0] + [j * row[j] + row[j - 1] for j in range(1, min(i, k) + 1)] + [0] * (k - i)
+        row = row[: k + 1]
+    return row[k]
+
+
+def exhaustive_fits(cache: ChainCache, max_pipelines: int) -> bool:
+    """Whether every split and share can be tried: few devices, (partition, composition) pairs
+    and chain searches (subsets up to symmetry x shares) within budget."""
+    n, m = cache.t.num_devices, cache.t.microbatches
+    if n > EXHAUSTIVE_DEVICES:
+        return False
+    k_max = min(max_pipelines, m, n)
+    combos = sum(_stirling(n, k) * math.comb(m - 1, k - 1) for k in range(1, k_max + 1))
+    subsets = {cache.key(s) for r in range(1, n + 1) for s in itertools.combinations(range(n), r)}
+    work = sum(exact_cost([x for x in key if x], cache.t.num_units)[1] for key in subsets)
+    return (combos <= EXHAUSTIVE_COMBOS and len(subsets) * m <= EXHAUSTIVE_SEARCHES
+            and work * m <= EXHAUSTIVE_WORK)
+
+
+@dataclasses.dataclass
+class _Best:
+    step_s: float
+    chains: list | None = None  # None: the single-pipeline plan
+    shares: list[int] | None = None
+
+    def offer(self, step_s: float, priced: Sequence[Priced], shares: Sequence[int]) -> None:
+        if step_s < self.step_s * (1 - 1e-12):
+            self.step_s, self.chains, self.shares = step_s, [p.chain for p in priced], list(
+                shares)
+
+
+def search(profile: Profile, schedule: str, microbatches: int, max_pipelines: int,
+           single: Plan | None, *, strategy: str = "optimal",
+           force_heuristic: bool = False) -> Plan:
+    """The least-T plan of 1..max_pipelines pipelines (module doc). ``single``: the planner's
+    single-pipeline plan (None if nothing fits one pipeline)."""
+    t = tables(profile, schedule, microbatches)
+    cache = ChainCache(profile, schedule, t, force_heuristic)
+    gprefix = grad_prefix(profile)
+    best = _Best(single.step_time_s if single is not None else _INF)
+    exhaustive = exhaustive_fits(cache, max_pipelines)
+    if exhaustive:
+        if single is None:  # that no one pipeline fits counts as the search's finding
+            cache.get(range(t.num_devices), microbatches)
+        _exhaustive(cache, max_pipelines, gprefix, best)
+    else:
+        _by_candidates(cache, max_pipelines, gprefix, best)
+    if best.chains is None and single is None:
+        raise InfeasibleError("no feasible plan: no split of the devices into at most "
+                              f"{max_pipelines} pipelines fits memory and links")
+    exact = exhaustive and cache.all_exact and (single is None or single.exact)
+    if best.chains is None:
+        if exact:
+            return single
+        return dataclasses.replace(single, exact=False,
+                                   lower_bound_s=min(fractional_bound(t), single.step_time_s))
+    order = sorted(range(len(best.chains)), key=lambda i: min(d for d, _, _ in best.chains[i]))
+    out = build_plan(profile, schedule, [best.chains[i] for i in order],
+                     [best.shares[i] for i in order], strategy, exact, None)
+    if not exact:
+        out.lower_bound_s = min(fractional_bound(t), out.step_time_s)
+    return out
+
+
+def _exhaustive(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
+                best: _Best) -> None:
+    """Every partition into 2..max_pipelines blocks x every composition (module doc)."""
+    t, m, sync = cache.t, cache.t.microbatches, cache.t.sync_s
+    lat, bw = cache.profile.latency_s, cache.profile.bandwidth_Bps
+    for part in set_partitions(t.num_devices, min(max_pipelines, m)):
+        if len(part) < 2:
+            continue
+        for shares in compositions(m, len(part)):
+            priced = []
+            for block, m_i in zip(part, shares):
+                p = cache.get(block, m_i)
+                if p is None:
+                    break
+                priced.append(p)
+            else:
+                top = max(p.step_s for p in priced) + sync
+                if top < best.step_s:
+                    ar, _ = exchange_s([p.chain for p in priced], gprefix, lat, bw)
+                    best.offer(top + ar, priced, shares)
+
+
+def candidate_splits(t: Tables, max_pipelines: int) -> list[list[list[int]]]:
+    """Splits into 2..max_pipelines pipelines from link groups and speeds (module doc); devices
+    of groups a split leaves out are idle."""
+    groups = link_groups(t)
+    if len(groups) > MAX_GROUPS:
+        groups = coarse_groups(t, MAX_GROUPS)
+    g = len(groups)
+    if g <= ALL_GROUP_PARTITIONS:  # every subset of the groups, every partition of it
+        gparts = [[[sub[i] for i in b] for b in part] for r in range(1, g + 1)
+                  for sub in itertools.combinations(range(g), r)
+                  for part in set_partitions(r, max_pipelines)]
+    else:
+        gparts = [[list(range(g))]] + ([[[i] for i in range(g)]] if g <= max_pipelines else [])
+    speed = t.prefix[:, -1]  # one micro-batch through the whole model
+    out, seen = [], set()
+    for gp in gparts:
+        for r in range(1, max_pipelines // len(gp) + 1):
+            split = []
+            for block in gp:
+                pipes: list[list[int]] = [[] for _ in range(r)]
+                j = 0
+                for gi in block:  # fastest first: a group's r fastest land in r pipelines
+                    for d in sorted(groups[gi], key=lambda d: speed[d]):
+                        pipes[j % r].append(int(d))
+                        j += 1
+                split += pipes
+            key = frozenset(frozenset(p) for p in split)
+            if 1 < len(split) <= t.microbatches and all(split) and key not in seen:
+                seen.add(key)
+                out.append(split)
+    return out
+
+
+def split_bound(t: Tables, split: list[list[int]], gprefix: np.ndarray, rate: np.ndarray,
+                bandwidth: np.ndarray) -> float:
+    """A lower bound on T for any chains and shares on this split: the fractional bound
+    (``pipelines.fractional_bound``) over the at most U devices each pipeline can use, plus
+    AR >= max_i sum_{j != i} G / (n_i max bandwidth from S_i to S_j): each other pipeline's
+    stages cover every unit, so pipeline i's n_i <= min(U, |S_i|) devices send it G = all
+    gradient bytes between them, and AR is at least their mean."""
+    w = float(t.work.min(axis=1).sum())
+    cap = sum(np.sort(rate[s])[::-1][: t.num_units].sum() for s in split)
+    ar = 0.0
+    for i, si in enumerate(split):
+        n_i = min(t.num_units, len(si))
+        total = 0.0
+        for j, sj in enumerate(split):
+            if i != j:
+                top = float(bandwidth[np.ix_(si, sj)].max())
+                total += gprefix[-1] / top if top > 0 else _INF
+        ar = max(ar, total / n_i)
+    return t.microbatches * w / cap + ar + t.sync_s
+
+
+def greedy_shares(step: Sequence[Callable[[int], float]], m: int) -> list[int] | None:
+    """Shares minimising max_i step[i](m_i) for non-decreasing step functions: 1 each, then
+    each further micro-batch to the pipeline whose step with it is least (None: no fit)."""
+    shares = [1] * len(step)
+    if len(step) > m or any(math.isinf(f(1)) for f in step):
+        return None
+    for _ in range(m - len(step)):
+        nxt = [f(s + 1) for f, s in zip(step, shares)]
+        i = int(np.argmin(nxt))
+        if math.isinf(nxt[i]):
+            return None
+        shares[i] += 1
+    return shares
+
+
+def _by_candidates(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
+                   best: _Best) -> None:
+    """Screen every candidate split, then the full chain search for the best few."""
+    t, m, sync = cache.t, cache.t.microbatches, cache.t.sync_s
+    lat, bw = cache.profile.latency_s, cache.profile.bandwidth_Bps
+    w = t.work.min(axis=1)  # s_d of fractional_bound: d's speed against the fastest per unit
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(t.work > 0, w[:, None] / t.work, 1.0).min(axis=0)
+    splits = candidate_splits(t, max_pipelines)
+    bounds = [split_bound(t, s, gprefix, rate, bw) for s in splits]
+    screened = []
+    for i in np.argsort(bounds, kind="stable"):
+        split = splits[i]
+        if bounds[i] >= best.step_s:  # sorted: no later split can win either
+            break
+        if cache.searches >= SCREEN_SEARCHES:
+            break
+        share = np.array([np.sort(rate[s])[::-1][: t.num_units].sum() for s in split])
+        est = m * share / share.sum()
+        steps = [_step_fn(cache, s, _pow2(1.25 * e + 1)) for s, e in zip(split, est)]
+        shares = greedy_shares(steps, m)
+        if shares is None:
+            continue
+        priced = [f.priced(x) for f, x in zip(steps, shares)]
+        ar, _ = exchange_s([p.chain for p in priced], gprefix, lat, bw)
+        step = max(p.step_s for p in priced) + ar + sync
+        best.offer(step, priced, shares)
+        screened.append((step, split, shares, priced))
+    screened.sort(key=lambda x: x[0])
+    for _, split, shares, priced in screened[:REFINE_TOP]:
+        full = []
+        for s, m_i, p in zip(split, shares, priced):
+            q = cache.get(s, m_i)
+            full.append(q if q is not None and q.step_s < p.step_s else p)
+        ar, _ = exchange_s([p.chain for p in full], gprefix, lat, bw)
+        best.offer(max(p.step_s for p in full) + ar + sync, full, shares)
+
+
+def _pow2(x: float) -> int:
+    """The least power of two >= x (few distinct m_ref, so the screens share chain searches)."""
+    return 1 << max(0, math.ceil(math.log2(max(x, 1.0))))
+
+
+class _step_fn:
+    """T_i(m') of one pipeline for the screen: its quick chain found at ``m_ref`` re-priced at
+    m' <= m_ref (memory only shrinks with fewer micro-batches), a quick search above."""
+
+    def __init__(self, cache: ChainCache, devices: list[int], m_ref: int):
+        self.cache, self.devices = cache, devices
+        self.m_ref = min(m_ref, cache.t.microbatches)
+        self.ref = cache.get(devices, self.m_ref, quick=True)
+        self._memo: dict[int, Priced | None] = {}
+
+    def priced(self, m: int) -> Priced | None:
+        if m not in self._memo:
+            p = None
+            if self.ref is not None and m <= self.m_ref:
+                step = self.cache.step_of(self.ref.chain, m)
+                p = Priced(self.ref.chain, step, False) if math.isfinite(step) else None
+            if p is None:
+                p = self.cache.get(self.devices, m, quick=True)
+            self._memo[m] = p
+        return self._memo[m]
+
+    def __call__(self, m: int) -> float:
+        p = self.priced(m)
+        return _INF if p is None else p.step_s

@@ -1,0 +1,262 @@
+"""Several pipelines in data parallel: what they cost, and one pipeline's chain on a device subset.
+
+A plan of several pipelines (docs/design.md, "Several pipelines") splits the devices into
+disjoint subsets. Pipeline i is a chain of stages on its subset (:mod:`skyjax.plan.cost`) that
+takes a share of m_i whole micro-batches of every global batch (m_i >= 1, sum_i m_i = m). The
+micro-batch size stays the profiled one, so the profile's unit times price every stage exactly.
+With its own in-flight counts (GPipe m_i, 1F1B min(m_i, p - k)) and inputs (m_i input_s):
+
+  T_i  = sum_k t_k + (m_i - 1) max_k t_k + update_0          (one pipeline's T without sync_s)
+
+Gradient exchange (what the runtime does): after its last backward, each stage sends the
+gradients of the units it shares with a stage of another pipeline to that stage, directly, and
+sums all replicas in pipeline order, so every owner holds the same sum. A stage on device d with
+units [a, b) in pipeline i and one on device e with [a', b') in pipeline j != i whose blocks
+overlap in O = [max(a, a'), min(b, b')) are peers:
+
+  c(d, e) = latency_s[d][e] + grad_bytes(O) / bandwidth_Bps[d][e]   (bandwidth 0: infinite)
+  grad_bytes(O) = sum_{u in O} units[u]["param_bytes"]
+  AR_d = sum over d's peer stages e of c(d, e)                     (its sends go one by one)
+  AR   = max_d AR_d
+  T    = max_i T_i + AR + sync_s
+
+With one pipeline AR = 0 and T is the single-pipeline T. What the model does not credit: the
+runtime starts a stage's exchange right after that stage's last backward, so the exchanges of
+later stages overlap the drain of earlier ones; the model charges AR after the slowest pipeline
+has finished, an upper bound on that part.
+
+Here: ``exchange_s`` (AR), ``evaluate_pipelines`` (the Plan of given pipelines and shares),
+``restrict_tables`` and ``ChainCache`` (one pipeline's chain search on a subset with its m_i,
+memoised up to interchangeable devices), ``fractional_bound`` (a lower bound on T over every plan
+of any number of pipelines). The split and share search is :mod:`skyjax.plan.pipeline_split`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from skyjax.plan import exact as exact_search
+from skyjax.plan import heuristic
+from skyjax.plan.bounds import min_bottleneck
+from skyjax.plan.classes import device_classes, labels
+from skyjax.plan.cost import Tables, check_assignment, check_fits, stage_costs, tables
+from skyjax.plan.types import InfeasibleError, Plan, Stage
+from skyjax.profile.format import Profile
+
+_INF = math.inf
+
+Chain = list[tuple[int, int, int]]  # [(device, first unit, end unit), ...] in pipeline order
+
+
+def grad_prefix(profile: Profile) -> np.ndarray:
+    """Prefix sums [U+1] of the gradient bytes a stage exchanges per unit: ``param_bytes``.
+    Profiles without it (hand-made ones, older files) fall back to state_bytes / 4: the state is
+    parameters, gradients and Adam's two moments, four copies of the parameters' size."""
+    g = [float(u["param_bytes"]) if "param_bytes" in u else float(u["state_bytes"]) / 4
+         for u in profile.units]
+    return np.concatenate([[0.0], np.cumsum(g)])
+
+
+def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray,
+               bandwidth: np.ndarray) -> tuple[float, dict[int, float]]:
+    """AR = max_d AR_d of pipelines given as chains of global devices (module doc), and AR_d
+    per device that has a peer (0 and {} for one pipeline)."""
+    per: dict[int, float] = {}
+    for i, ci in enumerate(chains):
+        for j, cj in enumerate(chains):
+            if i == j:
+                continue
+            for d, a, b in ci:
+                for e, a2, b2 in cj:
+                    lo, hi = max(a, a2), min(b, b2)
+                    if lo >= hi:
+                        continue
+                    bw = bandwidth[d, e]
+                    cost = (float(latency[d, e]) + float(gprefix[hi] - gprefix[lo]) / bw
+                            if bw > 0 else _INF)
+                    per[d] = per.get(d, 0.0) + cost
+    return (max(per.values()) if per else 0.0), per
+
+
+def pipeline_step(stages: Sequence[Stage], microbatches: int) -> float:
+    """T_i = sum t_k + (m_i - 1) max t_k + update_0 (no sync_s)."""
+    ts = [s.time_s for s in stages]
+    return float(sum(ts) + (microbatches - 1) * max(ts) + stages[0].update_s)
+
+
+def restrict_tables(t: Tables, devices: Sequence[int], microbatches: int,
+                    input_s: np.ndarray | None = None) -> Tables:
+    """``t`` on a device subset (indices 0..n-1 in the order given) with m_i micro-batches: the
+    in-flight counts follow ``microbatches`` and ``alone`` = m_i input_s (``input_s`` [D] from
+    the profile; else recovered as alone / m)."""
+    idx = np.asarray(devices, dtype=np.int64)
+    ix = np.ix_(idx, idx)
+    per = (np.asarray(input_s, float) if input_s is not None else t.alone / t.microbatches)
+    return dataclasses.replace(
+        t, work=t.work[:, idx], prefix=t.prefix[idx], fixed=t.fixed[idx], in_msg=t.in_msg[idx],
+        update_prefix=t.update_prefix[idx], update_call=t.update_call[idx],
+        alone=int(microbatches) * per[idx], latency=t.latency[ix], bandwidth=t.bandwidth[ix],
+        memory=t.memory[idx], microbatches=int(microbatches))
+
+
+def fractional_bound(t: Tables) -> float:
+    """A lower bound on T over every plan with any number of pipelines (a proof).
+
+    Let w[u] = min_d work[u][d] and s_d = min_u w[u] / work[u][d] (<= 1: d's speed against the
+    fastest per unit), so any block B on d takes compute >= sum_{u in B} w[u] / s_d. A stage k of
+    pipeline i on d has T - sync_s >= T_i >= m_i t_k >= m_i compute_k, so the reference work
+    m_i sum_{u in B_k} w[u] it does per step is at most s_d (T - sync_s). Summed over all stages
+    (each device holds at most one), every micro-batch's whole model: m sum_u w[u] <=
+    (T - sync_s) sum_d s_d. Memory, comm, call costs and updates are dropped (all >= 0).
+    Also T >= min_d sum_u work[u][d] + sync_s (one micro-batch through a whole chain)."""
+    w = t.work.min(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(t.work > 0, w[:, None] / t.work, 1.0)
+    s = ratio.min(axis=0)
+    frac = t.microbatches * float(w.sum()) / float(s.sum()) if s.sum() > 0 else 0.0
+    return max(frac, float(t.prefix[:, -1].min())) + t.sync_s
+
+
+def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares: Sequence[int],
+               strategy: str, exact: bool, lower_bound_s: float | None,
+               check: bool = True) -> Plan:
+    """The Plan of pipelines (chains of global devices) and their shares, priced as the module
+    doc says: pipeline i on tables with m_i micro-batches; raises InfeasibleError (``check``)."""
+    if len(chains) != len(shares) or not chains:
+        raise ValueError(f"need one share per pipeline: {len(chains)} pipelines, "
+                         f"{len(shares)} shares")
+    seen: set[int] = set()
+    stages: list[Stage] = []
+    steps = []
+    for i, (chain, m_i) in enumerate(zip(chains, shares)):
+        if int(m_i) != m_i or m_i < 1:
+            raise ValueError(f"shares[{i}]: expected a positive integer, got {m_i!r}")
+        t = tables(profile, schedule, int(m_i))
+        check_assignment(t, chain)
+        if seen & {d for d, _, _ in chain}:
+            raise ValueError(f"pipeline {i}: device {sorted(seen & {d for d, _, _ in chain})[0]}"
+                             f" is already in another pipeline")
+        seen |= {d for d, _, _ in chain}
+        own = stage_costs(t, chain)
+        if check:
+            try:
+                check_fits(profile, t, own)
+            except InfeasibleError as e:
+                raise InfeasibleError(f"pipeline {i}: {e}") from None
+        steps.append(pipeline_step(own, int(m_i)))
+        stages += [dataclasses.replace(s, pipeline=i) for s in own]
+    ar, _ = exchange_s(chains, grad_prefix(profile), profile.latency_s, profile.bandwidth_Bps)
+    if check and math.isinf(ar):
+        raise InfeasibleError("gradient exchange: two stages that share units cannot reach "
+                              "one another (bandwidth_Bps 0)")
+    step = max(steps) + ar + float(profile.sync_s)
+    return Plan(strategy=strategy, schedule=schedule, microbatches=int(sum(shares)),
+                stages=stages, step_time_s=step, bottleneck_s=max(s.time_s for s in stages),
+                exact=exact, lower_bound_s=None if exact else lower_bound_s,
+                device_names=[d["name"] for d in profile.devices],
+                shares=[int(x) for x in shares], allreduce_s=ar, pipeline_step_s=steps)
+
+
+def evaluate_pipelines(profile: Profile, assignments: Sequence[Chain], shares: Sequence[int],
+                       schedule: str = "1f1b", strategy: str = "custom") -> Plan:
+    """The Plan of given pipelines ([(device, start, end), ...] each, disjoint devices) and
+    shares (micro-batches per pipeline) under the cost model; raises InfeasibleError if a stage
+    does not fit or two peers cannot reach one another, ValueError for a malformed input. One
+    pipeline gives what ``cost.evaluate`` gives (``shares`` None)."""
+    if len(assignments) == 1 and len(shares) == 1:
+        from skyjax.plan.cost import evaluate
+
+        return evaluate(profile, assignments[0], schedule, int(shares[0]), strategy)
+    return build_plan(profile, schedule, [list(a) for a in assignments], shares, strategy,
+                      False, None)
+
+
+@dataclasses.dataclass
+class Priced:
+    """One pipeline's chain (global devices) on a subset with m_i micro-batches, its T_i, and
+    whether the chain search that found it was exact."""
+
+    chain: Chain
+    step_s: float
+    exact: bool
+
+
+class ChainCache:
+    """One pipeline's least-T_i chain per (device subset, m_i), memoised up to interchangeable
+    devices: the key is the subset's count of devices per class of the whole problem
+    (``device_classes``: swapping two devices of a class changes no cost), and a chain found on
+    one subset is mapped class by class to another with the same counts.
+
+    ``get`` runs the planner's search on ``restrict_tables``: the exact DP where ``exact_fits``
+    (and not ``force_heuristic``), else the heuristic; ``quick`` runs the heuristic without its
+    local search over orders (screening at scale). ``reprice`` prices a chain at another m_i."""
+
+    def __init__(self, profile: Profile, schedule: str, t: Tables, force_heuristic: bool):
+        self.profile, self.schedule, self.t = profile, schedule, t
+        self.force_heuristic = force_heuristic
+        self.class_of = labels(device_classes(t), t.num_devices)
+        self.n_classes = int(self.class_of.max()) + 1
+        self._found: dict[tuple, tuple[list[int], Chain | None, bool]] = {}
+        self._tables: dict[int, Tables] = {}
+        self.all_exact = True  # every search run so far was the exact DP
+        self.searches = 0
+
+    def tables_for(self, m: int) -> Tables:
+        if m not in self._tables:
+            self._tables[m] = tables(self.profile, self.schedule, m)
+        return self._tables[m]
+
+    def key(self, devices: Sequence[int]) -> tuple[int, ...]:
+        return tuple(np.bincount(self.class_of[list(devices)], minlength=self.n_classes))
+
+    def get(self, devices: Sequence[int], m: int, quick: bool = False) -> Priced | None:
+        """The chain on ``devices`` (sorted) for m_i = m, or None if nothing fits."""
+        devices = sorted(devices)
+        vec = self.key(devices)
+        hit = self._found.get((vec, m, False)) or (self._found.get((vec, m, True)) if quick
+                                                   else None)
+        if hit is None:
+            hit = self._search(devices, m, quick)
+            self._found[(vec, m, quick)] = hit
+        rep, chain, exact = hit
+        if chain is None:
+            return None
+        mapped = self._map(rep, devices, chain)
+        return Priced(mapped, self.step_of(mapped, m), exact)
+
+    def _search(self, devices: list[int], m: int, quick: bool):
+        sub = restrict_tables(self.t, devices, m, self.profile.input_s)
+        self.searches += 1
+        classes = device_classes(sub)
+        exact = (not quick and not self.force_heuristic
+                 and exact_search.exact_fits([len(c) for c in classes], sub.num_units))
+        if exact:
+            sol = exact_search.search(sub, classes)
+        else:
+            sol = heuristic.search(sub, min_bottleneck(sub), improve=not quick)
+        self.all_exact &= exact
+        chain = None if sol is None else [(devices[d], a, b) for d, a, b in sol.assignment]
+        return devices, chain, exact
+
+    def _map(self, rep: list[int], devices: list[int], chain: Chain) -> Chain:
+        """``chain`` on ``rep`` moved to ``devices`` (same class counts), class by class."""
+        if rep == devices:
+            return chain
+        to: dict[int, int] = {}
+        for c in range(self.n_classes):
+            src = [d for d in rep if self.class_of[d] == c]
+            dst = [d for d in devices if self.class_of[d] == c]
+            to.update(zip(src, dst))
+        return [(to[d], a, b) for d, a, b in chain]
+
+    def step_of(self, chain: Chain, m: int) -> float:
+        """T_i of a chain at m_i = m; inf if it does not fit memory or links at m."""
+        t = self.tables_for(m)
+        stages = stage_costs(t, chain)
+        if any(s.memory_bytes > t.memory[s.device] or math.isinf(s.comm_s) for s in stages):
+            return _INF
+        return pipeline_step(stages, m)

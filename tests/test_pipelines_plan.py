@@ -1,0 +1,235 @@
+"""Several pipelines in data parallel (skyjax.plan.pipelines, pipeline_split): the planner against
+brute force, one pipeline unchanged, when several win or lose, plan.json, the simulator."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+
+from skyjax import plan as plan_lib
+from skyjax.plan import InfeasibleError
+from skyjax.plan.cost import evaluate_tables
+from skyjax.plan.pipeline_split import candidate_splits, greedy_shares, search
+from skyjax.plan.pipelines import evaluate_pipelines, fractional_bound
+from skyjax.plan.simulate import simulate_plan
+from skyjax.plan.types import Plan
+from tests.helpers import make_profile, random_profile
+
+
+def _partitions(items: list[int], k_max: int):
+    """Every set partition of ``items`` into at most k_max blocks (independent of the planner's
+    enumeration)."""
+    if not items:
+        yield []
+        return
+    head, rest = items[0], items[1:]
+    for part in _partitions(rest, k_max):
+        for i in range(len(part)):
+            yield part[:i] + [[head] + part[i]] + part[i + 1:]
+        if len(part) < k_max:
+            yield [[head]] + part
+
+
+def _best_chain(prof, block, schedule, m_i, memo):
+    """Least T_i (no sync_s) over every chain on ``block``: each ordered subset of its devices x
+    each cut, priced by the cost model with m_i micro-batches."""
+    key = (tuple(block), m_i)
+    if key not in memo:
+        t = plan_lib.tables(prof, schedule, m_i)
+        best = (math.inf, None)
+        u = prof.num_units
+        for n in range(1, min(u, len(block)) + 1):
+            for devs in itertools.permutations(block, n):
+                for cuts in itertools.combinations(range(1, u), n - 1):
+                    b = (0,) + cuts + (u,)
+                    try:
+                        p = evaluate_tables(prof, t, list(zip(devs, b, b[1:])), "bf", False,
+                                            None)
+                    except InfeasibleError:
+                        continue
+                    if p.step_time_s - t.sync_s < best[0]:
+                        best = (p.step_time_s - t.sync_s, p)
+        memo[key] = best
+    return memo[key]
+
+
+def _allreduce(prof, plans) -> float:
+    """AR from the design doc's formula, written out independently."""
+    per: dict[int, float] = {}
+    gb = [u.get("param_bytes", u["state_bytes"] / 4) for u in prof.units]
+    for i, pi in enumerate(plans):
+        for j, pj in enumerate(plans):
+            for s in pi.stages if i != j else ():
+                for r in pj.stages:
+                    lo, hi = max(s.units[0], r.units[0]), min(s.units[1], r.units[1])
+                    if lo < hi:
+                        bw = prof.bandwidth_Bps[s.device, r.device]
+                        c = (prof.latency_s[s.device, r.device] + sum(gb[lo:hi]) / bw
+                             if bw > 0 else math.inf)
+                        per[s.device] = per.get(s.device, 0.0) + c
+    return max(per.values(), default=0.0)
+
+
+def _brute_force(prof, schedule, m, k_max) -> float:
+    memo: dict = {}
+    best = math.inf
+    for part in _partitions(list(range(prof.num_devices)), k_max):
+        for cuts in itertools.combinations(range(1, m), len(part) - 1):
+            b = (0,) + cuts + (m,)
+            shares = [y - x for x, y in zip(b, b[1:])]
+            found = [_best_chain(prof, blk, schedule, m_i, memo) for blk, m_i in
+                     zip(part, shares)]
+            if any(p is None for _, p in found):
+                continue
+            step = max(s for s, _ in found) + _allreduce(prof, [p for _, p in found])
+            best = min(best, step + prof.sync_s)
+    return best
+
+
+N_BRUTE = 18
+
+
+def test_planner_matches_brute_force():
+    """Every split, share and chain enumerated on random instances (3-6 devices, 5-3 units,
+    m 4-6, GPipe and 1F1B, memory that sometimes binds, random links, some unreachable)."""
+    rng = np.random.default_rng(36)
+    cases = several = 0
+    for i in range(N_BRUTE):
+        d = (3, 4, 5, 3, 4, 6)[i % 6]
+        u = {3: 5, 4: 4, 5: 3, 6: 3}[d]
+        prof = random_profile(rng, d, u)
+        schedule, m = ("gpipe", "1f1b")[i % 2], int(rng.integers(4, 7))
+        k_max = 3 if d < 6 else 2
+        want = _brute_force(prof, schedule, m, k_max)
+        if math.isinf(want):
+            with pytest.raises(InfeasibleError):
+                plan_lib.plan(prof, "optimal", schedule, m, max_pipelines=k_max)
+            continue
+        got = plan_lib.plan(prof, "optimal", schedule, m, max_pipelines=k_max)
+        assert got.step_time_s == pytest.approx(want, rel=1e-9), (i, d, u, schedule, m)
+        assert got.exact
+        if got.num_pipelines > 1:
+            several += 1
+            again = evaluate_pipelines(prof, [[(s.device, *s.units) for s in
+                                               got.pipeline(p).stages]
+                                              for p in range(got.num_pipelines)],
+                                       got.shares, schedule)
+            assert again.step_time_s == pytest.approx(got.step_time_s, rel=1e-12)
+            assert sum(got.shares) == m and got.microbatches == m
+            assert got.bottleneck_s == max(s.time_s for s in got.stages)
+        cases += 1
+    print(f"brute force: {cases} feasible, {several} with several pipelines")
+    assert cases >= N_BRUTE - 4 and several >= N_BRUTE // 4, (cases, several)
+
+
+def test_one_pipeline_is_todays_plan():
+    rng = np.random.default_rng(7)
+    for i in range(4):
+        prof = random_profile(rng, 4, 5)
+        for schedule in ("gpipe", "1f1b"):
+            try:
+                old = plan_lib.plan(prof, "optimal", schedule, 6)
+            except InfeasibleError:
+                continue
+            assert plan_lib.plan(prof, "optimal", schedule, 6, max_pipelines=1) == old
+            assert old.shares is None and old.allreduce_s == 0.0
+    prof = make_profile(rng.uniform(0.5, 1.0, (4, 3)))
+    assert plan_lib.plan(prof, "even", max_pipelines=4) == plan_lib.plan(prof, "even")
+    with pytest.raises(ValueError, match="max_pipelines"):
+        plan_lib.plan(prof, max_pipelines=0)
+
+
+def _four_fast(state: float, bandwidth: float) -> object:
+    """4 identical devices, 2 units, links of 0.5 s latency."""
+    lat = np.full((4, 4), 0.5)
+    np.fill_diagonal(lat, 0.0)
+    return make_profile(np.ones((2, 4)), state=[state, state], out=[1e3, 1e3], latency=lat,
+                        bandwidth=np.full((4, 4), bandwidth))
+
+
+def test_several_pipelines_win_and_lose():
+    prof = _four_fast(4e6, 1e9)  # 1 MB of gradients per unit: cheap to exchange
+    one = plan_lib.plan(prof, "optimal", "gpipe", 8)
+    several = plan_lib.plan(prof, "optimal", "gpipe", 8, max_pipelines=4)
+    assert several.num_pipelines > 1 and several.step_time_s < 0.7 * one.step_time_s
+    assert several.exact and sum(several.shares) == 8
+    assert several.allreduce_s > 0
+    devs = [s.device for s in several.stages]
+    assert len(devs) == len(set(devs))
+    heavy = _four_fast(4e12, 1e9)  # 1 TB per unit over 1 GB/s: exchanging costs 1000 s
+    one = plan_lib.plan(heavy, "optimal", "gpipe", 8)
+    assert plan_lib.plan(heavy, "optimal", "gpipe", 8, max_pipelines=4) == one
+    with pytest.raises(ValueError, match="one pipeline"):  # any extra terms (no JAX here)
+        plan_lib.plan(prof, max_pipelines=2, extra=object())
+
+
+def test_json_round_trip():
+    prof = _four_fast(4e6, 1e9)
+    p = plan_lib.plan(prof, "optimal", "1f1b", 8, max_pipelines=4)
+    assert p.num_pipelines > 1
+    d = json.loads(json.dumps(p.to_json()))
+    assert d["shares"] == p.shares and d["allreduce_s"] == p.allreduce_s
+    assert Plan.from_json(d) == p
+    assert [s.pipeline for s in p.stages] == sorted(s.pipeline for s in p.stages)
+
+
+def test_simulator_equals_model_on_equal_stages():
+    """overlap_comm=False and every stage of a pipeline equal (no links, latency 0): each
+    pipeline's simulated step is its T_i exactly (simulate's balanced case), so the step is
+    max T_i + AR + sync_s = T. With 1 and 3 micro-batches, the pipelines also differ."""
+    prof = make_profile(np.ones((4, 4)), state=[4e6] * 4, out=[0.0] * 4,
+                        latency=np.zeros((4, 4)), bandwidth=np.full((4, 4), 1e9))
+    p = evaluate_pipelines(prof, [[(0, 0, 2), (1, 2, 4)], [(2, 0, 2), (3, 2, 4)]], [3, 1],
+                           "1f1b")
+    assert p.allreduce_s == pytest.approx(2e6 / 1e9)  # one peer each: 2 units of 1 MB
+    for schedule in ("gpipe", "1f1b"):
+        p = evaluate_pipelines(prof, [[(0, 0, 2), (1, 2, 4)], [(2, 0, 2), (3, 2, 4)]], [3, 1],
+                               schedule)
+        sim = simulate_plan(p, prof, overlap_comm=False)
+        assert sim.step_time_s == pytest.approx(p.step_time_s, rel=1e-9)
+        assert p.pipeline_step_s == [pytest.approx(6 * 2 + 2 * 6), pytest.approx(12)]
+        assert len(sim.busy_s) == 4 and sim.busy_s[0] == pytest.approx(3 * 6)
+        assert {s.microbatch for s in sim.spans if s.stage == 2} == {3}
+        assert len(simulate_plan(p, prof).trace["traceEvents"]) > 0
+
+
+def test_evaluate_pipelines_checks():
+    prof = _four_fast(4e6, 1e9)
+    with pytest.raises(ValueError, match="already in another pipeline"):
+        evaluate_pipelines(prof, [[(0, 0, 2)], [(0, 0, 2)]], [4, 4])
+    bw = np.full((4, 4), 1e9)
+    bw[0, 1] = 0.0
+    cut = make_profile(np.ones((2, 4)), bandwidth=bw)
+    with pytest.raises(InfeasibleError, match="exchange"):
+        evaluate_pipelines(cut, [[(0, 0, 2)], [(1, 0, 2)]], [4, 4])
+    one = evaluate_pipelines(prof, [[(0, 0, 1), (1, 1, 2)]], [8])
+    assert one == plan_lib.evaluate(prof, [(0, 0, 1), (1, 1, 2)], "1f1b", 8, "custom")
+
+
+def test_scale_candidates_and_bound():
+    """At scale (no exhaustive search): greedy shares, candidate splits are disjoint,
+    and the fractional bound holds against every plan found."""
+    assert greedy_shares([lambda x: 2.0 * x, lambda x: 1.0 * x], 6) == [2, 4]
+    rng = np.random.default_rng(5)
+    kind = np.repeat([1.0, 2.0], 6)
+    region = np.arange(12) // 6
+    lat = np.where(region[:, None] == region[None, :], 1e-4, 0.05)
+    fwd = rng.uniform(0.5, 1.0, (6, 1)) * kind[None, :]
+    prof = make_profile(fwd, state=np.full(6, 1e6), out=np.full(6, 1e4), latency=lat,
+                        bandwidth=np.full((12, 12), 1e9))
+    t = plan_lib.tables(prof, "1f1b", 8)
+    splits = candidate_splits(t, 4)
+    for split in splits:  # disjoint pipelines on whole regions (a region may be left out)
+        used = sorted(d for p in split for d in p)
+        assert len(used) == len(set(used)) and set(region[used]) == {r for r in (0, 1) if
+                                                                     r in region[used]}
+        assert len(used) == 6 * len(set(region[used]))
+    assert any(len(sum(split, [])) == 12 for split in splits)
+    single = plan_lib.plan(prof, "optimal", "1f1b", 8)
+    p = search(prof, "1f1b", 8, 4, single)
+    assert not p.exact and p.step_time_s <= single.step_time_s
+    assert fractional_bound(t) <= p.lower_bound_s * (1 + 1e-12) <= p.step_time_s
