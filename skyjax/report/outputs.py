@@ -184,10 +184,20 @@ def calibration_line(record: dict | None) -> str:
 
 
 def log_plan(plan: plan_lib.Plan) -> None:
+    """One line: every stage's device and units (per pipeline, with its share of micro-batches
+    and the gradient exchange, when there are several) and the predicted step."""
+    def stages(ids):
+        return ", ".join(f"device {plan.stages[k].device}: units [{plan.stages[k].units[0]}, "
+                         f"{plan.stages[k].units[1]})" for k in ids)
+
+    if plan.num_pipelines == 1:
+        text = stages(range(len(plan.stages)))
+    else:
+        text = "; ".join(f"pipeline {i} ({m} micro-batches): {stages(plan.stage_ids(i))}"
+                         for i, m in enumerate(plan.pipeline_shares()))
+        text += f"; gradient exchange {plan.allreduce_s:.4f} s"
     logging.info("plan (%s, %s, m=%d): %s; predicted step %.4f s", plan.strategy, plan.schedule,
-                 plan.microbatches,
-                 ", ".join(f"device {s.device}: units [{s.units[0]}, {s.units[1]})"
-                           for s in plan.stages), plan.step_time_s)
+                 plan.microbatches, text, plan.step_time_s)
 
 
 def log_summary(summary: dict) -> None:

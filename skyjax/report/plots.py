@@ -87,8 +87,11 @@ def _count(n: int, noun: str) -> str:
 
 
 def stage_labels(plan: Plan, profile: Profile) -> list[str]:
-    """``"0: proc0:cpu0"`` per stage: stage index and its device's name."""
-    return [f"{k}: {profile.devices[s.device]['name']}" for k, s in enumerate(plan.stages)]
+    """``"0: proc0:cpu0"`` per stage: stage index and its device's name (with several
+    pipelines ``"2: P1 proc0:cpu2"``: pipeline 1's stage, whose id is 2)."""
+    several = plan.num_pipelines > 1
+    return [f"{k}: " + (f"P{s.pipeline} " if several else "") + profile.devices[s.device]["name"]
+            for k, s in enumerate(plan.stages)]
 
 
 def _style_rows(ax, labels: Sequence[str], font: float, marked: int | None = None) -> None:
@@ -191,6 +194,9 @@ def plan_figure(plan: Plan, profile: Profile, measured: Measured | None = None,
     head = (f"{plan.strategy} plan, {plan.schedule}, {_count(plan.microbatches, 'micro-batch')}: "
             f"{p} of {profile.num_devices} devices, {units} units; predicted step "
             f"{plan.step_time_s * scale:.3g} {unit}")
+    if plan.num_pipelines > 1:
+        head += (f" ({plan.num_pipelines} pipelines, shares {plan.pipeline_shares()}, gradient "
+                 f"exchange {plan.allreduce_s * scale:.3g} {unit})")
     if measured and measured.step_s:
         head += f", measured {measured.step_s * scale:.3g} {unit}"
     fig.suptitle(title or head + f"; bottleneck (red) stage {bottleneck}", fontsize=font + 3)
@@ -258,7 +264,9 @@ def timeline_figure(plan: Plan, profile: Profile, measured_spans: Sequence[Span]
                         Patch(color=IDLE, label="waiting (bubble)")],
                fontsize=font + 0.5, loc="outside lower center", ncols=3)
     fig.suptitle(f"pipeline timeline: {_count(p, 'stage')}, "
-                 f"{_count(plan.microbatches, 'micro-batch')}"
+                 + (f"{plan.num_pipelines} pipelines (P0 ..), " if plan.num_pipelines > 1
+                    else "")
+                 + f"{_count(plan.microbatches, 'micro-batch')}"
                  + ("; bar label: micro-batch" if p <= 16 else ""), fontsize=font + 3)
     return fig
 
