@@ -124,3 +124,32 @@ def test_a_checkpoint_of_two_pipelines_restores_under_one_and_back(tmp_path):
         ex.close()
     for losses in got:
         np.testing.assert_allclose(losses, want, atol=1e-5, rtol=0)
+
+
+def test_distributed_executor_runs_two_pipelines_with_the_same_losses(one_pipeline):
+    """Three processes (threads over one transport, as ``DistributedExecutor`` runs under
+    ``jax.distributed``): pipeline 0 on processes 0 and 1, pipeline 1 on process 2; process 0
+    reports the losses of every micro-batch, in order, equal to one pipeline's."""
+    from skyjax.runtime.distributed_executor import DistributedExecutor
+    from skyjax.transport import LocalTransport
+    from tests.helpers import run_as_processes
+
+    devices = jax.local_devices()[:3]
+    transport = LocalTransport(devices, timeout_s=120)
+    plan = multi_plan([[(0, (0, 2)), (1, (2, 5))], [(2, (0, 5))]], [1, 3], "1f1b")
+    steps = 6
+
+    def process(k):
+        ex = DistributedExecutor(fresh_chain(), plan, transport.for_stage(k), k, devices[k],
+                                 batch_size=BATCH, seq_len=SEQ, optimizer=optax.adamw(1e-3),
+                                 max_grad_norm=CLIP, rng=rng_for)
+        out = [ex.train_step(s, make_batch(s)) for s in range(steps)]
+        return [m.loss for m in out], ex.unit_states(), ex.unit_params()
+
+    results = run_as_processes(process, 3, transport, timeout_s=300)
+    np.testing.assert_allclose(results[0][0], one_pipeline[:steps], atol=1e-5, rtol=0)
+    assert sorted(results[0][1]) == [0, 1] and sorted(results[1][1]) == [2, 3, 4]
+    assert results[2][1] == {}  # pipeline 1 holds replicas: a checkpoint takes pipeline 0's
+    mine = results[0][2] + results[1][2]  # pipeline 0's copy, chain order
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 mine, results[2][2])

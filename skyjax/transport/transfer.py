@@ -176,7 +176,7 @@ class TransferServerTransport:
         leaves = jax.tree.leaves(tree)
         if not all(isinstance(x, jax.Array) and x.sharding == self._sharding for x in leaves):
             leaves = jax.device_put(leaves, self.device)
-        n = self._next("msg", dst, tag)
+        n = self._next("sent", dst, tag)  # counted per direction: a tag may travel both ways
         due_us = int(self._clock.due(self.stage_index, dst, tree_nbytes(leaves)) * 1e6)
         self._server.await_pull(self._uuid(self.stage_index, dst, tag, n),
                                 [self._header(due_us, _avals_crc(leaves)), *leaves])
@@ -204,7 +204,7 @@ class TransferServerTransport:
         self._pulls.setdefault((src, tag), collections.deque()).append((pulled, flat, treedef))
 
     def _pull(self, tag: int, like: Any, src: int) -> tuple[list, list, Any]:
-        n = self._next("msg", src, tag)
+        n = self._next("received", src, tag)
         flat, treedef = jax.tree.flatten(like)
         avals = [jax.ShapeDtypeStruct((4,), np.int32, sharding=self._sharding)] + [
             jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=self._sharding) for x in flat]
