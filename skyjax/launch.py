@@ -18,6 +18,11 @@ caps, regions) follow the surviving processes, their rows of the profile are re-
 (``skyjax.survivors``), the job re-plans, and training resumes from the last committed
 checkpoint (``config.checkpoint.every``).
 
+``--survive_losses``: when a process other than 0 dies on its own, the others keep running instead
+of being stopped: with several pipelines (``config.allocation.max_pipelines``) they drop the lost
+process's pipeline and finish the run without it (``skyjax.runtime.recovery``); where they cannot,
+they exit with 75 and the launcher stops (and restarts, with ``--max_restarts``) as above.
+
 ``--bind_cores``: each child is bound to its own disjoint slice of the host's cores (set in the
 child before JAX starts), so that the processes stop sharing cores, as tasks bound by SLURM's
 ``--cpu-bind=cores`` do; the profile records each process's cores (``devices[d]["cpus"]``).
@@ -182,7 +187,8 @@ def check_args(num_processes: int, timeout_s: float | None, max_restarts: int,
 def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | None = None,
            env: Mapping[str, str] | None = None, module: str = "skyjax.main", *,
            grace_s: float = GRACE_S, stdout=None, coordinator_host: str = "127.0.0.1",
-           log=None, max_restarts: int = 0, bind_cores: bool = False) -> int:
+           log=None, max_restarts: int = 0, bind_cores: bool = False,
+           survive_losses: bool = False) -> int:
     """Run ``python -m module *module_args`` in ``num_processes`` local processes.
 
     Returns 0 when every child exits with 0; otherwise the exit code of the first child to fail
@@ -192,6 +198,8 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
     job again on the surviving processes up to this many times (module docstring); ``timeout_s``
     covers all attempts. ``bind_cores``: each child runs on its own slice of this process's
     cores (:func:`core_slices`; fewer cores than processes is an error before any starts).
+    ``survive_losses``: a process other than 0 that fails on its own does not stop the others
+    (module docstring); the job succeeds when every other process ends with 0.
     """
     if bind_cores:
         core_slices(num_processes)  # one clear line now, not from inside an attempt
@@ -208,7 +216,7 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
         left = None if deadline is None else max(0.01, deadline - time.monotonic())
         rc, lost = _launch_once(args, n, left, env, module, grace_s=grace_s, out=out,
                                 coordinator_host=coordinator_host, log=log,
-                                bind_cores=bind_cores)
+                                bind_cores=bind_cores, survive_losses=survive_losses)
         if rc in (0, EXIT_TIMEOUT) or rc in NOT_RESTARTED or lost is None:
             return rc  # done, out of time, interrupted, or a failure a restart would repeat
         survivors = [k for k in range(n) if k not in lost]
@@ -225,8 +233,8 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
 
 def _launch_once(module_args: Sequence[str], num_processes: int, timeout_s: float | None,
                  env: Mapping[str, str] | None, module: str, *, grace_s: float, out,
-                 coordinator_host: str, log, bind_cores: bool = False
-                 ) -> tuple[int, list[int] | None]:
+                 coordinator_host: str, log, bind_cores: bool = False,
+                 survive_losses: bool = False) -> tuple[int, list[int] | None]:
     """One attempt of :func:`launch`: its exit code and the processes lost (None when the
     launcher itself was interrupted)."""
     slices = core_slices(num_processes) if bind_cores else None
@@ -255,6 +263,7 @@ def _launch_once(module_args: Sequence[str], num_processes: int, timeout_s: floa
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             old_handlers[sig] = signal.signal(sig, _note)
     rc, lost = 0, []
+    gone: set[int] = set()  # survive_losses: processes the others went on without
     try:
         for k in range(num_processes):
             child_env = dict(base_env, **{env_vars.PROCESS_ID: str(k)})
@@ -276,14 +285,19 @@ def _launch_once(module_args: Sequence[str], num_processes: int, timeout_s: floa
             if received:
                 raise _Interrupted(received[0])
             codes = [p.poll() for p in procs]
-            failed = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
+            failed = [(k, c) for k, c in enumerate(codes) if c not in (None, 0) and k not in gone]
+            for k, c in failed if survive_losses else []:
+                if k != 0 and c != EXIT_PEER_LOST:  # failed on its own: the others go on
+                    gone.add(k)
+                    log(f"process {k} exited with {c}; the others go on without it")
+            failed = [(k, c) for k, c in failed if k not in gone]
             if failed:
                 lost = _lost(codes)
                 k, c = next(((k, c) for k, c in failed if k in lost), failed[0])
                 rc = _exit_code(c)
                 log(f"process {k} exited with {c}; stopping the others")
                 break
-            if all(c == 0 for c in codes):
+            if all(c == 0 for k, c in enumerate(codes) if k not in gone):
                 break
             if deadline is not None and time.monotonic() > deadline:
                 rc = EXIT_TIMEOUT
@@ -323,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max_restarts", type=int, default=0,
                         help="when a process dies, restart the job on the survivors (from the "
                              "last checkpoint) up to this many times")
+    parser.add_argument("--survive_losses", action="store_true",
+                        help="when a process other than 0 dies, keep the others running: with "
+                             "several pipelines they finish the run without its pipeline")
     parser.add_argument("--bind_cores", action="store_true",
                         help="bind each process to its own disjoint slice of this host's cores "
                              "(as SLURM's --cpu-bind=cores): they stop sharing cores")
@@ -330,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with failures.one_line_errors("skyjax.launch"):
         return launch(rest, args.num_processes, args.timeout, module=args.module,
                       grace_s=args.grace, max_restarts=args.max_restarts,
-                      bind_cores=args.bind_cores)
+                      bind_cores=args.bind_cores, survive_losses=args.survive_losses)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ from skyjax.profile.options import Options
 from skyjax.runtime.distributed_executor import DistributedExecutor
 from skyjax.runtime import memory, placement
 from skyjax.runtime.local_executor import LocalExecutor
+from skyjax.runtime.recovery import Recovery
 from skyjax.runtime.replanner import Replanner, calibration_plan
+from skyjax.transport.watchdog import PeerLost
 from skyjax.tree import tree_size
 
 Batch = dict[str, Any]
@@ -159,11 +161,13 @@ def evaluate_splits(executor, eval_sets: dict[str, list[Batch]], step: int,
 
 def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs,
                eval_sets: dict[str, list[Batch]], replanner: Replanner | None = None,
-               start_step: int = 0, saver: checkpoint.CheckpointManager | None = None) -> dict:
+               start_step: int = 0, saver: checkpoint.CheckpointManager | None = None,
+               recovery: Recovery | None = None) -> dict:
     """Runs ``config.train.steps`` pipelined steps; returns times, metrics, the last spans, the
     step boundaries of the plan in use at the end (``skyjax.report.compare.step_boundary_s``,
     between consecutive steps after the first with no evaluation or re-plan between them) and
-    the executor in use at the end (re-planning may have replaced it)."""
+    the executor in use at the end (re-planning, or ``recovery`` from a lost process with
+    several pipelines, may have replaced it)."""
     t = config.train
     schedule = optim.learning_rate_schedule(t)
     step_times: list[float] = []
@@ -182,7 +186,19 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             # the step's batch and the next one's, built ahead by the prefetch thread; none
             # where this process's stage reads no batch (train_step_inputs)
             tic = time.perf_counter()
-            last = executor.train_step(*train_step_inputs(executor, batches, step, t.steps))
+            args = train_step_inputs(executor, batches, step, t.steps)
+            while True:
+                try:
+                    last = executor.train_step(*args)
+                    break
+                except PeerLost as e:  # several pipelines: go on without the lost one's
+                    if recovery is None:
+                        raise
+                    executor = recovery(executor, e, step)
+                    if saver is not None:
+                        saver.gone = set(recovery.history_gone())
+                    boundaries, prev = [], None
+                    recent.clear()
             step_times.append(time.perf_counter() - tic)
             # a NaN or infinite loss or gradient norm stops the run here, before any checkpoint
             guard.check_step(step, last, lambda: guard.stage_names(executor),
@@ -317,8 +333,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
                           start_step=start_step, strategy=config.allocation.strategy,
                           extra=extra)
     try:
+        recovery = Recovery(profile) if jax.process_count() > 1 else None
         result = train_loop(config, executor, out, eval_sets, replanner,
-                            resume.step if resume else 0, saver)
+                            resume.step if resume else 0, saver, recovery)
         result["resumed_from_step"] = resume.step if resume else 0
         result["calibration_strategy"] = plan.strategy  # the plan the run started on
         result["metric"] = data_lib.metric(config)
@@ -330,6 +347,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
     if replanner.history:  # the plan in use at the end, on the measured-corrected profile
         plan, profile = replanner.plan, replanner.profile
         result["replans"] = replanner.history
+        out.write_json("plan.json", plan.to_json())
+    if recovery is not None and recovery.history:  # the survivors' pipelines
+        plan = executor.plan
+        result["recoveries"] = recovery.history
         out.write_json("plan.json", plan.to_json())
     summary = outputs.make_summary(config, plan.to_json(), result, final_evals,
                                    len(profile.units), num_params,

@@ -631,6 +631,36 @@ def kill_one_of_launched(workdir: str, args: list[str], num_processes: int, vict
             "processes_after": summary["processes"], "final_loss": summary["final_loss"]}
 
 
+def kill_one_pipeline(workdir: str, args: list[str], num_processes: int, victim: int,
+                      kill_after_step: int, timeout_s: float = 600) -> dict:
+    """``python -m skyjax.launch --survive_losses`` of ``num_processes``; process ``victim`` is
+    SIGKILLed once process 0 logs step ``kill_after_step``, and the others finish the run: the
+    launcher's exit status, the step of the kill and the summary."""
+    cmd = [sys.executable, "-m", "skyjax.launch", "--num_processes", str(num_processes),
+           "--survive_losses", "--timeout", str(timeout_s), "--", "--workdir", workdir, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO,
+                            start_new_session=True)
+    pids, killed_at, text = {}, None, []
+    try:
+        for line in _lines(proc):
+            text.append(line)
+            if line.startswith("[launch] started") and not pids:
+                pids = {int(k): int(p) for k, p in re.findall(r"p(\d+):(\d+)", line)}
+            m = _STEP.search(line)
+            if m and line.startswith("[p0]") and killed_at is None \
+                    and int(m.group(1)) >= kill_after_step:
+                os.kill(pids[victim], signal.SIGKILL)
+                killed_at = int(m.group(1))
+        rc = proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if rc:
+        raise RuntimeError(f"the launcher exited with {rc}:\n" + "\n".join(text[-40:]))
+    return {"killed_at_step": killed_at, "summary": _summary(workdir), "log": text}
+
+
 # ------------------------------------------------------------------------- data and outputs
 
 # WordPiece over TFDS's GLUE mock data's alphabet (" abcdefghij"): whole pieces, continuations,

@@ -1,8 +1,10 @@
 """Killed runs end with the losses of runs never interrupted (float32, <= 1e-5):
 ``skyjax.main`` SIGKILLed after a checkpoint and run again on another plan and device count;
 one of 3 processes under ``skyjax.launch --max_restarts 1`` SIGKILLed, the job finishing on the 2
-survivors (drivers in tests/helpers.py; ``experiments/checkpoint_bench.py --recovery`` times the
-same kills). Every process ends by itself."""
+survivors; with two pipelines, one of 3 processes SIGKILLed mid-run and the others finishing the
+run without its pipeline, no restart, no step lost (drivers in tests/helpers.py;
+``experiments/checkpoint_bench.py --recovery`` times the same kills). Every process ends by
+itself."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import os
 import pytest
 
 from tests.helpers import (DEMO, ONE_DEVICE, kill_and_resume_local, kill_one_of_launched,
-                           main_summary)
+                           kill_one_pipeline, main_summary, make_profile)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -50,3 +52,37 @@ def test_one_of_three_processes_killed_job_finishes_on_two(tmp_path, reference):
     assert r["processes_after"] == 2 and r["resumed_from_step"] >= 4, r
     assert abs(r["final_loss"] - reference) <= 1e-5, (r, reference)
     assert os.path.isfile(tmp_path / "profile_survivors_1.json")  # survivors' rows, no re-profile
+
+
+def test_a_lost_process_loses_its_pipeline_not_the_run(tmp_path, reference):
+    """Two pipelines over 3 processes (a fixed profile of identical devices, where two pipelines
+    beat one); a process of the pipeline without process 0 is SIGKILLed mid-run: the others drop
+    its pipeline, run the step again with all 4 micro-batches on the remaining one and finish
+    with the uninterrupted run's loss, every step logged once, no restart."""
+    import numpy as np
+
+    from skyjax import plan as plan_lib
+    from skyjax.jsonio import read_jsonl
+    from skyjax.profile.format import save_profile
+
+    profile = make_profile(np.full((6, 3), 1e-3))  # 6 units: the demo's 4 layers
+    save_profile(profile, str(tmp_path / "profile.json"))
+    plan = plan_lib.plan(profile, "optimal", "1f1b", 4, max_pipelines=2)
+    assert plan.num_pipelines == 2, plan
+    other = next(i for i in range(2) if 0 not in [plan.stages[k].device
+                                                  for k in plan.stage_ids(i)])
+    victim = plan.stages[plan.stage_ids(other)[0]].device
+    workdir = tmp_path / "run"
+    r = kill_one_pipeline(str(workdir), BASE + [
+        "--config.cluster.mode=distributed", "--config.cluster.num_devices=3",
+        "--config.cluster.slowdowns=(1, 1, 1)", "--config.cluster.peer_timeout_s=5",
+        "--config.pipeline.microbatches=4", "--config.allocation.max_pipelines=2",
+        f"--config.profile.path={tmp_path / 'profile.json'}"], 3, victim, kill_after_step=6)
+    summary = r["summary"]
+    assert summary["resumed_from_step"] == 0 and r["killed_at_step"] < 14, r["killed_at_step"]
+    [recovery] = summary["recoveries"]
+    assert recovery["lost_process"] == victim and recovery["shares"] == [4], recovery
+    assert victim not in recovery["devices"] and summary["plan"]["stages"]
+    assert abs(summary["final_loss"] - reference) <= 1e-5, (summary["final_loss"], reference)
+    steps = [rec["step"] for rec in read_jsonl(str(workdir / "metrics.jsonl")) if "loss" in rec]
+    assert steps == list(range(1, 15)), steps

@@ -78,6 +78,7 @@ class CheckpointManager:
         self.ns = namespace
         self.total_steps = total_steps
         self.saves: list[dict] = []
+        self.gone: set[int] = set()  # processes the run went on without (runtime.recovery)
         self._expected: dict[str, tuple] | None = None
         if self.every <= 0:
             self.attempt = ""
@@ -154,6 +155,8 @@ class CheckpointManager:
     def _commit(self, step: int, partial: str, key: str, extra_meta: dict) -> dict:
         errors = []
         for k in range(1, self.n):
+            if k in self.gone:
+                continue
             status = self.kv_get(f"{key}/done/{k}", self.timeout_s,
                                  f"process 0: waiting for process {k} to write checkpoint {step}")
             if status != "ok":

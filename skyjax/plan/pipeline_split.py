@@ -42,7 +42,7 @@ import numpy as np
 from skyjax.plan.classes import coarse_groups, link_groups
 from skyjax.plan.exact import exact_cost
 from skyjax.plan.pipelines import (ChainCache, Priced, build_plan, exchange_s, fractional_bound,
-                                   grad_prefix)
+                                   evaluate_pipelines, grad_prefix)
 from skyjax.plan.cost import Tables, tables
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
@@ -309,3 +309,29 @@ class _step_fn:
     def __call__(self, m: int) -> float:
         p = self.priced(m)
         return _INF if p is None else p.step_s
+
+
+def without_devices(profile: Profile, plan: Plan, lost: Sequence[int]) -> Plan | None:
+    """The plan after losing ``lost`` devices: the pipelines that keep every device, each with
+    its cuts, the global batch re-split among them (:func:`greedy_shares` over their T_i);
+    None when no pipeline is left or none fits its share. Every process derives the same plan
+    from the same plan and profile, so survivors agree on it without exchanging a message."""
+    gone = set(lost)
+    chains = [[(s.device, *s.units) for s in plan.pipeline(i).stages]
+              for i in range(plan.num_pipelines)]
+    chains = [c for c in chains if not any(d in gone for d, _, _ in c)]
+    if not chains:
+        return None
+
+    def step_fn(chain):
+        def step(m: int) -> float:
+            try:
+                return evaluate_pipelines(profile, [chain], [m], plan.schedule).step_time_s
+            except InfeasibleError:
+                return math.inf
+        return step
+
+    shares = greedy_shares([step_fn(c) for c in chains], plan.microbatches)
+    if shares is None:
+        return None
+    return evaluate_pipelines(profile, chains, shares, plan.schedule, plan.strategy)

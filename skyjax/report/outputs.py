@@ -132,6 +132,7 @@ def make_summary(config: ml_collections.ConfigDict, plan: dict, result: dict,
         "processes": jax.process_count(),
         "plan": plan,
         "replans": result.get("replans", []),
+        "recoveries": result.get("recoveries", []),  # lost processes the run went on without
         "calibration": calibration_report(result),
         "devices": [str(d) for d in jax.devices()],
         "jax_version": jax.__version__,

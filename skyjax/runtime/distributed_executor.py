@@ -82,6 +82,7 @@ class DistributedExecutor:
         several = len(shares) > 1
         watchdog = distributed.watchdog()
         if watchdog is not None:  # a lost process is reported with its stage
+            watchdog.recoverable = several  # its pipeline can be dropped (runtime.recovery)
             watchdog.set_roles({place.device: (f"pipeline {place.pipeline} " if several else "")
                                 + f"stage {place.index}, units [{place.start}, {place.end})"
                                 for place in self.places})
@@ -153,7 +154,7 @@ class DistributedExecutor:
             self.stage.reduce_replicas(step)
             result.grad_sq_norm = self.stage.update(step, self.max_grad_norm)
             total = self.stage.last_sq_norm
-        elif self.max_grad_norm:
+        elif self.max_grad_norm or self.plan.num_pipelines > 1:  # as PipelineStage.update
             total = self.transport.allreduce_sum(0.0, tags.grad_norm(step))
         if gathered is None:
             return StepMetrics(float("nan"), float("nan"), result.wall_s, [result],
@@ -204,6 +205,23 @@ class DistributedExecutor:
         start = self.stage.first_unit
         return {start + i: (p, o) for i, (p, o) in enumerate(
             zip(self.stage.state.params, self.stage.state.opt_state))}
+
+    def own_states(self) -> dict[int, UnitState]:
+        """This process's units' (params, optimizer state), by unit index, in any pipeline."""
+        if self.stage is None:
+            return {}
+        return {self.stage.first_unit + i: (p, o) for i, (p, o) in enumerate(
+            zip(self.stage.state.params, self.stage.state.opt_state))}
+
+    def without(self, plan: Plan, lost: list[int], attempt: int) -> "DistributedExecutor":
+        """An executor for ``plan`` (the pipelines left after losing the processes ``lost``;
+        ``runtime.recovery``), continuing from this process's units as they were before the
+        failed step (it never reached its update), over the renewed transport."""
+        self.transport.renew(attempt, [p for p in range(jax.process_count()) if p not in lost])
+        states = self.own_states() if any(
+            s.device == self.process_index for s in plan.stages) else None
+        return DistributedExecutor(self.chain, plan, self.transport, self.process_index,
+                                   self.device, unit_states=states, **self._args)
 
     def rebuild(self, plan: Plan) -> "DistributedExecutor":
         """An executor for ``plan`` continuing from this one: every unit whose device changes

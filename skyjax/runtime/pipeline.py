@@ -317,7 +317,10 @@ class PipelineStage:
         stages count their (summed, identical) gradients, so each unit counts once."""
         counts = max_grad_norm and self.pipeline == 0
         local = float(global_sq_norm(self.state.grads)) if counts else 0.0
-        total = self.link.allreduce_sum(local, tags.grad_norm(step)) if max_grad_norm else 0.0
+        # with several pipelines the all-reduce also runs without clipping: it is the step's
+        # commit point, which every process passes or none (runtime.recovery)
+        total = (self.link.allreduce_sum(local, tags.grad_norm(step))
+                 if max_grad_norm or self.num_pipelines > 1 else 0.0)
         self.last_sq_norm = float(total) if max_grad_norm else None
         scale = np.float32(clip_scale(total, max_grad_norm))
         (self.state.params, self.state.opt_state, self.state.grads), _ = timed_call(

@@ -190,6 +190,19 @@ def check_peers(what: str = "") -> None:
         _watchdog.check(what)
 
 
+def confirm_loss(what: str) -> None:
+    """After a link to a peer broke (a closed connection): wait for the watchdog to declare the
+    loss, raising ``PeerLost`` (at most twice its timeout); return if it does not. A closed
+    socket is seen at once, the missing heartbeats only ``peer_timeout_s`` later, and a loss is
+    what the trainer can act on (``runtime.recovery``)."""
+    if _watchdog is None:
+        return
+    deadline = time.monotonic() + 2 * _watchdog.timeout_s + 1.0
+    while time.monotonic() < deadline:
+        _watchdog.check(what)
+        time.sleep(0.05)
+
+
 def kv_get(key: str, timeout_s: float, what: str, client: Any = None,
            as_bytes: bool = False) -> Any:
     """``blocking_key_value_get`` in slices of 0.5 s, so a lost peer (the watchdog) ends the
@@ -198,15 +211,15 @@ def kv_get(key: str, timeout_s: float, what: str, client: Any = None,
     get = client.blocking_key_value_get_bytes if as_bytes else client.blocking_key_value_get
     deadline = time.monotonic() + timeout_s
     while True:
-        check_peers(what)
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
             raise TimeoutError(f"{what}: nothing after {timeout_s:g} s (key {key})")
-        try:
+        try:  # a key that is there is returned even after a loss: every process that reads a
+            # collective's keys then sees the same outcome (runtime.recovery relies on it)
             return get(key, max(1, min(_POLL_MS, left_ms)))
         except Exception as e:  # jax raises JaxRuntimeError(DEADLINE_EXCEEDED: ...)
+            check_peers(what)
             if "DEADLINE_EXCEEDED" not in str(e) and "timed out" not in str(e):
-                check_peers(what)
                 raise
 
 
@@ -236,9 +249,12 @@ def shutdown(barrier_timeout_s: float | None = None) -> None:
         return
     timeout = _shutdown_barrier_s if barrier_timeout_s is None else barrier_timeout_s
     global _watchdog
+    gone = sorted(_watchdog.gone) if _watchdog is not None else []
     if _info.num_processes > 1:
-        try:
-            key_value_client().wait_at_barrier("skyjax/shutdown", int(timeout * 1000))
+        try:  # the processes a run went on without (several pipelines) never arrive
+            live = [p for p in range(_info.num_processes) if p not in gone]
+            key_value_client().wait_at_barrier("skyjax/shutdown", int(timeout * 1000),
+                                               live if gone else None)
         except Exception as e:  # noqa: BLE001 - a dead peer must not stop us shutting down
             log.warning("shutdown barrier failed (%s); shutting down anyway", e)
     if _watchdog is not None:  # everyone is here: leaving is not a loss
@@ -250,7 +266,8 @@ def shutdown(barrier_timeout_s: float | None = None) -> None:
         # disconnecting when it goes would die with a fatal error. get_live_nodes returns once
         # every other process has disconnected (or, dead, missed its heartbeats).
         try:
-            key_value_client().get_live_nodes(list(range(_info.num_processes)))
+            key_value_client().get_live_nodes([p for p in range(_info.num_processes)
+                                               if p not in gone])
         except Exception as e:  # noqa: BLE001
             log.warning("waiting for the other processes to disconnect failed (%s)", e)
     try:

@@ -107,13 +107,14 @@ class TransferServerTransport:
         self.num_stages = num_stages
         self.device = device
         self.timeout_s = timeout_s
-        self.ns = namespace
+        self.ns = self._base_ns = namespace
+        self.live = list(range(num_stages))  # the processes collectives wait for (renew)
         self._client = client if client is not None else distributed.key_value_client()
         self._sharding = jax.sharding.SingleDeviceSharding(device)
         host = host or os.environ.get(env_vars.TRANSFER_HOST) or "127.0.0.1"
         self._server = transfer_server(device, host)
         self.address = self._server.address()
-        self._client.key_value_set(f"{self.ns}/addr/{stage_index}", self.address)
+        self._client.key_value_set(f"{self._base_ns}/addr/{stage_index}", self.address)
         self._conns: dict[int, Any] = {}
         self._broken: str | None = None
         self._headers: dict[int, jax.Array] = {}
@@ -159,10 +160,22 @@ class TransferServerTransport:
     def _conn(self, src: int):
         conn = self._conns.get(src)
         if conn is None:
-            addr = self._get(f"{self.ns}/addr/{src}",
+            addr = self._get(f"{self._base_ns}/addr/{src}",
                              f"stage {self.stage_index}: address of stage {src}")
             conn = self._conns[src] = self._server.connect(addr)
         return conn
+
+    def renew(self, attempt: int, live: Sequence[int]) -> None:
+        """Start afresh after a lost process (``skyjax.runtime.recovery``): messages and
+        collectives in a new namespace, so that a message of the failed step that was never
+        received cannot pair with the retried step's; counters, pulls ahead and a broken state
+        cleared; collectives among ``live`` processes only."""
+        with self._lock:
+            self.ns = f"{self._base_ns}/retry{attempt}"
+            self._counts.clear()
+            self._pulls.clear()
+            self._broken, self._last_key = None, None
+            self.live = sorted(live)
 
     # -- point to point
     def _uuid(self, src: int, dst: int, tag: int, n: int) -> int:
@@ -226,6 +239,8 @@ class TransferServerTransport:
         try:
             jax.block_until_ready(pulled)  # raises a failed transfer's error
         except Exception as e:  # noqa: BLE001 - e.g. shapes that differ from the sender's
+            if "Connection" in str(e) or "Socket" in str(e):  # the sender may be gone
+                distributed.confirm_loss(what)
             raise TransportError(f"{what}: transfer failed (expected {_avals(flat)}; does the "
                                  f"sender's tree match?): {e}") from e
         header = np.asarray(pulled[0])
@@ -239,7 +254,7 @@ class TransferServerTransport:
     def _exchange(self, kind: str, tag: int, payload: bytes, to_all: bool) -> list | None:
         n = self._next(kind, tag)
         base = f"{self.ns}/{kind}/{tag}/{n}"
-        me, p = self.stage_index, self.num_stages
+        me = self.stage_index
         if not to_all and me != 0:
             self._client.key_value_set_bytes(f"{base}/{me}", payload)
             return None
@@ -247,7 +262,7 @@ class TransferServerTransport:
             self._client.key_value_set_bytes(f"{base}/{me}", payload)
         what = f"stage {me}: {kind} tag {tag}"
         values = [payload if k == me else self._get(f"{base}/{k}", f"{what} (from stage {k})",
-                                                    as_bytes=True) for k in range(p)]
+                                                    as_bytes=True) for k in self.live]
         if to_all:
             # Every stage calls the collectives in the same order (or they deadlock), so once all
             # have written this one's value, all have read our key of the previous one.
@@ -255,7 +270,7 @@ class TransferServerTransport:
                 self._trash.put(self._last_key)
             self._last_key = f"{base}/{me}"
         else:
-            for k in range(1, p):
+            for k in self.live[1:]:
                 self._trash.put(f"{base}/{k}")
         return values
 

@@ -22,6 +22,12 @@ is lost. Then:
   ``os._exit(EXIT_PEER_LOST)``. Checkpoints are committed by an atomic rename, so no exit
   corrupts one.
 
+With several pipelines (``recoverable``), losing a process other than 0 need not end the run: the
+trainer drops the lost process's pipeline and retries the step on the others
+(``skyjax.runtime.recovery``). The watchdog then holds its exit (for at most ``4 grace_s``) until
+the trainer either :meth:`forgive` s the loss, after which the process is left out of every
+check and the watching goes on, or ends, exiting with ``EXIT_PEER_LOST`` as above.
+
 Heartbeats come from a thread, so a long compile or a slow step of a live peer is not a loss.
 Losing process 0 takes the coordination service with it: the key-value store fails, which is
 reported as process 0 lost (JAX itself may abort the survivors first, which is as good).
@@ -85,6 +91,16 @@ class PeerWatchdog:
         self._declaring = threading.Lock()  # the thread, and the exit handler adopting a loss
         self._leaving = threading.Lock()  # the exit handler and the thread may both leave
         self._left = False
+        self.recoverable = False  # several pipelines: the trainer may go on without the lost one
+        self.gone: set[int] = set()  # lost processes the run went on without (forgive)
+
+    def forgive(self, process: int) -> None:
+        """The run goes on without ``process``: it is left out of every later check, and the
+        loss no longer raises."""
+        with self._declaring:
+            self.gone.add(process)
+            if self.lost_process == process:
+                self.lost, self.lost_at, self.lost_process = None, None, None
 
     def describe(self, p: int) -> str:
         role = self.roles.get(p)
@@ -133,7 +149,7 @@ class PeerWatchdog:
             process, message = record["process"], str(record["message"])
         except (ValueError, TypeError, KeyError):
             return
-        if process != self.me:
+        if process != self.me and process not in self.gone:
             self._declare(message, process, publish=False)
 
     def _leave(self) -> None:
@@ -161,7 +177,8 @@ class PeerWatchdog:
         loss, by its own watchdog)."""
         start = self.lost_at if self.lost_at is not None else time.monotonic()
         deadline = start + self.timeout_s + self.grace_s + _LAST_MARGIN_S
-        waiting = {p for p in range(self.n) if p not in (self.me, self.lost_process)}
+        waiting = {p for p in range(self.n)
+                   if p not in (self.me, self.lost_process) and p not in self.gone}
         while waiting and time.monotonic() < deadline:
             for p in sorted(waiting):
                 try:
@@ -186,12 +203,22 @@ class PeerWatchdog:
         self._count += 1
         self.client.key_value_set(f"{self.ns}/{self.me}", str(self._count), allow_overwrite=True)
 
+    def _held(self) -> bool:
+        """Whether a declared loss waits for the trainer (several pipelines, not process 0),
+        for at most 4 ``grace_s``."""
+        return (self.recoverable and self.lost_process not in (None, 0)
+                and time.monotonic() - self.lost_at < 4 * self.grace_s)
+
     def _run(self) -> None:
         seen: dict[int, tuple[str | None, float]] = {}
-        while self.lost is None and not self._stop.wait(self.interval_s):
+        while not self._stop.wait(self.interval_s):
+            if self.lost is not None:
+                if self._held():
+                    continue
+                break
             self._adopt_published()
             if self.lost is not None:
-                break
+                continue  # held or not: the check above
             try:
                 self._beat()
             except Exception as e:  # noqa: BLE001 - the service (process 0) is gone
@@ -200,7 +227,7 @@ class PeerWatchdog:
                 break
             now = time.monotonic()
             for p in range(self.n):
-                if p == self.me:
+                if p == self.me or p in self.gone:
                     continue
                 try:
                     value = self.client.key_value_try_get(f"{self.ns}/{p}")
