@@ -597,25 +597,22 @@ def kill_and_resume_local(workdir: str, args: list[str], resume_args: list[str],
             "final_loss": summary["final_loss"]}
 
 
-def kill_one_of_launched(workdir: str, args: list[str], num_processes: int, victim: int,
-                         kill_after_checkpoint: int, timeout_s: float = 900) -> dict:
-    """``python -m skyjax.launch --max_restarts 1`` of ``num_processes``; process ``victim`` is
-    SIGKILLed once checkpoint ``kill_after_checkpoint`` is committed and the job finishes on
-    the others: the step it resumed from, the processes after, the final loss."""
-    cmd = [sys.executable, "-m", "skyjax.launch", "--num_processes", str(num_processes),
-           "--max_restarts", "1", "--timeout", str(timeout_s), "--", "--workdir", workdir, *args]
+def _launch_and_kill(launcher_args: list[str], workdir: str, args: list[str], victim: int,
+                     kill_now, timeout_s: float) -> list[str]:
+    """``python -m skyjax.launch *launcher_args -- --workdir workdir *args``; process ``victim``
+    is SIGKILLed at the first output line for which ``kill_now(line)`` holds. Returns the
+    output lines; raises when the launcher fails."""
+    cmd = [sys.executable, "-m", "skyjax.launch", *launcher_args, "--timeout", str(timeout_s),
+           "--", "--workdir", workdir, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO,
                             start_new_session=True)
-    pids, last_step, killed = {}, 0, False
+    pids, killed, text = {}, False, []
     try:
         for line in _lines(proc):
+            text.append(line)
             if line.startswith("[launch] started") and not pids:
                 pids = {int(k): int(p) for k, p in re.findall(r"p(\d+):(\d+)", line)}
-            m = _STEP.search(line)
-            if m and not killed:
-                last_step = int(m.group(1))
-            m = _COMMIT.search(line)
-            if m and not killed and int(m.group(1)) >= kill_after_checkpoint:
+            if not killed and kill_now(line):
                 os.kill(pids[victim], signal.SIGKILL)
                 killed = True
         rc = proc.wait(timeout=timeout_s)
@@ -624,8 +621,28 @@ def kill_one_of_launched(workdir: str, args: list[str], num_processes: int, vict
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     if rc:
-        raise RuntimeError(f"the launcher exited with {rc}")
+        raise RuntimeError(f"the launcher exited with {rc}:\n" + "\n".join(text[-40:]))
+    return text
+
+
+def kill_one_of_launched(workdir: str, args: list[str], num_processes: int, victim: int,
+                         kill_after_checkpoint: int, timeout_s: float = 900) -> dict:
+    """``python -m skyjax.launch --max_restarts 1`` of ``num_processes``; process ``victim`` is
+    SIGKILLed once checkpoint ``kill_after_checkpoint`` is committed and the job finishes on
+    the others: the step it resumed from, the processes after, the final loss."""
+    steps: list[int] = []
+
+    def kill_now(line: str) -> bool:
+        m = _STEP.search(line)
+        if m:
+            steps.append(int(m.group(1)))
+        m = _COMMIT.search(line)
+        return bool(m) and int(m.group(1)) >= kill_after_checkpoint
+
+    _launch_and_kill(["--num_processes", str(num_processes), "--max_restarts", "1"], workdir,
+                     args, victim, kill_now, timeout_s)
     summary = _summary(workdir)
+    last_step = steps[-1] if steps else 0  # the last step logged before the kill
     return {"killed_at_step": last_step, "resumed_from_step": summary["resumed_from_step"],
             "steps_lost": last_step - summary["resumed_from_step"],
             "processes_after": summary["processes"], "final_loss": summary["final_loss"]}
@@ -635,30 +652,19 @@ def kill_one_pipeline(workdir: str, args: list[str], num_processes: int, victim:
                       kill_after_step: int, timeout_s: float = 600) -> dict:
     """``python -m skyjax.launch --survive_losses`` of ``num_processes``; process ``victim`` is
     SIGKILLed once process 0 logs step ``kill_after_step``, and the others finish the run: the
-    launcher's exit status, the step of the kill and the summary."""
-    cmd = [sys.executable, "-m", "skyjax.launch", "--num_processes", str(num_processes),
-           "--survive_losses", "--timeout", str(timeout_s), "--", "--workdir", workdir, *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO,
-                            start_new_session=True)
-    pids, killed_at, text = {}, None, []
-    try:
-        for line in _lines(proc):
-            text.append(line)
-            if line.startswith("[launch] started") and not pids:
-                pids = {int(k): int(p) for k, p in re.findall(r"p(\d+):(\d+)", line)}
-            m = _STEP.search(line)
-            if m and line.startswith("[p0]") and killed_at is None \
-                    and int(m.group(1)) >= kill_after_step:
-                os.kill(pids[victim], signal.SIGKILL)
-                killed_at = int(m.group(1))
-        rc = proc.wait(timeout=timeout_s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if rc:
-        raise RuntimeError(f"the launcher exited with {rc}:\n" + "\n".join(text[-40:]))
-    return {"killed_at_step": killed_at, "summary": _summary(workdir), "log": text}
+    step of the kill and the summary."""
+    killed_at: list[int] = []
+
+    def kill_now(line: str) -> bool:
+        m = _STEP.search(line)
+        if m and line.startswith("[p0]") and int(m.group(1)) >= kill_after_step:
+            killed_at.append(int(m.group(1)))
+            return True
+        return False
+
+    text = _launch_and_kill(["--num_processes", str(num_processes), "--survive_losses"],
+                            workdir, args, victim, kill_now, timeout_s)
+    return {"killed_at_step": killed_at[0], "summary": _summary(workdir), "log": text}
 
 
 # ------------------------------------------------------------------------- data and outputs
