@@ -75,7 +75,7 @@ def test_a_lost_process_loses_its_pipeline_not_the_run(tmp_path, reference):
     workdir = tmp_path / "run"
     r = kill_one_pipeline(str(workdir), BASE + [
         "--config.cluster.mode=distributed", "--config.cluster.num_devices=3",
-        "--config.cluster.slowdowns=(1, 1, 1)", "--config.cluster.peer_timeout_s=5",
+        "--config.cluster.slowdowns=(1, 1, 1)", "--config.cluster.peer_timeout_s=10",
         "--config.pipeline.microbatches=4", "--config.allocation.max_pipelines=2",
         f"--config.profile.path={tmp_path / 'profile.json'}"], 3, victim, kill_after_step=6)
     summary = r["summary"]
