@@ -8,6 +8,7 @@ submodules (this package imports nothing, so ``distributed`` can start before an
 * ``local_executor``: every stage here, one thread each (``LocalExecutor``);
 * ``distributed_executor``: this process's stage under ``jax.distributed``
   (``DistributedExecutor``);
+* ``recovery``: several pipelines going on without a lost process's pipeline (``Recovery``);
 * ``transport``: moving arrays between stages (``LocalTransport``, ``TransferServerTransport``);
 * ``tags``: every message tag range, in one table;
 * ``distributed``: ``jax.distributed`` start-up, key-value store, shutdown.
