@@ -43,7 +43,8 @@ def one_pipeline():
 
 @pytest.mark.parametrize("granularity,pipelines,shares,schedule", [
     # two pipelines of different shapes and shares (3 + 1 micro-batches), GPipe
-    ("layer", [[(0, (0, 3)), (1, (3, 5))], [(2, (0, 5))]], [3, 1], "gpipe"),
+    pytest.param("layer", [[(0, (0, 3)), (1, (3, 5))], [(2, (0, 5))]], [3, 1], "gpipe",
+                 marks=pytest.mark.slow),
     # three one-stage pipelines, 1F1B, shares 2 + 1 + 1
     pytest.param("layer", [[(2, (0, 5))], [(0, (0, 5))], [(1, (0, 5))]], [2, 1, 1], "1f1b",
                  marks=pytest.mark.slow),
