@@ -195,8 +195,6 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
                     if recovery is None:
                         raise
                     executor = recovery(executor, e, step)
-                    if saver is not None:
-                        saver.gone = set(recovery.history_gone())
                     boundaries, prev = [], None
                     recent.clear()
             step_times.append(time.perf_counter() - tic)

@@ -78,7 +78,6 @@ class CheckpointManager:
         self.ns = namespace
         self.total_steps = total_steps
         self.saves: list[dict] = []
-        self.gone: set[int] = set()  # processes the run went on without (runtime.recovery)
         self._expected: dict[str, tuple] | None = None
         if self.every <= 0:
             self.attempt = ""
@@ -154,8 +153,11 @@ class CheckpointManager:
 
     def _commit(self, step: int, partial: str, key: str, extra_meta: dict) -> dict:
         errors = []
+        from skyjax.transport.group import gone_processes
+
+        gone = gone_processes()  # lost processes the run went on without (runtime.recovery)
         for k in range(1, self.n):
-            if k in self.gone:
+            if k in gone:
                 continue
             status = self.kv_get(f"{key}/done/{k}", self.timeout_s,
                                  f"process 0: waiting for process {k} to write checkpoint {step}")

@@ -200,11 +200,7 @@ class DistributedExecutor:
     def unit_states(self) -> dict[int, UnitState]:
         """This process's units' (params, optimizer state), by unit index; {} in pipelines
         other than 0, whose replicas equal pipeline 0's (a checkpoint holds one copy)."""
-        if not self._in_first_pipeline:
-            return {}
-        start = self.stage.first_unit
-        return {start + i: (p, o) for i, (p, o) in enumerate(
-            zip(self.stage.state.params, self.stage.state.opt_state))}
+        return self.own_states() if self._in_first_pipeline else {}
 
     def own_states(self) -> dict[int, UnitState]:
         """This process's units' (params, optimizer state), by unit index, in any pipeline."""

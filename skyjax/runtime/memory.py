@@ -57,9 +57,8 @@ def gather_to_chief(record: dict, key: str, timeout_s: float = 600.0) -> list[di
     client.key_value_set(f"{key}/{me}", json.dumps(record))
     if me != 0:
         return None
-    from skyjax.transport import group
+    from skyjax.transport.group import gone_processes
 
-    watchdog = group.watchdog()
-    gone = watchdog.gone if watchdog is not None else set()  # lost, the run went on without
+    gone = gone_processes()
     return [json.loads(client.blocking_key_value_get(f"{key}/{p}", int(timeout_s * 1000)))
             for p in range(jax.process_count()) if p not in gone]

@@ -36,10 +36,6 @@ class Recovery:
         self.profile = profile
         self.history: list[dict] = []
 
-    def history_gone(self) -> list[int]:
-        """The processes lost so far."""
-        return [r["lost_process"] for r in self.history]
-
     def __call__(self, executor: Any, error: PeerLost, step: int) -> Any:
         watchdog = group.watchdog()
         lost = watchdog.lost_process if watchdog is not None else None

@@ -184,6 +184,12 @@ def watchdog() -> PeerWatchdog | None:
     return _watchdog
 
 
+def gone_processes() -> set[int]:
+    """The lost processes the run went on without (``PeerWatchdog.forgive``): every wait for
+    all processes (collectives, the checkpoint commit, the shutdown barrier) leaves them out."""
+    return set(_watchdog.gone) if _watchdog is not None else set()
+
+
 def check_peers(what: str = "") -> None:
     """Raise ``PeerLost`` if the watchdog has declared a peer lost."""
     if _watchdog is not None:
@@ -249,7 +255,7 @@ def shutdown(barrier_timeout_s: float | None = None) -> None:
         return
     timeout = _shutdown_barrier_s if barrier_timeout_s is None else barrier_timeout_s
     global _watchdog
-    gone = sorted(_watchdog.gone) if _watchdog is not None else []
+    gone = sorted(gone_processes())
     if _info.num_processes > 1:
         try:  # the processes a run went on without (several pipelines) never arrive
             live = [p for p in range(_info.num_processes) if p not in gone]
