@@ -21,3 +21,10 @@ EXIT_BAD_INPUT = 64
 # (128 + SIGINT, the shell's convention).
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+# Hand-off codecs (skyjax.codecs), with their bits per value on the wire, and the values per
+# scale of the blockwise ones; averaging modes across pipelines, least to most relaxed
+# (skyjax.relax).
+CODECS = ("none", "bf16", "int8", "int4")
+CODEC_BITS = {"none": 32, "bf16": 16, "int8": 8, "int4": 4}
+CODEC_BLOCK = 64
+AVERAGING = ("exact", "int8", "diloco")

@@ -102,6 +102,10 @@ def write_survivor_profile(path: str, survivors: Sequence[int], num_devices: int
             changes[f.name] = np.asarray(value)[np.ix_(keep, keep)]
         elif isinstance(value, np.ndarray) and value.shape == (num_devices,):
             changes[f.name] = value[keep]
+        elif f.name == "codecs":
+            changes[f.name] = {name: {**c, "seconds_per_byte": np.asarray(
+                c["seconds_per_byte"])[keep]} for name, c in value.items()}
+
     devices = []
     for new, old in enumerate(keep):
         d = dict(profile.devices[old])

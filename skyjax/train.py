@@ -36,6 +36,7 @@ from skyjax.profile import profiler
 from skyjax.profile.chain import Workload
 from skyjax.profile.format import Profile, load_profile
 from skyjax.profile.options import Options
+from skyjax.relax import Relaxation
 from skyjax.runtime.distributed_executor import DistributedExecutor
 from skyjax.runtime import memory, placement
 from skyjax.runtime.local_executor import LocalExecutor
@@ -84,10 +85,12 @@ def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], wor
 def plan_phase(config: ml_collections.ConfigDict, profile: Profile,
                extra: ExtraCost | None = None) -> plan_lib.Plan:
     """The plan for the profile (``dynamic`` plans as ``optimal`` and re-plans while training;
-    ``allocation.max_pipelines``: up to that many pipelines in data parallel)."""
+    ``allocation.max_pipelines``: up to that many pipelines in data parallel; ``relax``: what
+    it may relax on slow links, :mod:`skyjax.relax`)."""
     return plan_lib.plan(profile, config.allocation.strategy, config.pipeline.schedule,
                          config.pipeline.microbatches, extra=extra,
-                         max_pipelines=config.allocation.max_pipelines)
+                         max_pipelines=config.allocation.max_pipelines,
+                         relax=Relaxation.from_config(config))
 
 
 def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0) -> Any:

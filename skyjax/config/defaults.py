@@ -119,6 +119,22 @@ def _allocation() -> ml_collections.ConfigDict:
     return a
 
 
+def _relax() -> ml_collections.ConfigDict:
+    """How much the planner may relax what crosses slow links (skyjax/relax.py); the defaults
+    relax nothing (the exact math)."""
+    r = ml_collections.ConfigDict()
+    # fewest bits per value a stage hand-off may carry: 32 exact | 16 bf16 | 8 int8 (blockwise
+    # scales) | 4 int4 (Hadamard-rotated blocks); the planner picks per link where it pays
+    r.handoff_bits = 32
+    # the most relaxed averaging across pipelines allowed: "exact" | "int8" (8-bit exchange with
+    # error feedback) | "diloco" (an outer Nesterov step every outer_every steps)
+    r.averaging = "exact"
+    r.outer_every = 10  # diloco: inner steps per outer step (H)
+    r.outer_lr = 0.7  # diloco: the outer SGD's learning rate
+    r.outer_momentum = 0.9  # diloco: its Nesterov momentum
+    return r
+
+
 def _cluster() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.mode = "local"  # "local" (one process) | "distributed" (one process per stage)
@@ -171,7 +187,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.train = _train()
     config.pipeline = _pipeline()
     config.allocation = _allocation()
+    config.relax = _relax()
     config.cluster = _cluster()
+
     config.profile = _profile()
     config.checkpoint = _checkpoint()
     return config

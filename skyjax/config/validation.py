@@ -232,7 +232,25 @@ def _check_pipeline(config: Any) -> None:
               f"config.data.batch_size={config.data.batch_size}")
 
 
+def _check_relax(config: Any) -> None:
+    r = config.relax
+    _one_of("config.relax.handoff_bits", r.handoff_bits, (32, 16, 8, 4))
+    _one_of("config.relax.averaging", r.averaging, names.AVERAGING)
+    _at_least("config.relax.outer_every", r.outer_every, 1)
+    if not r.outer_lr > 0:
+        _fail(f"config.relax.outer_lr={r.outer_lr}: expected a positive learning rate")
+    if not 0 <= r.outer_momentum < 1:
+        _fail(f"config.relax.outer_momentum={r.outer_momentum}: expected a value in [0, 1)")
+    relaxed = r.handoff_bits != 32 or r.averaging != "exact"
+    a = config.allocation
+    if relaxed and (a.strategy != "optimal" or a.calibrate_steps or config.cluster.shared_host):
+        _fail(f"config.relax (handoff_bits={r.handoff_bits}, averaging={r.averaging!r}) needs "
+              f"config.allocation.strategy='optimal' without calibrate_steps or "
+              f"cluster.shared_host: the relaxation is chosen once, by the planner")
+
+
 def _check_allocation(a: Any, config: Any) -> None:
+
     _one_of("config.allocation.strategy", a.strategy, names.STRATEGIES)
     _one_of("config.allocation.granularity", a.granularity, names.GRANULARITIES)
     _at_least("config.allocation.max_pipelines", a.max_pipelines, 1)
@@ -290,6 +308,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _check_train(config.train)
     _check_pipeline(config)
     _check_allocation(config.allocation, config)
+    _check_relax(config)
     _check_cluster(config.cluster)
     _at_least("config.profile.repeats", config.profile.repeats, 1)
     _at_least("config.profile.passes", config.profile.passes, 1)

@@ -42,12 +42,13 @@ def group_links(t: Tables, groups: list[list[int]]) -> np.ndarray:
     """[G, G, U-1]: comm of a stage ending at cut c on a device of group g whose next stage is
     in group h (the pair's worst link; inf where unreachable or g = h has a single device)."""
     comm = np.full((len(groups), len(groups), max(t.num_units - 1, 0)), _INF)
-    out = t.output_bytes[:-1]
     for g, h in itertools.product(range(len(groups)), range(len(groups))):
         lat, bw = worst_link(t, groups[g], groups[h])
-        if bw > 0:
-            comm[g, h] = 2.0 * (lat + out / bw)
+        if bw > 0:  # with codecs, each group's slowest coder (an upper bound, as worst_link)
+            comm[g, h] = t.crossing_s(lat, bw, t.codec_rate[:, groups[g]].max(axis=1),
+                                      t.codec_rate[:, groups[h]].max(axis=1))
     return comm
+
 
 
 class ChainDP:

@@ -69,8 +69,9 @@ def device_classes(t: Tables) -> list[list[int]]:
     swap-invariant links (the exact DP prices a class by one representative)."""
     keys = [b"".join(np.asarray(x, float).tobytes() for x in (
         t.work[:, d], t.memory[d], t.fixed[d], t.in_msg[d], t.update_call[d],
-        t.update_prefix[d], t.alone[d])) for d in range(t.num_devices)]
+        t.update_prefix[d], t.alone[d], t.codec_rate[:, d])) for d in range(t.num_devices)]
     return _partition(keys, [t.latency, t.bandwidth])
+
 
 
 def link_groups(t: Tables) -> list[list[int]]:

@@ -39,6 +39,7 @@ from skyjax.names import SCHEDULES
 from skyjax.plan.extension import ExtraCost
 from skyjax.plan.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
+from skyjax.relax import EXACT, Relaxation
 
 _INF = math.inf
 
@@ -65,6 +66,12 @@ class Tables:
     memory: np.ndarray  # [D]
     schedule: str
     microbatches: int
+    # hand-off codecs the relaxation allows ("none" first, alone by default): bytes on the wire
+    # of each unit's output [C, U] and encode + decode seconds per uncoded byte per device [C, D]
+    codec_names: tuple[str, ...] = ("none",)
+    codec_bytes: np.ndarray | None = None
+    codec_rate: np.ndarray | None = None
+    relax: Relaxation = EXACT
 
     @property
     def num_units(self) -> int:
@@ -86,8 +93,36 @@ class Tables:
         cuts = np.asarray(cuts)
         if self.bandwidth[d, e] <= 0:
             return np.full(cuts.shape, _INF)
-        return 2.0 * (self.latency[d, e] + self.output_bytes[cuts - 1] / self.bandwidth[d, e]
-                      + self.in_msg[d] / 2)
+        return self._by_codec(d, e, cuts.reshape(-1)).min(axis=0).reshape(cuts.shape)
+
+
+    def _by_codec(self, d: int, e: int, cuts: np.ndarray) -> np.ndarray:
+        """[C, len(cuts)]: ``comm`` with each allowed codec (the link's two transfers in its
+        bytes, plus its encode and decode on both devices; none: no codec time)."""
+        out = self.output_bytes[cuts - 1]
+        return (2.0 * (self.latency[d, e] + self.codec_bytes[:, cuts - 1] / self.bandwidth[d, e]
+                       + self.in_msg[d] / 2)
+                + (self.codec_rate[:, d] + self.codec_rate[:, e])[:, None] * out)
+
+    def link_codec(self, d: int, e: int, cut: int) -> str:
+        """The codec ``comm`` charges for the link d -> e at ``cut``: the cheapest allowed."""
+        if len(self.codec_names) == 1 or self.bandwidth[d, e] <= 0:
+            return "none"
+        return self.codec_names[int(np.argmin(self._by_codec(d, e, np.array([cut]))[:, 0]))]
+
+    def crossing_s(self, latency: float, bandwidth: float, rate_src: np.ndarray,
+                   rate_dst: np.ndarray) -> np.ndarray:
+        """[U - 1]: the two transfers at every cut over a link of ``latency`` and
+        ``bandwidth`` (no message calls), with the cheapest allowed codec whose rates on the
+        two ends are ``rate_src``/``rate_dst`` [C] (the searches over link groups pass a group's
+        largest rates, their bounds its least)."""
+        return (2.0 * (latency + self.codec_bytes[:, :-1] / bandwidth)
+                + (rate_src + rate_dst)[:, None] * self.output_bytes[:-1]).min(axis=0)
+
+    @property
+    def least_bytes(self) -> np.ndarray:
+        """[U]: each unit's output in the fewest bytes any allowed codec sends."""
+        return self.codec_bytes.min(axis=0)
 
     def block(self, d: int, a: int | np.ndarray, b: int | np.ndarray) -> np.ndarray:
         """compute + incoming message calls of a stage on d over [a, b) (no outgoing link)."""
@@ -127,6 +162,7 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
     prefix = np.concatenate([np.zeros((work.shape[1], 1)), np.cumsum(work.T, axis=1)], axis=1)
     upd = np.asarray(profile.update_s, float)
     units = profile.units
+    names, cbytes, crate = codec_tables(profile)
     state = np.array([float(u["state_bytes"]) for u in units])
     act = np.array([float(u["activation_bytes"]) for u in units])
     return Tables(
@@ -145,7 +181,26 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
         latency=np.asarray(profile.latency_s, float),
         bandwidth=np.asarray(profile.bandwidth_Bps, float),
         memory=np.array([float(d["memory_bytes"]) for d in profile.devices]),
-        schedule=schedule, microbatches=int(microbatches))
+        schedule=schedule, microbatches=int(microbatches), codec_names=names,
+        codec_bytes=cbytes, codec_rate=crate, relax=profile.relax)
+
+
+def codec_tables(profile: Profile) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+    """The hand-off codecs ``profile.relax`` allows, with their bytes [C, U] and rates [C, D]
+    (``none`` first: the uncoded bytes, no codec time). A codec the bound allows but the profile
+    has not measured is an error naming it."""
+    out_bytes = [float(u["output_bytes"]) for u in profile.units]
+    names, rows, rates = ["none"], [out_bytes], [np.zeros(profile.num_devices)]
+    for name in profile.relax.handoff_codecs[1:]:
+        if name not in profile.codecs:
+            raise ValueError(f"relax.handoff_bits={profile.relax.handoff_bits} allows the {name} "
+                             f"codec but the profile has not measured it (profile.codecs has "
+                             f"{sorted(profile.codecs) or 'none'}): profile again with this "
+                             f"bound")
+        names.append(name)
+        rows.append(np.asarray(profile.codecs[name]["output_bytes"], float))
+        rates.append(np.asarray(profile.codecs[name]["seconds_per_byte"], float))
+    return tuple(names), np.array(rows), np.array(rates)
 
 
 def stage_costs(t: Tables, assignment: Assignment) -> list[Stage]:
@@ -154,13 +209,17 @@ def stage_costs(t: Tables, assignment: Assignment) -> list[Stage]:
     stages = []
     for k, (d, a, b) in enumerate(assignment):
         compute = float(t.prefix[d, b] - t.prefix[d, a] + t.fixed[d])
+        last = k == p - 1
         comm = (float(t.in_msg[d]) if a > 0 else 0.0) + (
-            0.0 if k == p - 1 else float(t.comm(d, assignment[k + 1][0], b)))
+            0.0 if last else float(t.comm(d, assignment[k + 1][0], b)))
+        codec = "none" if last else t.link_codec(d, assignment[k + 1][0], b)
         mem = (t.state_prefix[b] - t.state_prefix[a]
                + t.inflight(p - k) * (t.act_prefix[b] - t.act_prefix[a]))
         update = float(t.first_update(d, b) if k == 0 else
                        t.update_call[d] + t.update_prefix[d, b] - t.update_prefix[d, a])
-        stages.append(Stage(int(d), (int(a), int(b)), compute, comm, int(round(mem)), update))
+        stages.append(Stage(int(d), (int(a), int(b)), compute, comm, int(round(mem)), update,
+                            codec=codec))
+
     return stages
 
 

@@ -116,7 +116,6 @@ class GroupBound:
         groups = [np.array([d for d in g if d in usable]) for g in link_groups(t)]
         self.groups = [g for g in groups if len(g)]
         g_n, u = len(self.groups), t.num_units
-        out = t.output_bytes[:-1]
         self.cross = np.full((g_n, g_n, max(u - 1, 0)), _INF)  # least comm at each cut
         self.intra = np.full((g_n, max(u - 1, 0)), _INF)  # inside a group, at each cut
         for a, b in itertools.product(range(g_n), range(g_n)):
@@ -127,7 +126,10 @@ class GroupBound:
             ok = other & (bw > 0)
             if not ok.any() or u < 2:
                 continue
-            cost = 2.0 * (lat[ok].min() + out / bw[ok].max())
+            # with codecs: each group's fastest coder (a bound, as the least latency)
+            cost = t.crossing_s(lat[ok].min(), bw[ok].max(), t.codec_rate[:, src].min(axis=1),
+                                t.codec_rate[:, dst].min(axis=1))
+
             if a == b:
                 self.intra[a] = cost
             else:

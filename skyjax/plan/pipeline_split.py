@@ -41,8 +41,8 @@ import numpy as np
 
 from skyjax.plan.classes import coarse_groups, link_groups
 from skyjax.plan.exact import exact_cost
-from skyjax.plan.pipelines import (ChainCache, Priced, build_plan, exchange_s, fractional_bound,
-                                   evaluate_pipelines, grad_prefix)
+from skyjax.plan.pipelines import (INT8_WIRE, ChainCache, Priced, build_plan, evaluate_pipelines,
+                                   fractional_bound, grad_prefix, relaxed_exchange)
 from skyjax.plan.cost import Tables, tables
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
@@ -155,7 +155,6 @@ def _exhaustive(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
                 best: _Best) -> None:
     """Every partition into 2..max_pipelines blocks x every composition (module doc)."""
     t, m, sync = cache.t, cache.t.microbatches, cache.t.sync_s
-    lat, bw = cache.profile.latency_s, cache.profile.bandwidth_Bps
     for part in set_partitions(t.num_devices, min(max_pipelines, m)):
         if len(part) < 2:
             continue
@@ -169,7 +168,7 @@ def _exhaustive(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
             else:
                 top = max(p.step_s for p in priced) + sync
                 if top < best.step_s:
-                    ar, _ = exchange_s([p.chain for p in priced], gprefix, lat, bw)
+                    ar, _ = relaxed_exchange([p.chain for p in priced], gprefix, cache.profile)
                     best.offer(top + ar, priced, shares)
 
 
@@ -246,12 +245,15 @@ def _by_candidates(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
                    best: _Best) -> None:
     """Screen every candidate split, then the full chain search for the best few."""
     t, m, sync = cache.t, cache.t.microbatches, cache.t.sync_s
-    lat, bw = cache.profile.latency_s, cache.profile.bandwidth_Bps
+    bw = cache.profile.bandwidth_Bps
     w = t.work.min(axis=1)  # s_d of fractional_bound: d's speed against the fastest per unit
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = np.where(t.work > 0, w[:, None] / t.work, 1.0).min(axis=0)
     splits = candidate_splits(t, max_pipelines)
-    bounds = [split_bound(t, s, gprefix, rate, bw) for s in splits]
+    relax = cache.profile.relax  # a relaxed exchange sends fewer bytes per step, at least:
+    least = min([1.0] + [INT8_WIRE] * ("int8" in relax.averagings)
+                + [1.0 / relax.outer_every] * ("diloco" in relax.averagings))
+    bounds = [split_bound(t, s, gprefix * least, rate, bw) for s in splits]
     screened = []
     for i in np.argsort(bounds, kind="stable"):
         split = splits[i]
@@ -266,7 +268,7 @@ def _by_candidates(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
         if shares is None:
             continue
         priced = [f.priced(x) for f, x in zip(steps, shares)]
-        ar, _ = exchange_s([p.chain for p in priced], gprefix, lat, bw)
+        ar, _ = relaxed_exchange([p.chain for p in priced], gprefix, cache.profile)
         step = max(p.step_s for p in priced) + ar + sync
         best.offer(step, priced, shares)
         screened.append((step, split, shares, priced))
@@ -276,7 +278,7 @@ def _by_candidates(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
         for s, m_i, p in zip(split, shares, priced):
             q = cache.get(s, m_i)
             full.append(q if q is not None and q.step_s < p.step_s else p)
-        ar, _ = exchange_s([p.chain for p in full], gprefix, lat, bw)
+        ar, _ = relaxed_exchange([p.chain for p in full], gprefix, cache.profile)
         best.offer(max(p.step_s for p in full) + ar + sync, full, shares)
 
 

@@ -39,7 +39,9 @@ from typing import Sequence
 
 import numpy as np
 
+from skyjax.names import CODEC_BLOCK
 from skyjax.plan import exact as exact_search
+
 from skyjax.plan import heuristic
 from skyjax.plan.bounds import min_bottleneck
 from skyjax.plan.classes import device_classes, labels
@@ -62,9 +64,12 @@ def grad_prefix(profile: Profile) -> np.ndarray:
 
 
 def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray,
-               bandwidth: np.ndarray) -> tuple[float, dict[int, float]]:
+               bandwidth: np.ndarray, wire: float = 1.0,
+               coder_s: np.ndarray | None = None) -> tuple[float, dict[int, float]]:
     """AR = max_d AR_d of pipelines given as chains of global devices (module doc), and AR_d
-    per device that has a peer (0 and {} for one pipeline)."""
+    per device that has a peer (0 and {} for one pipeline). ``wire``: bytes sent per gradient
+    byte, ``coder_s`` [D]: a device's seconds per gradient byte to encode and decode (a coded
+    exchange: :func:`relaxed_exchange`)."""
     per: dict[int, float] = {}
     for i, ci in enumerate(chains):
         for j, cj in enumerate(chains):
@@ -76,8 +81,11 @@ def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray
                     if lo >= hi:
                         continue
                     bw = bandwidth[d, e]
-                    cost = (float(latency[d, e]) + float(gprefix[hi] - gprefix[lo]) / bw
-                            if bw > 0 else _INF)
+                    g = float(gprefix[hi] - gprefix[lo])
+                    cost = (float(latency[d, e]) + g * wire / bw if bw > 0 else _INF)
+                    if coder_s is not None:
+                        cost += float(coder_s[d]) * g
+
                     per[d] = per.get(d, 0.0) + cost
     return (max(per.values()) if per else 0.0), per
 
@@ -100,7 +108,8 @@ def restrict_tables(t: Tables, devices: Sequence[int], microbatches: int,
         t, work=t.work[:, idx], prefix=t.prefix[idx], fixed=t.fixed[idx], in_msg=t.in_msg[idx],
         update_prefix=t.update_prefix[idx], update_call=t.update_call[idx],
         alone=int(microbatches) * per[idx], latency=t.latency[ix], bandwidth=t.bandwidth[ix],
-        memory=t.memory[idx], microbatches=int(microbatches))
+        memory=t.memory[idx], microbatches=int(microbatches), codec_rate=t.codec_rate[:, idx])
+
 
 
 def fractional_bound(t: Tables) -> float:
@@ -149,7 +158,7 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
                 raise InfeasibleError(f"pipeline {i}: {e}") from None
         steps.append(pipeline_step(own, int(m_i)))
         stages += [dataclasses.replace(s, pipeline=i) for s in own]
-    ar, _ = exchange_s(chains, grad_prefix(profile), profile.latency_s, profile.bandwidth_Bps)
+    ar, averaging = relaxed_exchange(chains, grad_prefix(profile), profile)
     if check and math.isinf(ar):
         raise InfeasibleError("gradient exchange: two stages that share units cannot reach "
                               "one another (bandwidth_Bps 0)")
@@ -158,7 +167,9 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
                 stages=stages, step_time_s=step, bottleneck_s=max(s.time_s for s in stages),
                 exact=exact, lower_bound_s=None if exact else lower_bound_s,
                 device_names=[d["name"] for d in profile.devices],
-                shares=[int(x) for x in shares], allreduce_s=ar, pipeline_step_s=steps)
+                shares=[int(x) for x in shares], allreduce_s=ar, pipeline_step_s=steps,
+                averaging=averaging,
+                **(outer_step(profile.relax) if averaging == "diloco" else {}))
 
 
 def evaluate_pipelines(profile: Profile, assignments: Sequence[Chain], shares: Sequence[int],
@@ -260,3 +271,37 @@ class ChainCache:
         if any(s.memory_bytes > t.memory[s.device] or math.isinf(s.comm_s) for s in stages):
             return _INF
         return pipeline_step(stages, m)
+
+
+def outer_step(relax) -> dict:
+    """The Plan fields of a DiLoCo outer step (``skyjax.relax.Relaxation``)."""
+    return {"outer_every": relax.outer_every, "outer_lr": relax.outer_lr,
+            "outer_momentum": relax.outer_momentum}
+
+
+INT8_WIRE = (1 + 4 / CODEC_BLOCK) / 4  # int8 bytes + a float32 scale per block, per fp32 byte
+
+
+def relaxed_exchange(chains: Sequence[Chain], gprefix: np.ndarray,
+                     profile: Profile) -> tuple[float, str]:
+    """The least AR over the averaging modes ``profile.relax`` allows, and that mode (ties go to
+    the less relaxed): ``exact`` AR as :func:`exchange_s`; ``int8`` the same exchange in the
+    int8 codec's bytes plus its coding time; ``diloco`` the exact exchange of the pseudo-
+    gradients once every ``outer_every`` steps, AR / H per step."""
+    lat, bw = profile.latency_s, profile.bandwidth_Bps
+    best = (exchange_s(chains, gprefix, lat, bw)[0], "exact")
+    if len(chains) < 2:
+        return best
+    for mode in profile.relax.averagings[1:]:
+        if mode == "int8":
+            rate = np.asarray(profile.codecs["int8"]["seconds_per_byte"], float) \
+                if "int8" in profile.codecs else None
+            if rate is None:
+                raise ValueError("relax.averaging=int8 needs the int8 codec's timings in the "
+                                 "profile (profile.codecs.int8): profile again with this bound")
+            ar = exchange_s(chains, gprefix, lat, bw, INT8_WIRE, rate)[0]
+        else:
+            ar = exchange_s(chains, gprefix, lat, bw)[0] / profile.relax.outer_every
+        if ar < best[0]:
+            best = (ar, mode)
+    return best

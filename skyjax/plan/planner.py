@@ -39,6 +39,8 @@ An infeasible problem raises InfeasibleError naming the tightest device and the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from skyjax.names import STRATEGIES
@@ -53,6 +55,8 @@ from skyjax.plan.refine import refine_plan
 from skyjax.plan.extension import ExtraCost
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
+from skyjax.relax import EXACT, Relaxation
+
 
 REGION_GAP = 0.01  # try region_bound only while the plan is this far above the other bounds
 GOAL_GAP = 0.009  # chain_bound's goal: a gap just inside REGION_GAP (its last step lands on it)
@@ -60,12 +64,16 @@ GOAL_GAP = 0.009  # chain_bound's goal: a gap just inside REGION_GAP (its last s
 
 def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
          microbatches: int = 8, *, force_heuristic: bool = False, certify: bool = False,
-         extra: ExtraCost | None = None, max_pipelines: int = 1) -> Plan:
+         extra: ExtraCost | None = None, max_pipelines: int = 1,
+         relax: Relaxation = EXACT) -> Plan:
     """Plan a profile. even: all devices in order; optimal/dynamic: least T (module doc).
     ``certify``: also compute the lower-bound certificates (module doc); ``extra``: extra cost
     terms (:mod:`skyjax.plan.extension`), None for the core model alone. ``max_pipelines``:
     above 1, the least T over 1..max_pipelines pipelines in data parallel
-    (:mod:`skyjax.plan.pipeline_split`; ``even`` ignores it)."""
+    (:mod:`skyjax.plan.pipeline_split`; ``even`` ignores it). ``relax``: what the plan may
+    relax on slow links (:mod:`skyjax.relax`): each link's codec and the pipelines' averaging
+    are then the cheapest allowed under the cost model; the default relaxes nothing."""
+    profile = dataclasses.replace(profile, relax=relax)
     if isinstance(max_pipelines, bool) or int(max_pipelines) != max_pipelines \
             or max_pipelines < 1:
         raise ValueError(f"max_pipelines: expected a positive integer, got {max_pipelines!r}")

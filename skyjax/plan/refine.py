@@ -129,9 +129,11 @@ def _link(t: Tables, a: list[int], b: list[int]) -> np.ndarray:
     u = t.num_units
     out = np.full(u + 1, _INF)
     lat, bw = worst_link(t, a, b)
-    if bw > 0 and u > 1:
-        out[1:u] = 2.0 * (lat + t.output_bytes[:-1] / bw)
+    if bw > 0 and u > 1:  # with codecs, each group's slowest coder (as worst_link)
+        out[1:u] = t.crossing_s(lat, bw, t.codec_rate[:, a].max(axis=1),
+                                t.codec_rate[:, b].max(axis=1))
     return out
+
 
 
 class _Search:

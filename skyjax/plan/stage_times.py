@@ -16,9 +16,12 @@ def stage_actions_s(plan: Plan, profile: Profile) -> tuple[list[float], list[flo
                                                            list[float]]:
     """Per stage: one forward action, one backward action (unit times + the call cost + the
     stage's message calls: in from the previous stage, out to the next) and one-way link delays
-    (latency + bytes / bandwidth, len p - 1). Their sums give the cost model's t_k."""
+    (latency + bytes / bandwidth, len p - 1), in the bytes of the link's codec, whose time is
+    split over both ends' actions. Their sums give the cost model's t_k."""
+
     fwd, bwd, link = [], [], []
     p = len(plan.stages)
+    extra = [0.0] * p  # codec seconds per action of each stage
     for k, s in enumerate(plan.stages):
         (a, b), d = s.units, s.device
         msg = float(profile.message_s[d]) * ((k > 0) + (k < p - 1))
@@ -28,5 +31,14 @@ def stage_actions_s(plan: Plan, profile: Profile) -> tuple[list[float], list[flo
             e = plan.stages[k + 1].device
             bw = float(profile.bandwidth_Bps[d, e])
             out = float(profile.units[b - 1]["output_bytes"])
-            link.append(float(profile.latency_s[d, e]) + (out / bw if bw > 0 else float("inf")))
+            wire = out
+            if s.codec != "none":  # its bytes; encode + decode, half in each action of both
+                coded = profile.codecs[s.codec]
+                wire = float(coded["output_bytes"][b - 1])
+                rate = coded["seconds_per_byte"]
+                for j, dev in ((k, d), (k + 1, e)):
+                    extra[j] += float(rate[dev]) * out / 2
+            link.append(float(profile.latency_s[d, e]) + (wire / bw if bw > 0 else float("inf")))
+    fwd = [x + c for x, c in zip(fwd, extra)]
+    bwd = [x + c for x, c in zip(bwd, extra)]
     return fwd, bwd, link

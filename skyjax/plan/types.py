@@ -34,6 +34,8 @@ class Stage:
     memory_bytes: int
     update_s: float = 0.0
     pipeline: int = 0  # which pipeline (several pipelines: ``Plan.shares``)
+    # the codec of its hand-offs with the next stage of its pipeline (skyjax.codecs; both ways)
+    codec: str = "none"
 
     @property
     def time_s(self) -> float:
@@ -47,6 +49,8 @@ class Stage:
             out["update_s"] = self.update_s
         if self.pipeline:
             out["pipeline"] = self.pipeline
+        if self.codec != "none":
+            out["codec"] = self.codec
         return out
 
 
@@ -73,6 +77,12 @@ class Plan:
     shares: list[int] | None = None
     allreduce_s: float = 0.0  # the step's exchange of replicated gradients (cost model)
     pipeline_step_s: list[float] | None = None  # each pipeline's T_i (without sync_s)
+    # how the pipelines average (skyjax.relax): "exact" | "int8" | "diloco" (an outer step every
+    # ``outer_every`` steps; allreduce_s is then the exchange's time per step, amortised)
+    averaging: str = "exact"
+    outer_every: int = 0
+    outer_lr: float = 0.0
+    outer_momentum: float = 0.0
 
     @property
     def num_pipelines(self) -> int:
@@ -120,13 +130,25 @@ class Plan:
             out["allreduce_s"] = self.allreduce_s
             if self.pipeline_step_s is not None:
                 out["pipeline_step_s"] = list(self.pipeline_step_s)
+            if self.averaging != "exact":
+                out["averaging"] = self.averaging
+                if self.outer_every:
+                    out.update(outer_every=self.outer_every, outer_lr=self.outer_lr,
+                               outer_momentum=self.outer_momentum)
         return out
+
+    @property
+    def is_exact(self) -> bool:
+        """Whether nothing is relaxed (every hand-off uncoded, exact averaging)."""
+        return self.averaging == "exact" and all(s.codec == "none" for s in self.stages)
 
     @classmethod
     def from_json(cls, d: dict) -> "Plan":
         stages = [Stage(int(s["device"]), (int(s["units"][0]), int(s["units"][1])),
                         float(s["compute_s"]), float(s["comm_s"]), int(s["memory_bytes"]),
-                        float(s.get("update_s", 0.0)), int(s.get("pipeline", 0)))
+                        float(s.get("update_s", 0.0)), int(s.get("pipeline", 0)),
+                        str(s.get("codec", "none")))
+
                   for s in d["stages"]]
         shares = d.get("shares")
         return cls(d["strategy"], d["schedule"], int(d["microbatches"]), stages,
@@ -136,4 +158,6 @@ class Plan:
                    [int(x) for x in shares] if shares else None,
                    float(d.get("allreduce_s", 0.0)),
                    [float(x) for x in d["pipeline_step_s"]] if d.get("pipeline_step_s")
-                   else None)
+                   else None, str(d.get("averaging", "exact")), int(d.get("outer_every", 0)),
+                   float(d.get("outer_lr", 0.0)), float(d.get("outer_momentum", 0.0)))
+

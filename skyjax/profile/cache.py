@@ -56,7 +56,9 @@ def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Opt
         "dedup": [options.dedup_units, options.dedup_devices],
         "concurrent": options.concurrent,
         "shared_host": options.host is not None,
+        **({"codecs": list(options.codecs)} if options.codecs else {}),
     }
+
 
 
 def cache_key(workload: Workload, cluster: cluster_lib.Cluster, options: Options) -> str:

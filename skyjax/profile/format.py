@@ -22,11 +22,13 @@ from typing import Any
 import numpy as np
 
 from skyjax.jsonio import write_json_atomic
+from skyjax.names import CODECS
+from skyjax.relax import EXACT, Relaxation
 
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 _TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward_s", "links",
-             "update_s", "overheads")
+             "update_s", "overheads", "codecs")
 OVERHEAD_KEYS = ("forward_call_s", "backward_call_s", "update_call_s", "message_s", "input_s")
 _UNIT_FIELDS = ("state_bytes", "activation_bytes", "output_bytes")
 _LINK_KEYS = ("latency_s", "bandwidth_Bps")
@@ -61,6 +63,14 @@ class Profile:
     # putting one micro-batch's step inputs on the device, [D] (skyjax.profile.inputs); absent in
     # files of profiler version 10 and before (read as 0)
     input_s: np.ndarray | None = None
+    # hand-off codecs (skyjax.codecs) measured, by name: ``output_bytes`` [U], each unit's
+    # output carry on the wire, and ``seconds_per_byte`` [D], a device's encode + decode time
+    # of one message per byte of the uncoded carry (the profiler measures the codecs that the
+    # run's relaxation bound allows; none by default)
+    codecs: dict = dataclasses.field(default_factory=dict)
+    # the relaxation the planner may choose within (skyjax.relax; not part of the file: plan()
+    # sets it from its argument)
+    relax: Relaxation = EXACT
 
     def __post_init__(self):
         u, d = np.shape(self.forward_s)
@@ -107,6 +117,11 @@ class Profile:
                 "overheads": {**{k: getattr(self, k).tolist() for k in OVERHEAD_KEYS},
                               "sync_s": float(self.sync_s)},
         }
+        if self.codecs:
+            out["codecs"] = {name: {"output_bytes": [int(x) for x in c["output_bytes"]],
+                                    "seconds_per_byte": [float(x) for x in
+                                                         c["seconds_per_byte"]]}
+                             for name, c in self.codecs.items()}
         out.update(extra)
         return out
 
@@ -234,4 +249,29 @@ def _parse(d: Any) -> Profile:
     sync = _number(over["sync_s"], "overheads.sync_s", "time") if "sync_s" in over else 0.0
     return Profile(version=VERSION, microbatch=dict(mb), units=units, devices=devices,
                    forward_s=fwd, backward_s=bwd, latency_s=lat, bandwidth_Bps=bw, extra=extra,
-                   update_s=upd, sync_s=sync, **fixed)
+                   update_s=upd, sync_s=sync, codecs=_codecs(d.get("codecs", {}), n_u, n_d),
+                   **fixed)
+
+
+def _codecs(x: Any, n_u: int, n_d: int) -> dict:
+    if not isinstance(x, dict):
+        _fail("codecs", f"expected an object, got {type(x).__name__}")
+    out = {}
+    for name, c in x.items():
+        if name not in CODECS or name == "none":
+            _fail(f"codecs.{name}", f"unknown codec (expected one of {CODECS[1:]})")
+        if not isinstance(c, dict):
+            _fail(f"codecs.{name}", f"expected an object, got {type(c).__name__}")
+        out[name] = {
+            "output_bytes": np.array([_number(v, f"codecs.{name}.output_bytes[{i}]", "size")
+                                      for i, v in enumerate(_list(
+                                          _get(c, "output_bytes", f"codecs.{name}.output_bytes"),
+                                          f"codecs.{name}.output_bytes", n_u,
+                                          "entries (one per unit)"))]),
+            "seconds_per_byte": np.array([
+                _number(v, f"codecs.{name}.seconds_per_byte[{i}]", "time")
+                for i, v in enumerate(_list(
+                    _get(c, "seconds_per_byte", f"codecs.{name}.seconds_per_byte"),
+                    f"codecs.{name}.seconds_per_byte", n_d, "entries (one per device)"))])}
+    return out
+

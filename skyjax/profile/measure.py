@@ -75,15 +75,22 @@ def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options,
     """The profile of ``measured`` units (:func:`skyjax.profile.units.measure_units`, optionally
     with ``devices`` records) and links, stamped with the cache ``key`` and profiler ``meta``."""
     size, seq_len = workload.microbatch
+    units_rec = [dict(u) for u in measured["units"]]
+    coded = [u.pop("codec_bytes", {}) for u in units_rec]
+    over = measured.get("overheads") or {}
+    codecs = {name: {"output_bytes": [c[name] for c in coded],
+                     "seconds_per_byte": list(over[f"codec_{name}_s"])}
+              for name in (coded[0] if coded else {})}
     d = {
         "version": 2,
         "microbatch": {"size": size, "seq_len": seq_len},
-        "units": measured["units"],
+        "units": units_rec,
         "devices": measured.get("devices") or device_records(cluster),
         "forward_s": measured["forward_s"].tolist(),
         "backward_s": measured["backward_s"].tolist(),
         "links": {"latency_s": lat.tolist(), "bandwidth_Bps": bw.tolist()},
         **fixed_costs(measured, meta, len(measured["units"]), cluster.num_devices),
+        **({"codecs": codecs} if codecs else {}),
         "cache_key": key,
         "profiler": {"version": PROFILER_VERSION, "jax": jax.__version__,
                      "granularity": workload.granularity, "mode": cluster.mode,

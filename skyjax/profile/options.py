@@ -12,6 +12,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from skyjax.relax import Relaxation
+
+
 Log = Callable[[str], None]
 
 
@@ -38,6 +41,7 @@ class Options:
     memory_analysis: bool = True
     passes: int = 1
     host: Any = None
+    codecs: tuple[str, ...] = ()  # hand-off codecs to time (skyjax.codecs; the relaxation's)
 
     @property
     def concurrent(self) -> bool:
@@ -51,8 +55,10 @@ class Options:
         ``config.cluster.shared_host``)."""
         section = getattr(config, "profile", None)
         repeats = int(getattr(section, "repeats", cls.repeats))
+        relax = getattr(config, "relax", None)
+        measured = Relaxation.from_config(config).measured_codecs if relax is not None else ()
         opts = cls(repeats=repeats, min_repeats=min(cls.min_repeats, repeats),
-                   passes=int(getattr(section, "passes", cls.passes)))
+                   passes=int(getattr(section, "passes", cls.passes)), codecs=measured)
         return dataclasses.replace(opts, **overrides)
 
 

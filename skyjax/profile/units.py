@@ -33,6 +33,8 @@ from skyjax import cluster as cluster_lib
 from skyjax.models import bert
 from skyjax.programs.calls import call_inputs, cotangent
 from skyjax.profile.chain import ChainSpec
+from skyjax.profile.codec_times import measure_codecs, output_likes
+
 from skyjax.profile.inputs import measure_input_put
 from skyjax.profile.options import Log, Options, evict_caches, robust_time
 from skyjax.profile.eta import fmt_s
@@ -309,6 +311,10 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     out_bytes = _output_bytes(spec.chain, sample[0])
     calls = measure_call_costs(targets, sample[0], optimizer, options)
     calls["input_s"] = measure_input_put(targets, sample[0], labels, max(options.repeats, 5))
+    coded = measure_codecs(options.codecs, output_likes(spec.chain, sample[0]), targets,
+                           options.repeats) if options.codecs else {}
+    for name, c in coded.items():  # per device, like the fixed costs (merged across processes)
+        calls[f"codec_{name}_s"] = c["seconds_per_byte"]
     units, fwd, bwd = [], np.full((total, cluster.num_devices), np.nan), np.full(
         (total, cluster.num_devices), np.nan)
     upd = np.full((total, cluster.num_devices), np.nan)
@@ -323,6 +329,8 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
                "activation_bytes": result.activation_bytes, "output_bytes": out_bytes[r],
                "kind": spec.kinds[u], "param_bytes": pb, "optimizer_bytes": opt_cache[r],
                "measured_as": spec.chain[rep_i].name, "repeats": result.repeats}
+        if coded:  # moved to profile.codecs by measure.assemble
+            rec["codec_bytes"] = {name: c["output_bytes"][r] for name, c in coded.items()}
         rec.update(result.memory)
         units.append(rec)
         for d, k in enumerate(cls):

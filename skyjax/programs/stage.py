@@ -8,7 +8,14 @@ cotangent, accumulates parameter gradients and returns the cotangent for the pre
 last stage's forward ends in the loss, so its backward needs no incoming cotangent. After the last
 micro-batch, ``update`` applies optax with gradients already scaled for global-norm clipping
 (the optimizer comes from ``skyjax.optim.make_optimizer(config.train, clip=False)``: a stage cannot
-clip alone, it sees only its share of the norm). Each program is compiled once per shape
+clip alone, it sees only its share of the norm).
+
+Hand-off codecs (:mod:`skyjax.codecs`, chosen per link by the planner): ``in_codec`` is the
+link from the previous stage, ``out_codec`` the one to the next. The forward decodes its input
+and encodes its output, the backward decodes the incoming cotangent and encodes the one it sends
+back, inside the same jitted programs (no extra dispatch; on an emulated slow device the codec
+is as slow as the rest). The pullback is taken at the decoded input, so the codec is outside
+differentiation (a straight-through estimator, as in SWARM and AQ-SGD). Each program is compiled once per shape
 (``compile_counts`` lets tests prove it). The loss and eval outputs are ``skyjax.metrics``'.
 """
 
@@ -22,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from skyjax import codecs
 from skyjax.metrics import classification_loss, eval_outputs
 from skyjax.models.bert import Carry, Params, Unit, apply_units
 from skyjax.tree import tree_avals
@@ -43,8 +51,13 @@ class StageProgram:
 
     def __init__(self, chain: list[Unit], *, is_last: bool, microbatches: int,
                  optimizer: optax.GradientTransformation | None = None, train: bool = True,
-                 loss_microbatches: int | None = None):
+                 loss_microbatches: int | None = None, in_codec: str = "none",
+                 out_codec: str = "none", in_like: Carry | None = None):
         self.chain = chain
+        self.in_codec, self.out_codec = in_codec, out_codec
+        self.in_like = in_like  # the raw input carry's shapes (decoding needs them)
+        if in_codec != "none" and in_like is None:
+            raise ValueError(f"in_codec {in_codec!r} needs in_like (the input carry's shapes)")
         self.is_last = is_last
         self.microbatches = microbatches  # this pipeline's micro-batches per step
         # the global batch's micro-batches: each one's mean loss weighs 1 / loss_microbatches, so
@@ -70,6 +83,7 @@ class StageProgram:
 
     def _forward(self, params: list[Params], carry: Carry, rng, labels=None):
         self.compile_counts["forward"] += 1
+        carry = codecs.decode(self.in_codec, carry, self.in_like)
         out, pullback, aux = jax.vjp(lambda p, c: self._block(p, c, rng, labels), params, carry,
                                      has_aux=True)
         leaves, treedef = jax.tree.flatten(pullback)
@@ -80,7 +94,7 @@ class StageProgram:
         residuals = [r for r, j in zip(leaves, slots) if j is None]
         out_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), out)
         self._pullbacks[tree_avals(residuals)] = (treedef, slots, out_like)
-        return (aux if self.is_last else out), residuals
+        return (aux if self.is_last else codecs.encode(self.out_codec, out)), residuals
 
     def _backward(self, params: list[Params], residuals: Residuals, cotangent,
                   grads: list[Params]):
@@ -92,10 +106,12 @@ class StageProgram:
         if self.is_last:
             cotangent = jnp.ones((), jnp.float32)
         else:  # integer outputs (the attention mask) take float0 zeros as cotangents
+            cotangent = codecs.decode(self.out_codec, cotangent, float_entries(out_like))
             cotangent = {k: cotangent[k] if k in cotangent else np.zeros(v.shape, jax.dtypes.float0)
                          for k, v in out_like.items()}
         d_params, d_carry = pullback(cotangent)
-        return jax.tree.map(jnp.add, grads, d_params), float_entries(d_carry)
+        return (jax.tree.map(jnp.add, grads, d_params),
+                codecs.encode(self.in_codec, float_entries(d_carry)))
 
     def _update(self, params: list[Params], opt_state: list[Any], grads: list[Params], scale):
         """One optax step per unit (same math as one step over the block: AdamW is elementwise

@@ -19,8 +19,9 @@ from skyjax.plan.schedules import actions
 from skyjax.transport import group as distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
+from skyjax.runtime.averaging import make_averaging
 from skyjax.runtime.pipeline import (PipelineStage, StepInputs, StepMetrics, StepResult,
-                                     sq_to_norm)
+                                     norm_allreduce, sq_to_norm)
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       pipeline_sizes, placements, replica_peers, unit_owners)
 from skyjax.spans import Span
@@ -103,6 +104,7 @@ class DistributedExecutor:
             self.stage.first_microbatch = plan.first_microbatch(i)
             self.stage.peers = replica_peers(self.places, k, [q.device for q in self.places])
             self.stage.replica_link = transport
+            self.stage.averaging = make_averaging(plan, self.stage)
             self.actions = actions(self.schedule, sizes[i], shares[i])
         self._gathers = 0
         # (batch, StepInputs) of the next step, put ahead during this one (train_step)
@@ -151,11 +153,11 @@ class DistributedExecutor:
             self._gather_tag())
         total = None  # the global squared gradient norm, on every process (clipping on)
         if self.stage is not None:
-            self.stage.reduce_replicas(step)
-            result.grad_sq_norm = self.stage.update(step, self.max_grad_norm)
+            result.grad_sq_norm = self.stage.finish_step(step, self.max_grad_norm)
             total = self.stage.last_sq_norm
         elif self.max_grad_norm or self.plan.num_pipelines > 1:  # as PipelineStage.update
-            total = self.transport.allreduce_sum(0.0, tags.grad_norm(step))
+            total = norm_allreduce(self.transport, step, 0.0, self.max_grad_norm, -1,
+                                   self.plan.num_pipelines, self.plan.averaging == "diloco")
         if gathered is None:
             return StepMetrics(float("nan"), float("nan"), result.wall_s, [result],
                                grad_norm=sq_to_norm(total), has_loss=False)

@@ -18,6 +18,7 @@ from skyjax.plan import Plan
 from skyjax.plan.schedules import actions
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
+from skyjax.runtime.averaging import make_averaging
 from skyjax.runtime.pipeline import PipelineStage, StepMetrics, sq_to_norm
 from skyjax.runtime.placement import (PipelineLink, UnitState, abstract_units, boundary_shapes,
                                       build_stage, pipeline_sizes, placements, replica_peers)
@@ -66,6 +67,7 @@ class LocalExecutor:
             stage.first_microbatch = plan.first_microbatch(i)
             stage.peers = replica_peers(self.places, k, range(len(self.places)))
             stage.replica_link = transport.for_stage(k)
+            stage.averaging = make_averaging(plan, stage)
             self.stages.append(stage)
         self.transport = transport
         self.actions = [actions(self.schedule, sizes[i], shares[i]) for i in range(len(shares))]

@@ -7,7 +7,10 @@ whose forward ends in the loss), runs the jitted backward and sends the input co
 After the step's actions the stages agree on the global gradient norm (for clipping) and apply
 optax. Sends never block and receives block only on data the stage needs, so any schedule whose
 action lists are consistent runs without deadlock, for any number of stages and micro-batches.
-Message tags come from ``skyjax.transport.tags``; measured actions are ``skyjax.spans.Span`` records
+Training hand-offs travel in the codec the plan chose for their link (:mod:`skyjax.codecs`;
+encoded and decoded inside the stage programs); eval hand-offs are always exact, so held-out
+scores do not depend on the plan. Message tags come from ``skyjax.transport.tags``;
+ measured actions are ``skyjax.spans.Span`` records
 (the simulator's type, so a measured step and its simulation share one trace builder).
 
 Several pipelines in data parallel: each stage is in one pipeline, whose share of the global batch
@@ -20,6 +23,7 @@ holds the same sum, bit for bit, before the update.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Iterable, Protocol
 
@@ -27,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from skyjax import codecs
 from skyjax.cluster import timed_call
 from skyjax.optim import clip_scale, global_sq_norm
 from skyjax.plan.schedules import Action
@@ -36,7 +41,26 @@ from skyjax.programs.stage import StageProgram, StageState, float_entries
 from skyjax.spans import Span
 
 
+def norm_allreduce(link: Any, step: int, local: float, max_grad_norm: float | None,
+                   pipeline: int, num_pipelines: int, per_pipeline: bool) -> float:
+    """The squared gradient norm every stage clips by: the sum of ``local`` over all stages
+    (one all-reduce), or, ``per_pipeline`` (DiLoCo's inner steps, clipping on), over this
+    pipeline's stages (an all-reduce per pipeline, every stage joining each). With several
+    pipelines the all-reduce also runs without clipping: it is the step's commit point, which
+    every process passes or none (runtime.recovery). A process without a stage joins with
+    ``local`` 0 and ``pipeline`` -1."""
+    if per_pipeline and max_grad_norm:
+        sums = [link.allreduce_sum(local if i == pipeline else 0.0,
+                                   tags.pipeline_norm(step, i, num_pipelines))
+                for i in range(num_pipelines)]
+        return sums[pipeline] if pipeline >= 0 else 0.0
+    if max_grad_norm or num_pipelines > 1:
+        return link.allreduce_sum(local, tags.grad_norm(step))
+    return 0.0
+
+
 def sq_to_norm(sq: float | None) -> float | None:
+
     """The norm from a squared norm (NaN stays NaN; None stays None)."""
     return None if sq is None else float(np.sqrt(np.float64(sq)))
 
@@ -157,6 +181,8 @@ class PipelineStage:
     first_unit: int = 0
     peers: tuple[ReplicaPeer, ...] = ()
     replica_link: Any = None
+    # a relaxed averaging across pipelines (runtime.averaging); None: the exact sum
+    averaging: Any = None
     _posted: int = dataclasses.field(default=0, init=False, repr=False)  # see _pull_ahead
     # the global squared gradient norm of the last update (None: clipping off, not computed)
     last_sq_norm: float | None = dataclasses.field(default=None, init=False, repr=False)
@@ -203,8 +229,18 @@ class PipelineStage:
         """(tag, like, src) of the message ``action`` receives; None if it receives none."""
         tag = message_tag(step, action, self.program.microbatches)
         if action.kind == "F":
-            return None if self.is_first else (tag, self.in_like, self.index - 1)
-        return None if self.is_last else (tag, float_entries(self.out_like), self.index + 1)
+            return None if self.is_first else (tag, self.wire_in, self.index - 1)
+        return None if self.is_last else (tag, self.wire_cotangent, self.index + 1)
+
+    @functools.cached_property
+    def wire_in(self) -> Any:
+        """What a training forward receives: the input carry in its link's codec."""
+        return codecs.encoded_like(self.program.in_codec, self.in_like)
+
+    @functools.cached_property
+    def wire_cotangent(self) -> Any:
+        """What a backward receives: the output's cotangent in its link's codec."""
+        return codecs.encoded_like(self.program.out_codec, float_entries(self.out_like))
 
     def _pull_ahead(self, step: int, actions: list[Action], i: int) -> None:
         """Posts the receives of actions i .. i + PULL_AHEAD - 1 not posted yet (transports with
@@ -223,8 +259,7 @@ class PipelineStage:
         """Runs one optimizer step's actions, then the (globally clipped) update."""
         start = time.perf_counter()
         result = self.run_actions(step, actions, inputs)
-        self.reduce_replicas(step)
-        result.grad_sq_norm = self.update(step, max_grad_norm)
+        result.grad_sq_norm = self.finish_step(step, max_grad_norm)
         result.wall_s = time.perf_counter() - start
         return result
 
@@ -288,44 +323,74 @@ class PipelineStage:
         """The stage's id in spans and traces: its position among all pipelines' stages."""
         return self.index if self.stage_id is None else self.stage_id
 
+    def finish_step(self, step: int, max_grad_norm: float | None) -> float | None:
+        """What follows a step's actions: the exchange with the other pipelines, the update
+        and, under DiLoCo, the outer step; returns :meth:`update`'s value."""
+        self.reduce_replicas(step)
+        local = self.update(step, max_grad_norm)
+        if self.averaging is not None:
+            self.averaging.after_update(self, step)
+        return local
+
     def reduce_replicas(self, step: int) -> None:
         """Several pipelines: sends this stage's gradients of the units it shares to each peer
         (sends never block), receives theirs, and replaces its gradients by the sum over all
-        pipelines in pipeline order (no-op with one pipeline)."""
+        pipelines in pipeline order (no-op with one pipeline). A relaxed averaging
+        (:attr:`averaging`) does its own exchange instead."""
         if not self.peers:
             return
+        if self.averaging is not None:
+            self.averaging.reduce(self, step)
+            return
+        self.state.grads = self.sum_replicas(self.state.grads,
+                                             self.swap_with_peers(step, self.state.grads))
+
+    def swap_with_peers(self, step: int, trees: list,
+                        unwire: Callable[[Any, list], list] | None = None
+                        ) -> dict[tuple[int, int], Any]:
+        """Sends each peer the entries of ``trees`` (one per unit of this stage) of the units it
+        shares and receives its own: ``{(unit, pipeline): tree}``. Coded ``trees``:
+        ``unwire(received, gradient slice)`` is what a received slice stands for."""
         tag = tags.replica_grads(step, self.program.loss_microbatches)
-        grads, a = self.state.grads, self.first_unit
+        a = self.first_unit
         for peer in self.peers:
-            self.replica_link.send(tag, grads[peer.start - a:peer.end - a], peer.address)
+            self.replica_link.send(tag, trees[peer.start - a:peer.end - a], peer.address)
         got: dict[tuple[int, int], Any] = {}
         for peer in self.peers:
-            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                grads[peer.start - a:peer.end - a])
-            for u, g in zip(range(peer.start, peer.end),
-                            self.replica_link.recv(tag, like, peer.address)):
+            mine = trees[peer.start - a:peer.end - a]
+            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), mine)
+            theirs = self.replica_link.recv(tag, like, peer.address)
+            if unwire is not None:
+                theirs = unwire(theirs, self.state.grads[peer.start - a:peer.end - a])
+            for u, g in zip(range(peer.start, peer.end), theirs):
                 got[u, peer.pipeline] = g
-        self.state.grads = [
-            _ordered_sum([g if i == self.pipeline else got[u, i]
-                          for i in range(self.num_pipelines)])
-            for u, g in zip(range(a, a + len(grads)), grads)]
+        return got
+
+    def sum_replicas(self, own: list, got: dict[tuple[int, int], Any]) -> list:
+        """Per unit of this stage: the sum over all pipelines, in pipeline order, of ``own``'s
+        entry (this pipeline) and ``got``'s (the others)."""
+        a = self.first_unit
+        return [_ordered_sum([g if i == self.pipeline else got[u, i]
+                              for i in range(self.num_pipelines)])
+                for u, g in zip(range(a, a + len(own)), own)]
 
     def update(self, step: int, max_grad_norm: float | None) -> float | None:
         """The step's optimizer update, after every stage agreed on the global gradient norm;
         returns this stage's squared gradient norm (None: clipping off, not computed). The
         global one is kept in :attr:`last_sq_norm`. With several pipelines only pipeline 0's
-        stages count their (summed, identical) gradients, so each unit counts once."""
-        counts = max_grad_norm and self.pipeline == 0
+        stages count their (summed, identical) gradients, so each unit counts once; under
+        DiLoCo every pipeline updates on its own and clips by its own norm."""
+        own = self.averaging is not None and self.averaging.name == "diloco"
+        grad_scale = self.averaging.grad_scale(self) if self.averaging is not None else 1.0
+        counts = max_grad_norm and (self.pipeline == 0 or own)
         local = float(global_sq_norm(self.state.grads)) if counts else 0.0
-        # with several pipelines the all-reduce also runs without clipping: it is the step's
-        # commit point, which every process passes or none (runtime.recovery)
-        total = (self.link.allreduce_sum(local, tags.grad_norm(step))
-                 if max_grad_norm or self.num_pipelines > 1 else 0.0)
+        total = norm_allreduce(self.link, step, local, max_grad_norm, self.pipeline,
+                               self.num_pipelines, own)
         self.last_sq_norm = float(total) if max_grad_norm else None
-        scale = np.float32(clip_scale(total, max_grad_norm))
+        scale = clip_scale(total * grad_scale ** 2, max_grad_norm) * grad_scale
         (self.state.params, self.state.opt_state, self.state.grads), _ = timed_call(
-            self.program.update, self.state.params, self.state.opt_state, self.state.grads, scale,
-            slowdown=self.slowdown)
+            self.program.update, self.state.params, self.state.opt_state, self.state.grads,
+            np.float32(scale), slowdown=self.slowdown)
         return local if max_grad_norm else None
 
     def run_eval(self, batches: Iterable[Batch]) -> list[tuple[np.ndarray, ...]]:

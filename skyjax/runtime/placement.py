@@ -33,6 +33,8 @@ class StagePlacement:
     end: int
     pipeline: int = 0
     index: int = 0  # position in its pipeline
+    in_codec: str = "none"  # the codecs of its links from the previous and to the next stage
+    out_codec: str = "none"
 
     @property
     def units(self) -> range:
@@ -42,11 +44,13 @@ class StagePlacement:
 def placements(plan: Plan) -> list[StagePlacement]:
     """The stages of ``plan`` in its order (pipeline 0's first, each in pipeline order)."""
     index: dict[int, int] = {}
+    into: dict[int, str] = {}  # per pipeline: the codec of the link into its next stage
     out = []
     for s in plan.stages:
         k = index[s.pipeline] = index.get(s.pipeline, -1) + 1
         out.append(StagePlacement(int(s.device), int(s.units[0]), int(s.units[1]),
-                                  int(s.pipeline), k))
+                                  int(s.pipeline), k, into.get(s.pipeline, "none"), s.codec))
+        into[s.pipeline] = s.codec
     return out
 
 
@@ -129,7 +133,10 @@ def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_st
     ``microbatches``: its pipeline's per step; ``loss_microbatches``: the global batch's."""
     block = list(chain[place.start:place.end])
     program = StageProgram(block, is_last=index == num_stages - 1, microbatches=microbatches,
-                           optimizer=optimizer, loss_microbatches=loss_microbatches)
+                           optimizer=optimizer, loss_microbatches=loss_microbatches,
+                           in_codec=place.in_codec, out_codec=place.out_codec,
+                           in_like=shapes[place.start])
+
     if unit_states:
         params = jax.device_put([unit_states[u][0] for u in place.units], device, may_alias=False)
         opt = jax.device_put([unit_states[u][1] for u in place.units], device, may_alias=False)

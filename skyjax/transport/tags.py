@@ -32,7 +32,9 @@ Collectives (``allreduce_sum``, ``gather_to_first``, ``barrier``) have a tag spa
 from point-to-point messages: the gradient-norm all-reduce of step ``s`` uses :func:`grad_norm`
 (``s``); a distributed executor's per-step gathers (metrics, eval results) use
 :func:`executor_gather` (its own counter 1, 2, ...); the profiler counts up from
-``PROFILE_BASE``.
+``PROFILE_BASE``. Where each pipeline clips by its own norm (DiLoCo), step ``s`` has one
+all-reduce per pipeline, :func:`pipeline_norm` (negative tags).
+
 """
 
 from __future__ import annotations
@@ -70,6 +72,13 @@ def migrate(unit: int) -> int:
 def grad_norm(step: int) -> int:
     """The all-reduce tag of step ``step``'s squared gradient norm (for global clipping)."""
     return step
+
+
+def pipeline_norm(step: int, pipeline: int, pipelines: int) -> int:
+    """The all-reduce tag of step ``step``'s squared gradient norm of one pipeline, where each
+    pipeline clips by its own norm (DiLoCo's inner steps; negative: apart from
+    :func:`grad_norm`)."""
+    return -1 - (step * pipelines + pipeline)
 
 
 def executor_gather(count: int) -> int:

@@ -1,0 +1,77 @@
+"""How much a run may relax what crosses slow links: the user's bound, which the planner prices
+per link and chooses within (docs/design.md, "Relaxation on slow links").
+
+* Stage hand-offs: each link of a pipeline may carry activations and cotangents in any codec of
+  :mod:`skyjax.codecs` with at least ``handoff_bits`` bits per value (32: exact, the default).
+* Averaging across pipelines (several pipelines only), from exact to most relaxed:
+  ``exact`` (the summed gradients, bit-identical on every owner); ``int8`` (each pipeline's
+  gradients in the int8 codec, with error feedback: what rounding dropped is added to the next
+  step's gradients, so over steps nothing is lost, only delayed, as in BAGUA's ByteGrad and
+  1-bit Adam); ``diloco`` (each pipeline takes ``outer_every`` = H inner optimizer steps on its
+  own share, then the pipelines average their pseudo-gradients, the parameters' change since the
+  last outer step, and an outer Nesterov SGD (``outer_lr``, ``outer_momentum``; DiLoCo's 0.7 and
+  0.9) moves the common parameters: one exchange every H steps). ``averaging`` names the most
+  relaxed one allowed; the planner picks the cheapest allowed for the plan's split.
+
+A relaxation changes the math, so all of it is opt-in: the default :class:`Relaxation` allows
+nothing, and the planner then prices and chooses exactly what it did without this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from skyjax.names import AVERAGING, CODEC_BITS, CODECS
+
+
+@dataclasses.dataclass(frozen=True)
+class Relaxation:
+    """The user's bound (``config.relax``); the default allows nothing."""
+
+    handoff_bits: int = 32
+    averaging: str = "exact"
+    outer_every: int = 10
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+    def __post_init__(self):
+        if self.handoff_bits not in CODEC_BITS.values():
+            raise ValueError(f"relax.handoff_bits: expected one of "
+                             f"{sorted(set(CODEC_BITS.values()))}, got {self.handoff_bits!r}")
+        if self.averaging not in AVERAGING:
+            raise ValueError(f"relax.averaging: expected one of {AVERAGING}, "
+                             f"got {self.averaging!r}")
+        if self.averaging == "diloco" and self.outer_every < 1:
+            raise ValueError(f"relax.outer_every: expected a positive integer for diloco, got "
+                             f"{self.outer_every!r}")
+
+    @property
+    def handoff_codecs(self) -> tuple[str, ...]:
+        """The codecs a hand-off may use (``none`` first)."""
+        return tuple(c for c in CODECS if CODEC_BITS[c] >= self.handoff_bits)
+
+    @property
+    def averagings(self) -> tuple[str, ...]:
+        """The averaging modes allowed (``exact`` first)."""
+        return AVERAGING[:AVERAGING.index(self.averaging) + 1]
+
+    @property
+    def measured_codecs(self) -> tuple[str, ...]:
+        """The codecs the profiler must time for this bound: the hand-off codecs allowed, and
+        int8 where the averaging may be int8."""
+        names = set(self.handoff_codecs[1:]) | ({"int8"} if "int8" in self.averagings else set())
+        return tuple(c for c in CODECS if c in names)
+
+    @property
+    def is_exact(self) -> bool:
+
+        return self.handoff_bits == 32 and self.averaging == "exact"
+
+    @classmethod
+    def from_config(cls, config) -> "Relaxation":
+        r = config.relax
+        return cls(int(r.handoff_bits), str(r.averaging), int(r.outer_every),
+                   float(r.outer_lr), float(r.outer_momentum))
+
+
+EXACT = Relaxation()
