@@ -3,7 +3,7 @@ and the gradients exchanged between pipelines. Pure, jittable functions of array
 
 * ``none``: the array itself (the exact path; encode and decode trace to nothing).
 * ``bf16``: bfloat16, half the bytes; fp32's exponent range, 8 bits of mantissa.
-* ``int8``: blocks of ``BLOCK`` values along the last axis, each scaled by its largest magnitude
+* ``int8``: blocks of ``BLOCK`` values along the last axis (:func:`block_size`), each scaled by its largest magnitude
   to [-127, 127] and rounded to nearest: 1 byte per value plus a float32 scale per block
   (4 / 1.0625 = 3.76x fewer bytes than float32). A block's error is at most half a step,
   max|block| / 254, so one outlier costs only its own block.
@@ -41,19 +41,27 @@ def _hadamard(n: int) -> np.ndarray:
     return h / np.float32(math.sqrt(n))
 
 
+def block_size(n: int) -> int:
+    """Values per scale for a last axis of n: ``BLOCK``, or the least power of two >= n when
+    n is shorter (no block is mostly padding)."""
+    return BLOCK if n >= BLOCK else max(2, 1 << max(n - 1, 0).bit_length())
+
+
 def _blocks(x: jax.Array) -> jax.Array:
-    """x as [..., n_blocks, BLOCK] in float32 (the last axis zero-padded to whole blocks)."""
+    """x as [..., n_blocks, block] in float32 (the last axis zero-padded to whole blocks; a
+    scalar as one value)."""
+    x = x.astype(jnp.float32).reshape(x.shape or (1,))
     n = x.shape[-1]
-    pad = -n % BLOCK
-    x = x.astype(jnp.float32)
+    b = block_size(n)
+    pad = -n % b
     if pad:
         x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
-    return x.reshape(*x.shape[:-1], (n + pad) // BLOCK, BLOCK)
+    return x.reshape(*x.shape[:-1], (n + pad) // b, b)
 
 
 def _unblock(y: jax.Array, like: Any) -> jax.Array:
-    n = like.shape[-1]
-    return y.reshape(*y.shape[:-2], -1)[..., :n].astype(like.dtype)
+    n = like.shape[-1] if like.shape else 1
+    return y.reshape(*y.shape[:-2], -1)[..., :n].reshape(like.shape).astype(like.dtype)
 
 
 def _quantize(y: jax.Array, levels: int) -> tuple[jax.Array, jax.Array]:
@@ -77,7 +85,7 @@ def encode_array(codec: str, x: jax.Array) -> Any:
         q, scale = _quantize(y, 127)
         return {"q": q.astype(jnp.int8), "scale": scale}
     if codec == "int4":
-        q, scale = _quantize(y @ _hadamard(BLOCK), 7)
+        q, scale = _quantize(y @ _hadamard(y.shape[-1]), 7)
         nib = (q + 8).astype(jnp.uint8)  # 1..15
         return {"q": nib[..., 0::2] | (nib[..., 1::2] << 4), "scale": scale}
     raise ValueError(f"codec: expected one of {CODECS}, got {codec!r}")
@@ -95,8 +103,8 @@ def decode_array(codec: str, z: Any, like: Any) -> jax.Array:
     if codec == "int4":
         lo = (z["q"] & 15).astype(jnp.float32) - 8
         hi = (z["q"] >> 4).astype(jnp.float32) - 8
-        q = jnp.stack([lo, hi], axis=-1).reshape(*lo.shape[:-1], BLOCK)
-        return _unblock((q * scale) @ _hadamard(BLOCK), like)
+        q = jnp.stack([lo, hi], axis=-1).reshape(*lo.shape[:-1], 2 * lo.shape[-1])
+        return _unblock((q * scale) @ _hadamard(q.shape[-1]), like)
     raise ValueError(f"codec: expected one of {CODECS}, got {codec!r}")
 
 

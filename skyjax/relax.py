@@ -13,6 +13,10 @@ per link and chooses within (docs/design.md, "Relaxation on slow links").
   0.9) moves the common parameters: one exchange every H steps). ``averaging`` names the most
   relaxed one allowed; the planner picks the cheapest allowed for the plan's split.
 
+The planner takes a relaxed plan only where its predicted step is at least ``min_gain`` below
+the exact plan's: a relaxation changes the math, and the cost model does not price what it may
+cost in convergence, so it must buy a clear gain in time (on a fast link nothing is relaxed).
+
 A relaxation changes the math, so all of it is opt-in: the default :class:`Relaxation` allows
 nothing, and the planner then prices and chooses exactly what it did without this module.
 """
@@ -33,6 +37,7 @@ class Relaxation:
     outer_every: int = 10
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    min_gain: float = 0.05  # the least fraction of the step a relaxed plan must save
 
     def __post_init__(self):
         if self.handoff_bits not in CODEC_BITS.values():
@@ -41,6 +46,9 @@ class Relaxation:
         if self.averaging not in AVERAGING:
             raise ValueError(f"relax.averaging: expected one of {AVERAGING}, "
                              f"got {self.averaging!r}")
+        if not 0 <= self.min_gain < 1:
+            raise ValueError(f"relax.min_gain: expected a fraction in [0, 1), got "
+                             f"{self.min_gain!r}")
         if self.averaging == "diloco" and self.outer_every < 1:
             raise ValueError(f"relax.outer_every: expected a positive integer for diloco, got "
                              f"{self.outer_every!r}")
@@ -71,7 +79,7 @@ class Relaxation:
     def from_config(cls, config) -> "Relaxation":
         r = config.relax
         return cls(int(r.handoff_bits), str(r.averaging), int(r.outer_every),
-                   float(r.outer_lr), float(r.outer_momentum))
+                   float(r.outer_lr), float(r.outer_momentum), float(r.min_gain))
 
 
 EXACT = Relaxation()

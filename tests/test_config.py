@@ -153,6 +153,12 @@ def test_tuple_override_from_command_line():
     ("--config.model.pretrained=/nonexistent", "config.model.pretrained='/nonexistent'"),
     ("--config.profile.repeats=0", "config.profile.repeats=0"),
     ("--config.profile.passes=0", "config.profile.passes=0"),
+    ("--config.relax.handoff_bits=5", "config.relax.handoff_bits=5"),
+    ("--config.relax.averaging=topk", "config.relax.averaging='topk'"),
+    ("--config.relax.outer_every=0", "config.relax.outer_every=0"),
+    ("--config.relax.outer_momentum=1.0", "config.relax.outer_momentum=1.0"),
+    # the demo calibrates on the even split: a relaxation is the planner's choice, made once
+    ("--config.relax.handoff_bits=8", "config.relax (handoff_bits=8, averaging='exact') needs"),
 ])
 def test_bad_values_name_the_key(override, message):
     config = demo(override)

@@ -132,6 +132,8 @@ def _relax() -> ml_collections.ConfigDict:
     r.outer_every = 10  # diloco: inner steps per outer step (H)
     r.outer_lr = 0.7  # diloco: the outer SGD's learning rate
     r.outer_momentum = 0.9  # diloco: its Nesterov momentum
+    # a relaxed plan is taken only where it predicts a step at least this fraction shorter
+    r.min_gain = 0.05
     return r
 
 

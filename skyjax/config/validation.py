@@ -241,6 +241,8 @@ def _check_relax(config: Any) -> None:
         _fail(f"config.relax.outer_lr={r.outer_lr}: expected a positive learning rate")
     if not 0 <= r.outer_momentum < 1:
         _fail(f"config.relax.outer_momentum={r.outer_momentum}: expected a value in [0, 1)")
+    if not 0 <= r.min_gain < 1:
+        _fail(f"config.relax.min_gain={r.min_gain}: expected a fraction in [0, 1)")
     relaxed = r.handoff_bits != 32 or r.averaging != "exact"
     a = config.allocation
     if relaxed and (a.strategy != "optimal" or a.calibrate_steps or config.cluster.shared_host):

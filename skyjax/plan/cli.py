@@ -23,10 +23,11 @@ import sys
 
 from skyjax import failures, workdir
 from skyjax.jsonio import write_json_atomic
-from skyjax.names import SCHEDULES, STRATEGIES
+from skyjax.names import AVERAGING, SCHEDULES, STRATEGIES
 from skyjax.plan import planner, simulate
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile, load_profile
+from skyjax.relax import Relaxation
 from skyjax.report.text_table import fmt_bytes, fmt_time, render, time_unit
 
 
@@ -45,6 +46,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shared_host", choices=("auto", "on", "off"), default="auto",
                    help="the shared-host cost model (skyjax.hostmodel); auto: on where the "
                         "profile was measured under it (its devices record their host)")
+    p.add_argument("--handoff_bits", type=int, choices=(32, 16, 8, 4), default=32,
+                   help="fewest bits per value a stage hand-off may carry (skyjax.relax; the "
+                        "profile must have timed those codecs); 32: exact")
+    p.add_argument("--averaging", choices=AVERAGING, default="exact",
+                   help="the most relaxed averaging across pipelines allowed")
+    p.add_argument("--outer_every", type=_positive_int, default=10,
+                   help="diloco: inner steps per outer step")
+    p.add_argument("--min_gain", type=float, default=0.05,
+                   help="the least fraction of the step a relaxed plan must save")
     p.add_argument("--json", action="store_true", help="print plan.json instead of a table")
     p.add_argument("--out", help="write plan.json here")
     p.add_argument("--trace", help="write the simulated schedule as a Chrome trace here")
@@ -78,6 +88,8 @@ def format_table(plan: Plan, profile: Profile) -> str:
     unit = time_unit(max([s.time_s for s in plan.stages] + [1e-12]))
     worst = max(range(used), key=lambda k: plan.stages[k].time_s) if used else -1
     rows, notes = [], []
+    coded = any(s.codec != "none" for s in plan.stages)  # a column: each link's codec
+    lasts = {ids[-1] for ids in (plan.stage_ids(i) for i in range(plan.num_pipelines))}
     for k, s in enumerate(plan.stages):
         a, b = s.units
         names = profile.units[a]["name"] + (f" .. {profile.units[b - 1]['name']}" if b - a > 1
@@ -88,18 +100,20 @@ def format_table(plan: Plan, profile: Profile) -> str:
                      fmt_time(s.compute_s, unit), fmt_time(s.comm_s, unit),
                      fmt_time(s.time_s, unit), fmt_bytes(s.memory_bytes), fmt_bytes(cap),
                      f"{s.memory_bytes / cap:.1%}" if cap > 0 else "-",
-                     f"{s.time_s / plan.bottleneck_s:.0%}" if plan.bottleneck_s > 0 else "-"))
+                     f"{s.time_s / plan.bottleneck_s:.0%}" if plan.bottleneck_s > 0 else "-")
+                    + ((s.codec if k not in lasts else "",) if coded else ()))
         notes.append("bottleneck" if k == worst else "")
     total = (("",) if several else ()) + ("total", "", str(profile.num_units), "",
              fmt_time(sum(s.compute_s for s in plan.stages), unit),
              fmt_time(sum(s.comm_s for s in plan.stages), unit),
              fmt_time(sum(s.time_s for s in plan.stages), unit),
-             fmt_bytes(sum(s.memory_bytes for s in plan.stages)), "", "", "")
+             fmt_bytes(sum(s.memory_bytes for s in plan.stages)), "", "", "") + (
+                 ("",) if coded else ())
     table = render((("pipeline",) if several else ()) + (
         "stage", "device", "units", "unit range", "compute", "comm", "stage time", "memory",
-        "device memory", "used", "share"), rows,
+        "device memory", "used", "share") + (("codec to next",) if coded else ()), rows,
         right=((True,) if several else ()) + (True, False, True, False, True, True, True, True,
-                                             True, True, True),
+                                             True, True, True) + ((False,) if coded else ()),
         total=total, notes=notes)
     if several:
         return "\n".join([head, "", table, "", *_pipelines_tail(plan, worst)])
@@ -119,6 +133,16 @@ def format_table(plan: Plan, profile: Profile) -> str:
     return "\n".join([head, "", table, "", tail])
 
 
+def _averaging(plan: Plan) -> str:
+    """How the pipelines average, as the step time's term names it (``skyjax.relax``)."""
+    if plan.averaging == "int8":
+        return "int8 gradient exchange (error feedback)"
+    if plan.averaging == "diloco":
+        return (f"DiLoCo outer step every {plan.outer_every} steps (lr {plan.outer_lr:g}, "
+                f"momentum {plan.outer_momentum:g}), amortised")
+    return "gradient all-reduce"
+
+
 def _pipelines_tail(plan: Plan, worst: int) -> list[str]:
     """Per pipeline its devices, units, share and T_i; then how T is made up."""
     lines = []
@@ -130,7 +154,7 @@ def _pipelines_tail(plan: Plan, worst: int) -> list[str]:
                      f"{sub.microbatches} micro-batches, T_i {fmt_time(sub.step_time_s)}")
     sync = plan.step_time_s - max(plan.pipeline_step_s or [0.0]) - plan.allreduce_s
     tail = (f"predicted step time {fmt_time(plan.step_time_s)} = slowest pipeline "
-            f"{fmt_time(max(plan.pipeline_step_s or [0.0]))} + gradient all-reduce "
+            f"{fmt_time(max(plan.pipeline_step_s or [0.0]))} + {_averaging(plan)} "
             f"{fmt_time(plan.allreduce_s)} + sync {fmt_time(sync)}; bottleneck stage {worst}; ")
     if plan.exact:
         tail += "optimal over splits and shares given each pipeline's least-T_i chain (exact)"
@@ -179,7 +203,9 @@ def plan_and_write(args: argparse.Namespace) -> int:
                                  "model plans one pipeline")
             extra = None  # auto: several pipelines are planned under the core model
         plan = planner.plan(profile, args.strategy, args.schedule, args.microbatches,
-                            certify=args.certify, extra=extra, max_pipelines=args.pipelines)
+                            certify=args.certify, extra=extra, max_pipelines=args.pipelines,
+                            relax=Relaxation(args.handoff_bits, args.averaging,
+                                             args.outer_every, min_gain=args.min_gain))
     except InfeasibleError as e:  # a ValueError too: first
         print(f"error: {e}", file=sys.stderr)
         return 1

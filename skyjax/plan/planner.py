@@ -72,8 +72,24 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
     above 1, the least T over 1..max_pipelines pipelines in data parallel
     (:mod:`skyjax.plan.pipeline_split`; ``even`` ignores it). ``relax``: what the plan may
     relax on slow links (:mod:`skyjax.relax`): each link's codec and the pipelines' averaging
-    are then the cheapest allowed under the cost model; the default relaxes nothing."""
-    profile = dataclasses.replace(profile, relax=relax)
+    are then the cheapest allowed under the cost model, and the relaxed plan is taken only
+    where its T is at least ``relax.min_gain`` below the exact plan's (a relaxation changes
+    the math: it must buy something); the default relaxes nothing."""
+    kwargs = dict(force_heuristic=force_heuristic, certify=certify, extra=extra,
+                  max_pipelines=max_pipelines)
+    exact = _plan_within(dataclasses.replace(profile, relax=EXACT), strategy, schedule,
+                         microbatches, **kwargs)
+    if relax.is_exact or strategy == "even":
+        return exact
+    relaxed = _plan_within(dataclasses.replace(profile, relax=relax), strategy, schedule,
+                           microbatches, **kwargs)
+    return relaxed if relaxed.step_time_s < exact.step_time_s * (1 - relax.min_gain) else exact
+
+
+def _plan_within(profile: Profile, strategy: str, schedule: str, microbatches: int, *,
+                 force_heuristic: bool, certify: bool, extra: ExtraCost | None,
+                 max_pipelines: int) -> Plan:
+    """``plan`` within ``profile.relax``."""
     if isinstance(max_pipelines, bool) or int(max_pipelines) != max_pipelines \
             or max_pipelines < 1:
         raise ValueError(f"max_pipelines: expected a positive integer, got {max_pipelines!r}")

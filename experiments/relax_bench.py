@@ -1,0 +1,250 @@
+"""Relaxation on slow links against the exact run, side by side in one run: hand-off codecs on a
+link-bound pipeline, relaxed averaging between two regions, and what the planner chooses on a
+fast link.
+
+    python experiments/relax_bench.py                        # every part, ~20 min on 2 cores
+    python experiments/relax_bench.py --parts link --steps 100
+    python experiments/relax_bench.py --parts fast           # the planner only, seconds
+
+Every run is ``python -m skyjax.main`` on the demo model (``configs/local_demo.py``: 4 layers,
+hidden 128, batch 32 in 4 micro-batches of 8 x 32 tokens) over 4 emulated devices in one
+process, two regions (``eu``: devices 0, 1; ``us``: 2, 3) joined by a link of
+``--bandwidth_Bps`` (default 12.5e6 B/s = 100 Mbit/s) and ``--latency_s`` (40 ms); inside a
+region the links are the host's. Link delays are sleeps (deterministic here); the planner
+chooses within each run's bound (``config.relax``) from the run's own profile.
+
+* ``link``: memory caps of ``--cap_bytes`` per device, so that no plan fits in one region and
+  every plan crosses the slow link; the bound on hand-off bits goes 32 (exact), 16, 8, 4.
+  Twice: the synthetic task from scratch, and fine-tuning from a Hugging Face checkpoint
+  (``tests/fixtures/tiny_bert``, a random HF BertForSequenceClassification, 2 layers, hidden
+  32, the library's own test fixture; its messages are 4x smaller, so latency weighs more).
+* ``regions``: no memory caps, devices emulated 4x slower (each call sleeps 3x its compute, so
+  the host's 2 cores are not what limits four busy devices), up to 2 pipelines; the bound on
+  averaging goes exact, int8, diloco (``--outer_every``).
+* ``fast``: the ``link`` and ``regions`` bounds at their loosest on the profile of ``link``
+  with its slow link replaced by 10 Gbit/s and 1 ms: the plans the planner chooses.
+
+Printed per run: what the planner chose (the slow link's codec, the averaging), the bytes per
+step on the slow link (from the plan's codecs and the profile's shapes: forward and backward
+hand-offs of every micro-batch, or the gradient exchange), the predicted and measured step (the
+median after the compiling step), the speed-up over the exact run, the final training loss,
+the eval loss and accuracy (1024 held-out examples), and the loss every ``--log_every`` steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from skyjax.plan import planner  # noqa: E402
+from skyjax.plan.pipelines import INT8_WIRE, grad_prefix  # noqa: E402
+from skyjax.profile.format import load_profile  # noqa: E402
+from skyjax.relax import Relaxation  # noqa: E402
+
+REGIONS = ("eu", "eu", "us", "us")
+FIXTURE = os.path.join(REPO, "tests", "fixtures", "tiny_bert")
+
+
+def main_run(workdir: str, flags: list[str]) -> dict:
+    """One ``skyjax.main`` run; its summary, plan, profile and logged losses."""
+    cmd = [sys.executable, "-m", "skyjax.main", f"--config={REPO}/configs/local_demo.py",
+           f"--workdir={workdir}", *flags]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
+    if proc.returncode:
+        raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n"
+                         f"{proc.stderr[-3000:]}")
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(workdir, "plan.json")) as f:
+        plan = json.load(f)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        curve = [(r["step"], r["loss"]) for r in map(json.loads, f) if "loss" in r]
+    return {"summary": summary, "plan": plan, "curve": curve,
+            "profile": load_profile(os.path.join(workdir, "profile.json"))}
+
+
+def link_flags(args, bits: int, steps: int) -> list[str]:
+    return [f"--config.train.steps={steps}", f"--config.train.log_every={args.log_every}",
+            "--config.allocation.calibrate_steps=0", "--config.cluster.slowdowns=(1,1,1,1)",
+            f"--config.cluster.regions={REGIONS}",
+            f"--config.cluster.link_latency_s={args.latency_s}",
+            f"--config.cluster.link_bandwidth_Bps={args.bandwidth_Bps}",
+            f"--config.relax.handoff_bits={bits}"]
+
+
+def slow_link_bytes(run: dict) -> tuple[float, str]:
+    """Bytes per step on the cross-region links, and what crossed (codecs / averaging)."""
+    plan, prof = run["plan"], run["profile"]
+    region = [d.get("region", "") for d in prof.devices]
+    total, what = 0.0, []
+    shares = plan.get("shares") or [plan["microbatches"]]
+    by_pipe: dict[int, list] = {}
+    for s in plan["stages"]:
+        by_pipe.setdefault(s.get("pipeline", 0), []).append(s)
+    for i, stages in by_pipe.items():
+        for s, nxt in zip(stages, stages[1:]):
+            if region[s["device"]] != region[nxt["device"]]:
+                codec, cut = s.get("codec", "none"), s["units"][1] - 1
+                one = (prof.units[cut]["output_bytes"] if codec == "none"
+                       else prof.codecs[codec]["output_bytes"][cut])
+                total += 2 * shares[i] * float(one)  # forward and backward, per micro-batch
+                what.append(codec)
+    if len(by_pipe) > 1:  # each stage sends its replicated gradients to its cross-region peers
+        g = grad_prefix(prof)
+        averaging = plan.get("averaging", "exact")
+        per = {"exact": 1.0, "int8": INT8_WIRE,
+               "diloco": 1.0 / max(plan.get("outer_every", 1), 1)}[averaging]
+        pipes = list(by_pipe.values())
+        for a in pipes:
+            for b in pipes:
+                if a is b:
+                    continue
+                for s in a:
+                    for t in b:
+                        lo, hi = max(s["units"][0], t["units"][0]), min(s["units"][1],
+                                                                         t["units"][1])
+                        if lo < hi and region[s["device"]] != region[t["device"]]:
+                            total += per * float(g[hi] - g[lo])
+        what.append(f"averaging {averaging}")
+    return total, ", ".join(what) or "no crossing"
+
+
+def describe(run: dict) -> str:
+    plan = run["plan"]
+    shares = plan.get("shares") or [plan["microbatches"]]
+    pipes: dict[int, list] = {}
+    for s in plan["stages"]:
+        pipes.setdefault(s.get("pipeline", 0), []).append(
+            f"d{s['device']}[{s['units'][0]},{s['units'][1]})")
+    return " | ".join(f"{'>'.join(v)} m={shares[i]}" for i, v in sorted(pipes.items()))
+
+
+def table(title: str, rows: list[tuple[str, dict]]) -> None:
+    print(f"\n{title}")
+    base = rows[0][1]["summary"]["step_time_s"]
+    head = (f"{'bound':<14} {'plan':<44} {'slow link':<26} {'MB/step':>8} {'pred.':>8} "
+            f"{'meas.':>8} {'speed-up':>8} {'loss':>7} {'eval':>7} {'acc':>6}")
+    print(head)
+    print("-" * len(head))
+    for name, run in rows:
+        s = run["summary"]
+        nbytes, what = slow_link_bytes(run)
+        print(f"{name:<14} {describe(run):<44} {what:<26} {nbytes / 1e6:>8.3f} "
+              f"{s['predicted_step_time_s'] * 1e3:>6.0f}ms {s['step_time_s'] * 1e3:>6.0f}ms "
+              f"{base / s['step_time_s']:>7.2f}x {s['final_loss']:>7.4f} {s['eval_loss']:>7.4f} "
+              f"{s['eval_accuracy']:>6.3f}")
+    ref = rows[0][1]
+    for name, run in rows[1:]:
+        de = run["summary"]["eval_loss"] / ref["summary"]["eval_loss"] - 1
+        da = 100 * (run["summary"]["eval_accuracy"] - ref["summary"]["eval_accuracy"])
+        print(f"  {name}: eval loss {de:+.2%} against exact, accuracy {da:+.1f} points")
+    print("  loss curves (step: " + " ".join(str(k) for k, _ in ref["curve"]) + ")")
+    for name, run in rows:
+        print(f"  {name:<14} " + " ".join(f"{x:.3f}" for _, x in run["curve"]))
+
+
+def part_link(args, tmp: str) -> dict:
+    out = {}
+    for source, extra in (("synthetic task from scratch", []),
+                          ("from the HF checkpoint tests/fixtures/tiny_bert",
+                           [f"--config.model.pretrained={FIXTURE}"])):
+        rows = []
+        caps = args.cap_bytes if not extra else args.cap_bytes_fixture
+        for bits in (32, 16, 8, 4):
+            wd = os.path.join(tmp, f"link_{len(out)}_{bits}")
+            run = main_run(wd, link_flags(args, bits, args.steps) + extra + [
+                f"--config.cluster.memory_caps_bytes=({caps},{caps},{caps},{caps})"])
+            rows.append(("exact" if bits == 32 else f"<= {bits} bits", run))
+            print(f"[link] {source}, bits {bits}: step {run['summary']['step_time_s']:.4f} s",
+                  flush=True)
+        table(f"Link-bound pipeline, {source}: memory caps {caps / 1e6:g} MB per device, "
+              f"regions {REGIONS}, {args.bandwidth_Bps * 8 / 1e6:g} Mbit/s and "
+              f"{args.latency_s * 1e3:g} ms between them", rows)
+        out[source] = rows
+    return out
+
+
+def part_regions(args, tmp: str) -> list:
+    rows = []
+    for averaging in ("exact", "int8", "diloco"):
+        wd = os.path.join(tmp, f"regions_{averaging}")
+        run = main_run(wd, link_flags(args, 32, args.steps) + [
+            "--config.cluster.slowdowns=(4,4,4,4)", "--config.allocation.max_pipelines=2",
+            f"--config.relax.averaging={averaging}",
+            f"--config.relax.outer_every={args.outer_every}"])
+        rows.append((averaging, run))
+        print(f"[regions] {averaging}: step {run['summary']['step_time_s']:.4f} s", flush=True)
+    table(f"Two regions that each hold the model: devices 4x slower, up to 2 pipelines, "
+          f"{args.bandwidth_Bps * 8 / 1e6:g} Mbit/s and {args.latency_s * 1e3:g} ms between "
+          f"regions, DiLoCo H = {args.outer_every}", rows)
+    return rows
+
+
+def part_fast(args, tmp: str) -> None:
+    """The planner on a measured profile whose cross-region links are fast."""
+    wd = os.path.join(tmp, "fast_profile")
+    paths = glob.glob(os.path.join(tmp, "link_0_4", "profile.json"))
+    if not paths:  # a short run measures the profile (all codecs timed)
+        caps = ",".join([str(args.cap_bytes)] * 4)
+        main_run(wd, link_flags(args, 4, 2) + [f"--config.cluster.memory_caps_bytes=({caps})"])
+        paths = [os.path.join(wd, "profile.json")]
+    prof = load_profile(paths[0])
+    region = [d.get("region", "") for d in prof.devices]
+    print("\nThe planner at 10 Gbit/s and 1 ms between regions (the measured profile, its "
+          "cross-region links replaced), loosest bounds: hand-offs >= 4 bits, averaging up to "
+          "diloco")
+    for name, lat, bw in (("slow link", args.latency_s, args.bandwidth_Bps),
+                          ("10 Gbit/s, 1 ms", 1e-3, 10e9 / 8)):
+        for i in range(prof.num_devices):
+            for j in range(prof.num_devices):
+                if region[i] != region[j]:
+                    prof.latency_s[i, j], prof.bandwidth_Bps[i, j] = lat, bw
+        for caps, pipes in ((args.cap_bytes, 1), (float("inf"), 2)):
+            for d in prof.devices:
+                d["memory_bytes"] = caps if np.isfinite(caps) else 1e12
+            loose = planner.plan(prof, "optimal", "1f1b", 4, max_pipelines=pipes,
+                                 relax=Relaxation(4, "diloco", args.outer_every))
+            exact = planner.plan(prof, "optimal", "1f1b", 4, max_pipelines=pipes)
+            codecs = [s.codec for s in loose.stages if s.codec != "none"]
+            print(f"  {name:<16} {'caps' if pipes == 1 else 'no caps, 2 pipelines':<22} "
+                  f"codecs {codecs or 'none'}, averaging {loose.averaging}: predicted "
+                  f"{loose.step_time_s * 1e3:.1f} ms against exact {exact.step_time_s * 1e3:.1f}"
+                  f" ms")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parts", default="link,regions,fast")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--log_every", type=int, default=20)
+    p.add_argument("--latency_s", type=float, default=0.04)
+    p.add_argument("--bandwidth_Bps", type=float, default=12.5e6)
+    p.add_argument("--cap_bytes", type=int, default=20_000_000)
+    p.add_argument("--cap_bytes_fixture", type=int, default=2_300_000)
+    p.add_argument("--outer_every", type=int, default=10)
+    p.add_argument("--workdir", help="keep the runs here (default: a temporary directory)")
+    args = p.parse_args(argv)
+    parts = args.parts.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = args.workdir or tmp
+        if "link" in parts:
+            part_link(args, tmp)
+        if "regions" in parts:
+            part_regions(args, tmp)
+        if "fast" in parts:
+            part_fast(args, tmp)
+
+
+if __name__ == "__main__":
+    main()
