@@ -428,3 +428,31 @@ def _child(workdir: str) -> None:
 
 if __name__ == "__main__":
     _child(sys.argv[1])
+
+
+def test_codecs_the_bound_allows_are_timed_and_sized():
+    """A relaxation bound of 4 bits (``config.relax.handoff_bits``): the profile gains every
+    codec's bytes per unit output (from shapes: int8 at least 3.5x, int4 at least 6x fewer
+    than the uncoded carry of hidden 64 plus its mask) and each device's coding time, slower
+    on the emulated 3x device; another cache key than the exact bound's; none by default."""
+    c = tiny_config(2, layers=2, hidden=64, seq_len=32, slowdowns=(1, 3))
+    assert Options.from_config(c).codecs == ()  # the exact bound times none
+    c.relax.handoff_bits = 4
+    opts = Options.from_config(c)
+    assert opts.codecs == ("bf16", "int8", "int4")
+    prof = measure(c, options=opts)
+    assert set(prof.codecs) == {"bf16", "int8", "int4"}
+    raw = np.array([u["output_bytes"] for u in prof.units[:-1]], float)
+    for name, least in (("bf16", 1.9), ("int8", 3.5), ("int4", 6.0)):
+        coded = np.asarray(prof.codecs[name]["output_bytes"][:-1])
+        assert (raw / coded >= least).all(), (name, raw / coded)
+        rate = np.asarray(prof.codecs[name]["seconds_per_byte"])
+        assert (rate > 0).all() and rate[1] > 1.5 * rate[0], (name, rate)
+    assert "codec_bytes" not in prof.units[0]
+    exact = Options.from_config(tiny_config(2, layers=2, hidden=64, seq_len=32,
+                                            slowdowns=(1, 3)))
+    assert cache_key(Workload.from_config(c), cl.cluster_from_config(c), opts) != cache_key(
+        Workload.from_config(c), cl.cluster_from_config(c), exact)
+    again = Profile.from_json(json.loads(json.dumps(prof.to_json())))
+    assert again.codecs["int8"]["output_bytes"].tolist() == prof.codecs["int8"][
+        "output_bytes"].tolist()
