@@ -2,7 +2,7 @@
 link-bound pipeline, relaxed averaging between two regions, and what the planner chooses on a
 fast link.
 
-    python experiments/relax_bench.py                        # every part, ~20 min on 2 cores
+    python experiments/relax_bench.py                        # every part, ~30 min on 2 cores
     python experiments/relax_bench.py --parts link --steps 100
     python experiments/relax_bench.py --parts fast           # the planner only, seconds
 
@@ -18,6 +18,10 @@ chooses within each run's bound (``config.relax``) from the run's own profile.
   Twice: the synthetic task from scratch, and fine-tuning from a Hugging Face checkpoint
   (``tests/fixtures/tiny_bert``, a random HF BertForSequenceClassification, 2 layers, hidden
   32, the library's own test fixture; its messages are 4x smaller, so latency weighs more).
+  Then exact, int8 and int4 again at ``--narrow_Bps`` (10 Mbit/s), timing only: at 100 Mbit/s
+  and 40 ms the demo's 1F1B step is mostly waits for the link's latency (a stage 2 hops before
+  the slow link holds at most 3 micro-batches in flight, each a round trip over it), which no
+  codec shortens.
 * ``regions``: no memory caps, devices emulated 4x slower (each call sleeps 3x its compute, so
   the host's 2 cores are not what limits four busy devices), up to 2 pipelines; the bound on
   averaging goes exact, int8, diloco (``--outer_every``).
@@ -43,14 +47,12 @@ import tempfile
 
 import numpy as np
 
+from skyjax.plan import planner
+from skyjax.plan.pipelines import INT8_WIRE, grad_prefix
+from skyjax.profile.format import load_profile
+from skyjax.relax import Relaxation
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from skyjax.plan import planner  # noqa: E402
-from skyjax.plan.pipelines import INT8_WIRE, grad_prefix  # noqa: E402
-from skyjax.profile.format import load_profile  # noqa: E402
-from skyjax.relax import Relaxation  # noqa: E402
-
 REGIONS = ("eu", "eu", "us", "us")
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "tiny_bert")
 
@@ -172,6 +174,24 @@ def part_link(args, tmp: str) -> dict:
               f"regions {REGIONS}, {args.bandwidth_Bps * 8 / 1e6:g} Mbit/s and "
               f"{args.latency_s * 1e3:g} ms between them", rows)
         out[source] = rows
+        if not args.narrow_Bps:
+            continue
+        narrow = []  # the same bounds where the bytes, not the latency, fill the step
+        for bits in (32, 8, 4):
+            wd = os.path.join(tmp, f"narrow_{len(out)}_{bits}")
+            flags = link_flags(args, bits, args.timing_steps) + extra + [
+                f"--config.cluster.memory_caps_bytes=({caps},{caps},{caps},{caps})",
+                f"--config.cluster.link_bandwidth_Bps={args.narrow_Bps}"]
+            narrow.append(("exact" if bits == 32 else f"<= {bits} bits", main_run(wd, flags)))
+        print(f"\n  the same at {args.narrow_Bps * 8 / 1e6:g} Mbit/s, {args.timing_steps} steps "
+              f"(step time only; the losses of a plan do not depend on the link's speed)")
+        base = narrow[0][1]["summary"]["step_time_s"]
+        for name, run in narrow:
+            s = run["summary"]
+            nbytes, what = slow_link_bytes(run)
+            print(f"  {name:<14} {describe(run):<44} {what:<26} {nbytes / 1e6:>8.3f} MB "
+                  f"pred. {s['predicted_step_time_s'] * 1e3:>5.0f}ms meas. "
+                  f"{s['step_time_s'] * 1e3:>5.0f}ms {base / s['step_time_s']:>5.2f}x")
     return out
 
 
@@ -230,6 +250,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log_every", type=int, default=20)
     p.add_argument("--latency_s", type=float, default=0.04)
     p.add_argument("--bandwidth_Bps", type=float, default=12.5e6)
+    p.add_argument("--narrow_Bps", type=float, default=1.25e6,
+                   help="a narrower slow link for a timing-only rerun of exact, int8, int4 "
+                        "(0: none)")
+    p.add_argument("--timing_steps", type=int, default=30)
     p.add_argument("--cap_bytes", type=int, default=20_000_000)
     p.add_argument("--cap_bytes_fixture", type=int, default=2_300_000)
     p.add_argument("--outer_every", type=int, default=10)

@@ -101,6 +101,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # Lowest first: a module may import its own package and the packages of lower rows only.
 LAYERS: list[set[str]] = [
     {"names", "env_vars", "jsonio", "tree", "metrics", "scores", "optim", "spans", "guard"},
+    {"codecs", "relax"},  # what crosses slow links: the codecs (JAX), the user's bound (none)
     {"models", "cluster", "failures", "workdir"},
     {"data"},  # reads the pretrained model's config.json through models.hf_config
     {"config"},  # checks values against what models, data and cluster accept
