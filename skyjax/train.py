@@ -24,7 +24,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from skyjax import checkpoint, cluster as cluster_lib, data as data_lib, guard, optim
+from skyjax import checkpoint, cluster as cluster_lib, data as data_lib, failures, guard, optim
 from skyjax import workdir as workdir_lib
 from skyjax.report import outputs, watch
 from skyjax import plan as plan_lib
@@ -186,6 +186,9 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
     progress = watch.train_progress(config, out.is_chief)  # lines with ETA; a bar on a terminal
     try:
         for step in range(start_step, t.steps):
+            # a stop signal whose KeyboardInterrupt Python discarded (skyjax.failures) ends the
+            # run here, before another step or checkpoint
+            failures.check_stop()
             # the step's batch and the next one's, built ahead by the prefetch thread; none
             # where this process's stage reads no batch (train_step_inputs)
             tic = time.perf_counter()
