@@ -54,6 +54,7 @@ def exact():
     return losses
 
 
+@pytest.mark.slow
 def test_coded_hand_offs_change_the_math_a_little_and_compile_once(exact):
     coded = [[(0, (0, 3), "int8"), (1, (3, 5), "none")], [(2, (0, 5), "none")]]
     losses, _, counts = run(relaxed_plan(coded, [2, 2]))
@@ -61,8 +62,8 @@ def test_coded_hand_offs_change_the_math_a_little_and_compile_once(exact):
     assert all(c == {"forward": 1, "backward": 1, "update": 1} for c in counts)
 
 
-@pytest.mark.parametrize("mode,outer", [("int8", {}),
-                                        pytest.param("diloco", OUTER, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,outer", [("int8", {}), ("diloco", OUTER)])
 def test_relaxed_averaging_keeps_the_replicas_identical(exact, mode, outer):
     """int8: identical after every step. DiLoCo (H = 3): they drift apart between outer steps
     and are identical again after each one."""

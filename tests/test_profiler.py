@@ -430,6 +430,7 @@ if __name__ == "__main__":
     _child(sys.argv[1])
 
 
+@pytest.mark.slow
 def test_codecs_the_bound_allows_are_timed_and_sized():
     """A relaxation bound of 4 bits (``config.relax.handoff_bits``): the profile gains every
     codec's bytes per unit output (from shapes: int8 at least 3.5x, int4 at least 6x fewer

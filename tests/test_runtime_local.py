@@ -13,9 +13,9 @@ from tests.helpers import (BATCH, SEQ, executor, fresh_chain, make_batch, make_p
 # Each schedule over cuts of 2 stages, m below and at the stage count (m above it, over 3 stages:
 # the losses below).
 @pytest.mark.parametrize("blocks,m,schedule", [
-    ([(0, 1), (1, 5)], 1, "gpipe"),
+    ([(0, 1), (1, 5)], 1, "gpipe"),  # the fast subset's GPipe check (its 1F1B: the losses)
     pytest.param([(0, 4), (4, 5)], 2, "gpipe", marks=pytest.mark.slow),
-    ([(0, 4), (4, 5)], 2, "1f1b"),
+    pytest.param([(0, 4), (4, 5)], 2, "1f1b", marks=pytest.mark.slow),
 ])
 def test_one_step_gradients_equal_full_model_grad(blocks, m, schedule):
     chain = fresh_chain()
