@@ -13,8 +13,10 @@ setup(
     packages=find_packages(include=["skyjax", "skyjax.*", "configs", "experiments"]),
     python_requires=">=3.11",
     install_requires=[
-        "jax>=0.10.2",
-        "jaxlib>=0.10.2",
+        # the tested range: jax's APIs move between minor versions (jax.experimental.transfer,
+        # jax.distributed's key-value store)
+        "jax>=0.10.2,<0.11",
+        "jaxlib>=0.10.2,<0.11",
         "flax>=0.12.8",
         "optax>=0.2.4",
         "orbax-checkpoint>=0.12",
@@ -29,6 +31,10 @@ setup(
         "matplotlib>=3.8",
     ],
     extras_require={
+        # Accelerators: jax's own wheels for NVIDIA GPUs (CUDA 12, pip-installed CUDA libraries;
+        # H100/A100 and older cards with a recent driver) and for TPU VMs, in the tested range.
+        "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
+        "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         # GLUE from TensorFlow Datasets (skyjax/data/glue.py). Reading an array_record
         # preparation needs only tensorflow-datasets; a tfrecord one, and tfds.testing's mock
         # data, need TensorFlow.
