@@ -22,6 +22,8 @@ chooses within each run's bound (``config.relax``) from the run's own profile.
   and 40 ms the demo's 1F1B step is mostly waits for the link's latency (a stage 2 hops before
   the slow link holds at most 3 micro-batches in flight, each a round trip over it), which no
   codec shortens.
+* ``noise``: the exact run again at another seed: how far two equally good runs end apart,
+  the yardstick for the relaxed runs' differences at these small losses.
 * ``regions``: no memory caps, devices emulated 4x slower (each call sleeps 3x its compute, so
   the host's 2 cores are not what limits four busy devices), up to 2 pipelines; the bound on
   averaging goes exact, int8, diloco (``--outer_every``).
@@ -66,19 +68,12 @@ def main_run(workdir: str, flags: list[str]) -> dict:
     if proc.returncode:
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n"
                          f"{proc.stderr[-3000:]}")
-    with open(os.path.join(workdir, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(workdir, "plan.json")) as f:
-        plan = json.load(f)
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        curve = [(r["step"], r["loss"]) for r in map(json.loads, f) if "loss" in r]
-    return {"summary": summary, "plan": plan, "curve": curve,
-            "profile": load_profile(os.path.join(workdir, "profile.json"))}
+    return _load(workdir)
 
 
-def link_flags(args, bits: int, steps: int) -> list[str]:
+def link_flags(args, bits: int, steps: int, slowdowns: str = "(1,1,1,1)") -> list[str]:
     return [f"--config.train.steps={steps}", f"--config.train.log_every={args.log_every}",
-            "--config.allocation.calibrate_steps=0", "--config.cluster.slowdowns=(1,1,1,1)",
+            "--config.allocation.calibrate_steps=0", f"--config.cluster.slowdowns={slowdowns}",
             f"--config.cluster.regions={REGIONS}",
             f"--config.cluster.link_latency_s={args.latency_s}",
             f"--config.cluster.link_bandwidth_Bps={args.bandwidth_Bps}",
@@ -203,12 +198,37 @@ def part_link(args, tmp: str) -> None:
               f"{s['step_time_s'] * 1e3:>5.0f}ms {base / s['step_time_s']:>5.2f}x")
 
 
+def part_noise(args, tmp: str) -> None:
+    """How far two exact runs that differ only in the seed end apart: the yardstick for the
+    relaxed runs' differences (an exact run at another seed is as good a model)."""
+    flags = link_flags(args, 32, args.steps) + [
+        "--config.cluster.memory_caps_bytes=(" + ",".join([str(args.cap_bytes)] * 4) + ")"]
+    done = os.path.join(tmp, "link_scratch_32")  # the link part's exact run, when it ran
+    base = _load(done) if os.path.exists(os.path.join(done, "summary.json")) else main_run(
+        os.path.join(tmp, "noise_seed0"), flags)
+    other = main_run(os.path.join(tmp, "noise_seed1"), flags + ["--config.train.seed=1"])
+    table("Exact against exact at another seed (the same plan): run-to-run spread",
+          [("exact", base), ("exact, seed 1", other)])
+
+
+def _load(workdir: str) -> dict:
+    """A finished run's results (as :func:`main_run` returns them)."""
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(workdir, "plan.json")) as f:
+        plan = json.load(f)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        curve = [(r["step"], r["loss"]) for r in map(json.loads, f) if "loss" in r]
+    return {"summary": summary, "plan": plan, "curve": curve,
+            "profile": load_profile(os.path.join(workdir, "profile.json"))}
+
+
 def part_regions(args, tmp: str) -> list:
     rows = []
     for averaging in ("exact", "int8", "diloco"):
         wd = os.path.join(tmp, f"regions_{averaging}")
-        run = main_run(wd, link_flags(args, 32, args.steps) + [
-            "--config.cluster.slowdowns=(4,4,4,4)", "--config.allocation.max_pipelines=2",
+        run = main_run(wd, link_flags(args, 32, args.steps, "(4,4,4,4)") + [
+            "--config.allocation.max_pipelines=2",
             f"--config.relax.averaging={averaging}",
             f"--config.relax.outer_every={args.outer_every}"])
         rows.append((averaging, run))
@@ -253,7 +273,7 @@ def part_fast(args, tmp: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="link,regions,fast")
+    p.add_argument("--parts", default="link,noise,regions,fast")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--log_every", type=int, default=20)
     p.add_argument("--latency_s", type=float, default=0.04)
@@ -271,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
         tmp = args.workdir or tmp
         if "link" in parts:
             part_link(args, tmp)
+        if "noise" in parts:
+            part_noise(args, tmp)
         if "regions" in parts:
             part_regions(args, tmp)
         if "fast" in parts:

@@ -157,7 +157,7 @@ def test_two_regions_relax_the_averaging_where_it_pays():
     assert diloco.outer_every == 50
     back = plan_lib.Plan.from_json(json.loads(json.dumps(diloco.to_json())))
     assert (back.averaging, back.outer_every, back.outer_lr, back.outer_momentum) == (
-        "diloco", 50, 0.7, 0.9)
+        "diloco", 50, 0.7, 0.5)
     int8 = plan_lib.plan(slow, "optimal", "1f1b", 4, max_pipelines=4,
                          relax=Relaxation(averaging="int8"))
     if len(region(int8)) == 2:  # int8 sends INT8_WIRE of the bytes, plus coding
