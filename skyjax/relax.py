@@ -10,10 +10,11 @@ per link and chooses within (docs/design.md, "Relaxation on slow links").
   1-bit Adam); ``diloco`` (each pipeline takes ``outer_every`` = H inner optimizer steps on its
   own share, then the pipelines average their pseudo-gradients, the parameters' change since the
   last outer step, and an outer Nesterov SGD (``outer_lr``, ``outer_momentum``) moves the
-  common parameters: one exchange every H steps. DiLoCo's 0.7 and 0.9 are for thousands of
-  outer steps; over the tens of a short fine-tuning run momentum 0.9 overshoots and the demo
-  does not learn, where 0.5 does (``experiments/relax_bench.py``); hence 0.7 and 0.5 here. ``averaging`` names the most
-  relaxed one allowed; the planner picks the cheapest allowed for the plan's split.
+  common parameters: one exchange every H steps). ``averaging`` names the most relaxed one
+  allowed; the planner picks the cheapest allowed for the plan's split. DiLoCo's 0.7 and 0.9
+  are for thousands of outer steps; over the tens of a short fine-tuning run momentum 0.9
+  overshoots and the demo does not learn, where 0.5 does (``experiments/relax_bench.py``):
+  hence 0.7 and 0.5 here.
 
 The planner takes a relaxed plan only where its predicted step is at least ``min_gain`` below
 the exact plan's: a relaxation changes the math, and the cost model does not price what it may
