@@ -238,3 +238,24 @@ def test_the_bound():
                        ({"averaging": "diloco", "outer_every": 0}, "relax.outer_every")):
         with pytest.raises(ValueError, match=match):
             Relaxation(**bad)
+
+
+def test_a_lost_pipeline_keeps_what_the_plan_relaxed():
+    """After a loss the survivors' plan (``pipeline_split.without_devices``) keeps each kept
+    stage's codec and the averaging: losing a process does not silently change the relaxed
+    math of the others."""
+    from skyjax.plan.pipeline_split import without_devices
+
+    stages = [plan_lib.Stage(0, (0, 3), 0.0, 0.0, 0, codec="int8"), plan_lib.Stage(1, (3, 6), 0.0,
+                                                                                   0.0, 0),
+              plan_lib.Stage(2, (0, 3), 0.0, 0.0, 0, pipeline=1, codec="int4"),
+              plan_lib.Stage(3, (3, 6), 0.0, 0.0, 0, pipeline=1),
+              plan_lib.Stage(4, (0, 6), 0.0, 0.0, 0, pipeline=2)]
+    plan = plan_lib.Plan("optimal", "1f1b", 4, stages, 0.0, 0.0, False, shares=[2, 1, 1],
+                         averaging="diloco", outer_every=7, outer_lr=0.7, outer_momentum=0.5)
+    prof = with_codecs(make_profile(np.full((6, 5), 0.002), state=np.full(6, 4e6),
+                                    out=np.full(6, 132096.0)))
+    after = without_devices(prof, plan, [3])
+    assert [(s.device, s.codec) for s in after.stages] == [(0, "int8"), (1, "none"),
+                                                          (4, "none")]
+    assert (after.averaging, after.outer_every) == ("diloco", 7)

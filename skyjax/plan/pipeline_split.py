@@ -336,4 +336,11 @@ def without_devices(profile: Profile, plan: Plan, lost: Sequence[int]) -> Plan |
     shares = greedy_shares([step_fn(c) for c in chains], plan.microbatches)
     if shares is None:
         return None
-    return evaluate_pipelines(profile, chains, shares, plan.schedule, plan.strategy)
+    out = evaluate_pipelines(profile, chains, shares, plan.schedule, plan.strategy)
+    # what the plan relaxed stays relaxed: each kept stage's codec, and the averaging
+    codec = {(s.device, s.units): s.codec for s in plan.stages}
+    out.stages = [dataclasses.replace(s, codec=codec[s.device, s.units]) for s in out.stages]
+    if out.num_pipelines > 1:
+        out.averaging, out.outer_every = plan.averaging, plan.outer_every
+        out.outer_lr, out.outer_momentum = plan.outer_lr, plan.outer_momentum
+    return out
