@@ -15,8 +15,9 @@ link from the previous stage, ``out_codec`` the one to the next. The forward dec
 and encodes its output, the backward decodes the incoming cotangent and encodes the one it sends
 back, inside the same jitted programs (no extra dispatch; on an emulated slow device the codec
 is as slow as the rest). The pullback is taken at the decoded input, so the codec is outside
-differentiation (a straight-through estimator, as in SWARM and AQ-SGD). Each program is compiled once per shape
-(``compile_counts`` lets tests prove it). The loss and eval outputs are ``skyjax.metrics``'.
+differentiation (a straight-through estimator, as in SWARM and AQ-SGD).
+
+Each program is compiled once per shape (``compile_counts`` lets tests prove it). The loss and eval outputs are ``skyjax.metrics``'.
 """
 
 from __future__ import annotations

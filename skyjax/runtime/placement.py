@@ -136,7 +136,6 @@ def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_st
                            optimizer=optimizer, loss_microbatches=loss_microbatches,
                            in_codec=place.in_codec, out_codec=place.out_codec,
                            in_like=shapes[place.start])
-
     if unit_states:
         params = jax.device_put([unit_states[u][0] for u in place.units], device, may_alias=False)
         opt = jax.device_put([unit_states[u][1] for u in place.units], device, may_alias=False)
