@@ -4,8 +4,8 @@ and the gradients exchanged between pipelines. Pure, jittable functions of array
 * ``none``: the array itself (the exact path; encode and decode trace to nothing).
 * ``bf16``: bfloat16, half the bytes; fp32's exponent range, 8 bits of mantissa.
 * ``int8``: blocks of ``BLOCK`` values along the last axis (:func:`block_size`), each scaled by
-  its largest magnitude to [-127, 127] and rounded to nearest: 1 byte per value plus a float32 scale per block
-  (4 / 1.0625 = 3.76x fewer bytes than float32). A block's error is at most half a step,
+  its largest magnitude to [-127, 127] and rounded to nearest: 1 byte per value plus a float32
+  scale per block (4 / 1.0625 = 3.76x fewer bytes than float32). A block's error is at most half a step,
   max|block| / 254, so one outlier costs only its own block.
 * ``int4``: the same blocks rotated by the orthonormal Hadamard matrix first, then 15 levels
   ([-7, 7]) per block, two values per byte (4 / 0.5625 = 7.1x). The rotation spreads a block's
