@@ -75,7 +75,6 @@ class Relaxation:
 
     @property
     def is_exact(self) -> bool:
-
         return self.handoff_bits == 32 and self.averaging == "exact"
 
     @classmethod

@@ -193,7 +193,6 @@ def base_config() -> ml_collections.ConfigDict:
     config.allocation = _allocation()
     config.relax = _relax()
     config.cluster = _cluster()
-
     config.profile = _profile()
     config.checkpoint = _checkpoint()
     return config

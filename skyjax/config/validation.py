@@ -252,7 +252,6 @@ def _check_relax(config: Any) -> None:
 
 
 def _check_allocation(a: Any, config: Any) -> None:
-
     _one_of("config.allocation.strategy", a.strategy, names.STRATEGIES)
     _one_of("config.allocation.granularity", a.granularity, names.GRANULARITIES)
     _at_least("config.allocation.max_pipelines", a.max_pipelines, 1)

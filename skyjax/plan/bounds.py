@@ -36,7 +36,6 @@ def lower_bound(t: Tables) -> float:
         bw = np.where(cross & (t.bandwidth > 0), t.bandwidth, np.nan)
         if np.isfinite(bw).any():
             c = 2 * float(np.nanmin(t.latency + t.least_bytes.min() / bw))
-
             best = min(best, _relaxed_bound(t, np.arange(t.num_devices), c) + c
                        + fixed_floor(t))
     return best

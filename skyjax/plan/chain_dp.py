@@ -50,7 +50,6 @@ def group_links(t: Tables, groups: list[list[int]]) -> np.ndarray:
     return comm
 
 
-
 class ChainDP:
     """DP over a fixed device order, stages on any subsequence of it (module doc).
 

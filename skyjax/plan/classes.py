@@ -73,7 +73,6 @@ def device_classes(t: Tables) -> list[list[int]]:
     return _partition(keys, [t.latency, t.bandwidth])
 
 
-
 def link_groups(t: Tables) -> list[list[int]]:
     """Devices whose links are interchangeable (e.g. one region): comm depends on groups only."""
     return _partition([b""] * t.num_devices, [t.latency, t.bandwidth])

@@ -57,7 +57,6 @@ from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
 from skyjax.relax import EXACT, Relaxation
 
-
 REGION_GAP = 0.01  # try region_bound only while the plan is this far above the other bounds
 GOAL_GAP = 0.009  # chain_bound's goal: a gap just inside REGION_GAP (its last step lands on it)
 

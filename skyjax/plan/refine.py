@@ -135,7 +135,6 @@ def _link(t: Tables, a: list[int], b: list[int]) -> np.ndarray:
     return out
 
 
-
 class _Search:
     """The DP of the module doc; ``run`` returns an assignment or None. For bounds
     (:mod:`skyjax.plan.certificates.once_bound`), not plans: ``free`` kinds per region are unlimited (out of

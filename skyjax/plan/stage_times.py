@@ -18,7 +18,6 @@ def stage_actions_s(plan: Plan, profile: Profile) -> tuple[list[float], list[flo
     stage's message calls: in from the previous stage, out to the next) and one-way link delays
     (latency + bytes / bandwidth, len p - 1), in the bytes of the link's codec, whose time is
     split over both ends' actions. Their sums give the cost model's t_k."""
-
     fwd, bwd, link = [], [], []
     p = len(plan.stages)
     extra = [0.0] * p  # codec seconds per action of each stage

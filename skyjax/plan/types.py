@@ -148,7 +148,6 @@ class Plan:
                         float(s["compute_s"]), float(s["comm_s"]), int(s["memory_bytes"]),
                         float(s.get("update_s", 0.0)), int(s.get("pipeline", 0)),
                         str(s.get("codec", "none")))
-
                   for s in d["stages"]]
         shares = d.get("shares")
         return cls(d["strategy"], d["schedule"], int(d["microbatches"]), stages,
@@ -160,4 +159,3 @@ class Plan:
                    [float(x) for x in d["pipeline_step_s"]] if d.get("pipeline_step_s")
                    else None, str(d.get("averaging", "exact")), int(d.get("outer_every", 0)),
                    float(d.get("outer_lr", 0.0)), float(d.get("outer_momentum", 0.0)))
-

@@ -60,7 +60,6 @@ def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Opt
     }
 
 
-
 def cache_key(workload: Workload, cluster: cluster_lib.Cluster, options: Options) -> str:
     """sha256 of the canonical JSON of :func:`cache_payload`."""
     payload = json.dumps(cache_payload(workload, cluster, options), sort_keys=True,

@@ -274,4 +274,3 @@ def _codecs(x: Any, n_u: int, n_d: int) -> dict:
                     _get(c, "seconds_per_byte", f"codecs.{name}.seconds_per_byte"),
                     f"codecs.{name}.seconds_per_byte", n_d, "entries (one per device)"))])}
     return out
-

@@ -14,7 +14,6 @@ import numpy as np
 
 from skyjax.relax import Relaxation
 
-
 Log = Callable[[str], None]
 
 
