@@ -5,8 +5,8 @@ and the gradients exchanged between pipelines. Pure, jittable functions of array
 * ``bf16``: bfloat16, half the bytes; fp32's exponent range, 8 bits of mantissa.
 * ``int8``: blocks of ``BLOCK`` values along the last axis (:func:`block_size`), each scaled by
   its largest magnitude to [-127, 127] and rounded to nearest: 1 byte per value plus a float32
-  scale per block (4 / 1.0625 = 3.76x fewer bytes than float32). A block's error is at most half a step,
-  max|block| / 254, so one outlier costs only its own block.
+  scale per block (4 / 1.0625 = 3.76x fewer bytes than float32). A block's error is at most
+  half a step, max|block| / 254, so one outlier costs only its own block.
 * ``int4``: the same blocks rotated by the orthonormal Hadamard matrix first, then 15 levels
   ([-7, 7]) per block, two values per byte (4 / 0.5625 = 7.1x). The rotation spreads a block's
   outliers over all its values (activations of transformers have a few large channels), so the
@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from skyjax.names import CODEC_BITS as BITS  # bits per value on the wire
 from skyjax.names import CODEC_BLOCK as BLOCK  # values per scale (a power of two: Hadamard's size)
 from skyjax.names import CODECS
+from skyjax.tree import tree_nbytes
 
 
 def _hadamard(n: int) -> np.ndarray:
@@ -139,5 +139,4 @@ def encoded_like(codec: str, like: Any) -> Any:
 
 def encoded_bytes(codec: str, like: Any) -> int:
     """Bytes on the wire of ``like`` in ``codec``."""
-    return int(sum(np.dtype(x.dtype).itemsize * math.prod(x.shape)
-                   for x in jax.tree.leaves(encoded_like(codec, like))))
+    return tree_nbytes(encoded_like(codec, like))

@@ -79,11 +79,6 @@ _installed = False
 _redelivers = False  # SIGALRM is ours (it was at its default when the handlers were installed)
 
 
-def stop_requested() -> int | None:
-    """The signal that asked this process to stop (SIGTERM, SIGINT), None if none came."""
-    return _stop_signal
-
-
 def check_stop() -> None:
     """Raises ``KeyboardInterrupt`` once a stop signal has come (the training loop calls it
     between steps: a stop is honoured even where the handler's exception was swallowed)."""

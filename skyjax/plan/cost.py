@@ -39,7 +39,6 @@ from skyjax.names import SCHEDULES
 from skyjax.plan.extension import ExtraCost
 from skyjax.plan.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
-from skyjax.relax import EXACT, Relaxation
 
 _INF = math.inf
 
@@ -71,7 +70,6 @@ class Tables:
     codec_names: tuple[str, ...] = ("none",)
     codec_bytes: np.ndarray | None = None
     codec_rate: np.ndarray | None = None
-    relax: Relaxation = EXACT
 
     @property
     def num_units(self) -> int:
@@ -94,7 +92,6 @@ class Tables:
         if self.bandwidth[d, e] <= 0:
             return np.full(cuts.shape, _INF)
         return self._by_codec(d, e, cuts.reshape(-1)).min(axis=0).reshape(cuts.shape)
-
 
     def _by_codec(self, d: int, e: int, cuts: np.ndarray) -> np.ndarray:
         """[C, len(cuts)]: ``comm`` with each allowed codec (the link's two transfers in its
@@ -182,7 +179,7 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
         bandwidth=np.asarray(profile.bandwidth_Bps, float),
         memory=np.array([float(d["memory_bytes"]) for d in profile.devices]),
         schedule=schedule, microbatches=int(microbatches), codec_names=names,
-        codec_bytes=cbytes, codec_rate=crate, relax=profile.relax)
+        codec_bytes=cbytes, codec_rate=crate)
 
 
 def codec_tables(profile: Profile) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:

@@ -85,7 +85,6 @@ def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray
                     cost = (float(latency[d, e]) + g * wire / bw if bw > 0 else _INF)
                     if coder_s is not None:
                         cost += float(coder_s[d]) * g
-
                     per[d] = per.get(d, 0.0) + cost
     return (max(per.values()) if per else 0.0), per
 
@@ -109,7 +108,6 @@ def restrict_tables(t: Tables, devices: Sequence[int], microbatches: int,
         update_prefix=t.update_prefix[idx], update_call=t.update_call[idx],
         alone=int(microbatches) * per[idx], latency=t.latency[ix], bandwidth=t.bandwidth[ix],
         memory=t.memory[idx], microbatches=int(microbatches), codec_rate=t.codec_rate[:, idx])
-
 
 
 def fractional_bound(t: Tables) -> float:
@@ -289,7 +287,8 @@ def relaxed_exchange(chains: Sequence[Chain], gprefix: np.ndarray,
     int8 codec's bytes plus its coding time; ``diloco`` the exact exchange of the pseudo-
     gradients once every ``outer_every`` steps, AR / H per step."""
     lat, bw = profile.latency_s, profile.bandwidth_Bps
-    best = (exchange_s(chains, gprefix, lat, bw)[0], "exact")
+    exact = exchange_s(chains, gprefix, lat, bw)[0]
+    best = (exact, "exact")
     if len(chains) < 2:
         return best
     for mode in profile.relax.averagings[1:]:
@@ -301,7 +300,7 @@ def relaxed_exchange(chains: Sequence[Chain], gprefix: np.ndarray,
                                  "profile (profile.codecs.int8): profile again with this bound")
             ar = exchange_s(chains, gprefix, lat, bw, INT8_WIRE, rate)[0]
         else:
-            ar = exchange_s(chains, gprefix, lat, bw)[0] / profile.relax.outer_every
+            ar = exact / profile.relax.outer_every
         if ar < best[0]:
             best = (ar, mode)
     return best

@@ -34,7 +34,6 @@ from skyjax.models import bert
 from skyjax.programs.calls import call_inputs, cotangent
 from skyjax.profile.chain import ChainSpec
 from skyjax.profile.codec_times import measure_codecs, output_likes
-
 from skyjax.profile.inputs import measure_input_put
 from skyjax.profile.options import Log, Options, evict_caches, robust_time
 from skyjax.profile.eta import fmt_s
@@ -258,12 +257,7 @@ def measured_classes(cluster: cluster_lib.Cluster, dedup: bool,
 
 def _output_bytes(chain: list[bert.Unit], carry: Any) -> list[int]:
     """Each unit's output carry in bytes, from shapes alone."""
-    c = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), carry)
-    out = []
-    for unit in chain:
-        c = jax.eval_shape(lambda p, x: unit.apply(p, x, None, False), unit.params, c)
-        out.append(tree_nbytes(c))
-    return out
+    return [tree_nbytes(c) for c in output_likes(chain, carry)]
 
 
 def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: cluster_lib.Cluster,

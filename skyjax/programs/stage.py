@@ -17,7 +17,8 @@ back, inside the same jitted programs (no extra dispatch; on an emulated slow de
 is as slow as the rest). The pullback is taken at the decoded input, so the codec is outside
 differentiation (a straight-through estimator, as in SWARM and AQ-SGD).
 
-Each program is compiled once per shape (``compile_counts`` lets tests prove it). The loss and eval outputs are ``skyjax.metrics``'.
+Each program is compiled once per shape (``compile_counts`` lets tests prove it). The loss and
+eval outputs are ``skyjax.metrics``'.
 """
 
 from __future__ import annotations

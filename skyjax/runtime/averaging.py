@@ -66,15 +66,13 @@ class Int8Averaging:
     """Per stage: the int8 exchange with error feedback (module doc)."""
 
     name = "int8"
+    own_norm = False  # the summed gradients: clipped by the global norm, as exact
 
     def __init__(self, stage: Any):
         self.residual = jax.tree.map(jnp.zeros_like, stage.state.grads)
 
     def grad_scale(self, stage: Any) -> float:
         return 1.0
-
-    def counts_norm(self, stage: Any) -> bool:
-        return stage.pipeline == 0
 
     def reduce(self, stage: Any, step: int) -> None:
         coded, self.residual = _encode_with_feedback(stage.state.grads, self.residual)
@@ -90,6 +88,7 @@ class DilocoAveraging:
     """Per stage: inner steps on the pipeline's share, an outer step every H (module doc)."""
 
     name = "diloco"
+    own_norm = True  # every pipeline clips its inner steps by its own norm
 
     def __init__(self, stage: Any, every: int, lr: float, momentum: float):
         self.every, self.lr, self.mu = int(every), float(lr), float(momentum)
@@ -100,9 +99,6 @@ class DilocoAveraging:
         """Each micro-batch's loss weighs 1/m (the global batch): m / m_i makes the pipeline's
         gradient its own share's mean."""
         return stage.program.loss_microbatches / stage.program.microbatches
-
-    def counts_norm(self, stage: Any) -> bool:
-        return True  # every pipeline clips by its own norm (update sums per pipeline)
 
     def reduce(self, stage: Any, step: int) -> None:
         pass

@@ -39,6 +39,7 @@ from skyjax.transport import tags
 from skyjax.runtime.batches import Batch
 from skyjax.programs.stage import StageProgram, StageState, float_entries
 from skyjax.spans import Span
+from skyjax.tree import tree_shapes
 
 
 def norm_allreduce(link: Any, step: int, local: float, max_grad_norm: float | None,
@@ -60,7 +61,6 @@ def norm_allreduce(link: Any, step: int, local: float, max_grad_norm: float | No
 
 
 def sq_to_norm(sq: float | None) -> float | None:
-
     """The norm from a squared norm (NaN stays NaN; None stays None)."""
     return None if sq is None else float(np.sqrt(np.float64(sq)))
 
@@ -358,8 +358,7 @@ class PipelineStage:
         got: dict[tuple[int, int], Any] = {}
         for peer in self.peers:
             mine = trees[peer.start - a:peer.end - a]
-            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), mine)
-            theirs = self.replica_link.recv(tag, like, peer.address)
+            theirs = self.replica_link.recv(tag, tree_shapes(mine), peer.address)
             if unwire is not None:
                 theirs = unwire(theirs, self.state.grads[peer.start - a:peer.end - a])
             for u, g in zip(range(peer.start, peer.end), theirs):
@@ -380,7 +379,7 @@ class PipelineStage:
         global one is kept in :attr:`last_sq_norm`. With several pipelines only pipeline 0's
         stages count their (summed, identical) gradients, so each unit counts once; under
         DiLoCo every pipeline updates on its own and clips by its own norm."""
-        own = self.averaging is not None and self.averaging.name == "diloco"
+        own = self.averaging is not None and self.averaging.own_norm
         grad_scale = self.averaging.grad_scale(self) if self.averaging is not None else 1.0
         counts = max_grad_norm and (self.pipeline == 0 or own)
         local = float(global_sq_norm(self.state.grads)) if counts else 0.0
