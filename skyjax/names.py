@@ -28,3 +28,15 @@ CODECS = ("none", "bf16", "int8", "int4")
 CODEC_BITS = {"none": 32, "bf16": 16, "int8": 8, "int4": 4}
 CODEC_BLOCK = 64
 AVERAGING = ("exact", "int8", "diloco")
+
+# config.train.compute_dtype once resolved ("auto" is resolved per platform,
+# skyjax.models.build.resolve_compute_dtype), and every value it takes
+COMPUTE_DTYPES = ("float32", "bfloat16")
+COMPUTE_DTYPE_CHOICES = COMPUTE_DTYPES + ("auto",)
+# config.model.attention. "exact": the hand-written attention (HF's math, dropout on the
+# probabilities); "fused": jax.nn.dot_product_attention (cuDNN flash attention on GPU where it
+# applies, XLA elsewhere), which has no dropout on the probabilities, so in training it leaves
+# that dropout out (a change of the math, opted into by name); "auto": fused where the math is
+# the same and the kernel is faster (GPU with cuDNN, outside training or with
+# attention_probs_dropout_prob 0), exact elsewhere.
+ATTENTION_PATHS = ("auto", "exact", "fused")

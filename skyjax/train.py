@@ -296,10 +296,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
     # The model without parameter memory; the checkpoint's headers are checked here, before
     # anything compiles. Parameters are made later, only for this process's units.
     init = build.UnitInitializer(config.model, config.train.seed)
-    chain = build.abstract_chain(config.model, config.train.seed, config.allocation.granularity)
+    compute_dtype = build.resolve_compute_dtype(config.train.compute_dtype)
+    chain = build.abstract_chain(config.model, config.train.seed, config.allocation.granularity,
+                                 compute_dtype)
     num_params = tree_size([u.params for u in chain])
-    logging.info("model: %d units at %s granularity, %d parameters", len(chain),
-                 config.allocation.granularity, num_params)
+    logging.info("model: %d units at %s granularity, %d parameters, computing in %s",
+                 len(chain), config.allocation.granularity, num_params, compute_dtype)
     cluster = cluster_lib.cluster_from_config(config)
     transport = make_transport(cluster, config.cluster.peer_timeout_s)
     profile = profile_phase(config, chain, workdir, cluster, transport, probes)

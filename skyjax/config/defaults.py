@@ -42,6 +42,12 @@ def _model() -> ml_collections.ConfigDict:
     # "" = random init from the fields above; else a Hugging Face BERT directory (config.json +
     # model.safetensors) whose config.json then supplies the shape fields.
     m.pretrained = ""
+    # Attention path: "auto" = cuDNN's fused attention on GPU where it gives the same math (bf16,
+    # no dropout on the probabilities in training), the exact hand-written one elsewhere;
+    # "exact"; "fused" = jax.nn.dot_product_attention everywhere (cuDNN on GPU where it applies,
+    # XLA elsewhere), which in training leaves out attention_probs_dropout_prob (opt-in: it
+    # changes the math when that rate is > 0)
+    m.attention = "auto"
     return m
 
 
@@ -94,6 +100,10 @@ def _train() -> ml_collections.ConfigDict:
     t.grad_clip_norm = 1.0  # 0 = no clipping
     t.log_every = 25
     t.eval_every = 0  # 0 = evaluate only after the last step
+    # Matmuls, activations and stage hand-offs: "float32" | "bfloat16" | "auto" (bfloat16 on GPU
+    # and TPU, float32 on CPU). Parameters, optimizer state, gradient sums, checkpoints,
+    # LayerNorm statistics, the softmax and the loss stay float32 (docs/design.md).
+    t.compute_dtype = "auto"
     return t
 
 

@@ -118,6 +118,7 @@ def _check_model(m: Any) -> int:
     """Checks config.model; returns the model's max_position_embeddings."""
     if m.num_labels < 1:
         _fail(f"config.model.num_labels={m.num_labels} must be >= 1 (1: a regression head)")
+    _one_of("config.model.attention", m.attention, names.ATTENTION_PATHS)
     if m.pretrained:  # the shape comes from the checkpoint's config.json
         return _pretrained_max_positions(m.pretrained)
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -221,6 +222,7 @@ def _check_train(t: Any) -> None:
     _at_least("config.train.grad_clip_norm", t.grad_clip_norm, 0.0)
     _at_least("config.train.log_every", t.log_every, 1)
     _at_least("config.train.eval_every", t.eval_every, 0)
+    _one_of("config.train.compute_dtype", t.compute_dtype, names.COMPUTE_DTYPE_CHOICES)
 
 
 def _check_pipeline(config: Any) -> None:

@@ -25,29 +25,50 @@ from skyjax.models.modeling import BertConfig, BertForSequenceClassification, ba
 from skyjax.models.units import Unit, model_params, units
 
 
-def model_config(model: Any) -> BertConfig:
+def resolve_compute_dtype(name: str, platform: str | None = None) -> str:
+    """``config.train.compute_dtype`` as a dtype name: ``"auto"`` is bfloat16 on GPU and TPU
+    (tensor cores, half the bytes) and float32 on CPU (where bf16 matmuls are no faster and
+    the tests pin float32 math). ``platform``: the devices' (default: JAX's default backend)."""
+    if name != "auto":
+        return name
+    platform = platform or jax.default_backend()
+    return "bfloat16" if platform in ("gpu", "cuda", "rocm", "tpu") else "float32"
+
+
+def _numerics(model: Any, compute_dtype: str) -> dict[str, str]:
+    """How the model computes (``modeling.NUMERICS_FIELDS``): ``compute_dtype`` (resolved,
+    see :func:`resolve_compute_dtype`) and ``config.model.attention``."""
+    return {"compute_dtype": compute_dtype, "attention": str(getattr(model, "attention", "exact"))}
+
+
+def model_config(model: Any, compute_dtype: str = "float32") -> BertConfig:
     """The shape from ``config.model``: the pretrained directory's ``config.json`` (with
     ``model.num_labels``) when ``model.pretrained`` names one, else the ``BertConfig`` fields of
-    ``config.model`` itself (the schema names them as Hugging Face does)."""
+    ``config.model`` itself (the schema names them as Hugging Face does); computing in
+    ``compute_dtype`` with ``config.model.attention``."""
+    numerics = _numerics(model, compute_dtype)
     if getattr(model, "pretrained", ""):
         return BertConfig.from_hf(hf_config.read(model.pretrained),
-                                  num_labels=int(model.num_labels))
-    fields = {f.name for f in dataclasses.fields(BertConfig)}
-    return BertConfig(**{k: model[k] for k in fields if k in model})
+                                  num_labels=int(model.num_labels), **numerics)
+    fields = {f.name for f in dataclasses.fields(BertConfig)} - set(numerics)
+    return BertConfig(**{k: model[k] for k in fields if k in model}, **numerics)
 
 
-def build_model(model: Any, seed: int) -> BertForSequenceClassification:
+def build_model(model: Any, seed: int, compute_dtype: str = "float32"
+                ) -> BertForSequenceClassification:
     """The whole model, materialised: random init of ``config.model`` seeded by ``seed``
     (``config.train.seed``), or the Hugging Face checkpoint ``model.pretrained`` (a missing
     classifier initialised from ``seed``). For references and single-device baselines."""
     if model.pretrained:
-        return from_pretrained(model.pretrained, num_labels=model.num_labels, seed=seed)
-    return BertForSequenceClassification(model_config(model), rngs=nnx.Rngs(seed))
+        return from_pretrained(model.pretrained, num_labels=model.num_labels, seed=seed,
+                               **_numerics(model, compute_dtype))
+    return BertForSequenceClassification(model_config(model, compute_dtype), rngs=nnx.Rngs(seed))
 
 
-def abstract_chain(model: Any, seed: int, granularity: str) -> list[Unit]:
+def abstract_chain(model: Any, seed: int, granularity: str, compute_dtype: str = "float32"
+                   ) -> list[Unit]:
     """The unit chain with ``ShapeDtypeStruct`` parameters: no parameter memory is allocated."""
-    cfg = model_config(model)
+    cfg = model_config(model, compute_dtype)
     abstract = nnx.eval_shape(lambda: BertForSequenceClassification(cfg, nnx.Rngs(seed)))
     return units(abstract, granularity)
 

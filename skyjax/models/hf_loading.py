@@ -113,14 +113,15 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     return SafetensorsCheckpoint(path).read_all()
 
 
-def read_config(path: str, num_labels: int | None) -> BertConfig:
-    """``config.json`` under ``path`` as a BertConfig (``num_labels`` overrides the file)."""
+def read_config(path: str, num_labels: int | None, **numerics: str) -> BertConfig:
+    """``config.json`` under ``path`` as a BertConfig (``num_labels`` overrides the file;
+    ``numerics``: how it computes, ``modeling.NUMERICS_FIELDS``)."""
     file = os.path.join(path, "config.json")
     try:
         hf = hf_config.read(path)
     except hf_config.PretrainedConfigError as e:
         raise CheckpointError(str(e)) from None
-    overrides = {} if num_labels is None else {"num_labels": num_labels}
+    overrides = dict(numerics) if num_labels is None else {"num_labels": num_labels, **numerics}
     try:
         return BertConfig.from_hf(hf, **overrides)
     except ValueError as e:
@@ -207,7 +208,7 @@ def template_dtype(leaf: Any) -> Any:
     return getattr(leaf, "dtype", np.float32)
 
 
-def from_pretrained(path: str, num_labels: int | None = None, seed: int = 0
+def from_pretrained(path: str, num_labels: int | None = None, seed: int = 0, **numerics: str
                     ) -> BertForSequenceClassification:
     """Loads an HF ``BertForSequenceClassification`` or bare ``BertModel`` directory.
 
@@ -215,7 +216,7 @@ def from_pretrained(path: str, num_labels: int | None = None, seed: int = 0
     init with ``seed`` would give. Unknown or missing tensors and shape mismatches raise
     ``CheckpointError`` naming the tensor.
     """
-    config = read_config(path, num_labels)
+    config = read_config(path, num_labels, **numerics)
     model = nnx.eval_shape(lambda: BertForSequenceClassification(config, nnx.Rngs(seed)))
     graphdef, state = nnx.split(model)
     template = nnx.to_pure_dict(state)

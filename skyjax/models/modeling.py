@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from skyjax.names import ATTENTION_PATHS, COMPUTE_DTYPES
+
 Params = dict[str, Any]
 Carry = dict[str, jax.Array]
 
@@ -31,6 +33,9 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "swish": jax.nn.silu,
     "tanh": jnp.tanh,
 }
+
+
+NUMERICS_FIELDS = ("compute_dtype", "attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,11 +57,16 @@ class BertConfig:
     num_labels: int = 2
     classifier_dropout: float | None = None
     pad_token_id: int = 0
+    # How the model computes, not what it is (not part of Hugging Face's config.json): the dtype
+    # of matmuls, activations and hand-offs (parameters stay float32, see skyjax.models.units),
+    # and the attention path (ATTENTION_PATHS).
+    compute_dtype: str = "float32"
+    attention: str = "exact"
 
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any], **overrides: Any) -> "BertConfig":
         """Builds a config from a Hugging Face ``config.json`` dict (unknown keys are ignored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls)} - set(NUMERICS_FIELDS)
         values = {k: v for k, v in hf.items() if k in names}
         if "num_labels" not in values and "id2label" in hf:
             values["num_labels"] = len(hf["id2label"])
@@ -65,7 +75,7 @@ class BertConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """The Hugging Face ``config.json`` form of this config."""
-        out = dataclasses.asdict(self)
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in NUMERICS_FIELDS}
         out.update(model_type="bert", architectures=["BertForSequenceClassification"])
         return out
 
@@ -90,6 +100,12 @@ class BertConfig:
                 raise ValueError(f"BertConfig.{name}={value!r} must be in [0, 1)")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"BertConfig.pad_token_id={self.pad_token_id} is outside the vocabulary")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"BertConfig.compute_dtype={self.compute_dtype!r} is not one of "
+                             f"{COMPUTE_DTYPES}")
+        if self.attention not in ATTENTION_PATHS:
+            raise ValueError(f"BertConfig.attention={self.attention!r} is not one of "
+                             f"{ATTENTION_PATHS}")
         return self
 
     @property
@@ -154,8 +170,10 @@ def _dense(cfg: BertConfig, n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear
 
 
 def _layer_norm(cfg: BertConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    # statistics in float32 whatever the input (flax promotes them); the result in the compute
+    # dtype (flax would promote it to float32 as well)
     return nnx.LayerNorm(cfg.hidden_size, epsilon=cfg.layer_norm_eps, use_fast_variance=False,
-                         rngs=rngs)
+                         dtype=jnp.dtype(cfg.compute_dtype), rngs=rngs)
 
 
 class BertEmbeddings(nnx.Module):
@@ -183,7 +201,8 @@ class BertEmbeddings(nnx.Module):
 
 
 class BertSelfAttention(nnx.Module):
-    """Multi-head scaled dot-product self-attention with HF's additive key mask."""
+    """Multi-head scaled dot-product self-attention with HF's key mask, on the path
+    :func:`attention_path` picks; the softmax is computed in float32 on every path."""
 
     def __init__(self, cfg: BertConfig, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -199,11 +218,38 @@ class BertSelfAttention(nnx.Module):
             return t.reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
 
         q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(cfg.head_dim)
+        path = attention_path(cfg, train, q.dtype)
+        if path != "exact":
+            keep = (attention_mask > 0)[:, None, None, :]  # [b, 1, 1, keys]
+            out = jax.nn.dot_product_attention(
+                q, k, v, mask=keep, scale=1.0 / math.sqrt(cfg.head_dim), implementation=path)
+            return out.reshape(b, s, cfg.hidden_size)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
         bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(scores.dtype).min)
-        probs = jax.nn.softmax(scores + bias.astype(scores.dtype), axis=-1)
+        probs = jax.nn.softmax(scores + bias.astype(scores.dtype), axis=-1).astype(v.dtype)
         probs = dropout(probs, cfg.attention_probs_dropout_prob, key, train)
         return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, cfg.hidden_size)
+
+
+def cudnn_attention_applies(dtype: Any, head_dim: int) -> bool:
+    """Whether cuDNN's fused attention takes these inputs here: a GPU backend, half-precision
+    inputs and a head dimension it supports (a multiple of 8, at most 128)."""
+    return (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+            and head_dim % 8 == 0 and head_dim <= 128)
+
+
+def attention_path(cfg: BertConfig, train: bool, dtype: Any) -> str:
+    """``"exact"`` (the hand-written attention), ``"cudnn"`` or ``"xla"``
+    (``jax.nn.dot_product_attention``'s implementations) for ``cfg.attention`` (module
+    ``ATTENTION_PATHS``). ``"auto"`` keeps the exact math: the fused kernels have no dropout on
+    the probabilities, so a training call with that dropout on stays exact."""
+    cudnn = cudnn_attention_applies(dtype, cfg.head_dim)
+    if cfg.attention == "fused":
+        return "cudnn" if cudnn else "xla"
+    probs_dropout = train and cfg.attention_probs_dropout_prob > 0
+    if cfg.attention == "auto" and cudnn and not probs_dropout:
+        return "cudnn"
+    return "exact"
 
 
 class BertResidualOutput(nnx.Module):

@@ -5,6 +5,12 @@ stages run.
 that each jit on their own; composing all of them is exactly the full model. ``"layer"``:
 embeddings, one unit per encoder layer, head (pooler + classifier); ``"sublayer"``: each encoder
 layer as attention / intermediate / output (3 units, as the original Sky Computing cut it).
+
+Mixed precision (``BertConfig.compute_dtype``): parameters, gradients and optimizer states stay
+float32; a unit computes with its floating parameters cast to the compute dtype, so its
+activations, and the carry it hands to the next unit, are in that dtype (bf16: half the bytes of
+every hand-off and saved activation). LayerNorm statistics and the softmax are float32 inside
+the modules; the head's logits leave in float32, so the loss is computed in float32.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import dataclasses
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from skyjax.models.modeling import (SITE_FFN_OUTPUT, BertForSequenceClassification, BertLayer,
@@ -33,6 +40,23 @@ class Unit:
     path: tuple[str, ...]
     params: Params
     apply: Callable[[Params, Carry, jax.Array | None, bool], Carry]
+    compute_dtype: str = "float32"  # the dtype it computes in (module doc)
+
+
+def in_compute_dtype(params: Params, dtype: str) -> Params:
+    """``params`` with floating leaves cast to ``dtype`` (the identity for float32 leaves in a
+    float32 model: no copy, nothing changes)."""
+    if dtype == "float32":
+        return params
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
+def _computing_in(dtype: str, apply: Callable) -> Callable:
+    """``apply`` with its parameters cast to ``dtype`` first (module doc)."""
+    if dtype == "float32":
+        return apply
+    return lambda p, carry, rng, train=False: apply(in_compute_dtype(p, dtype), carry, rng, train)
 
 
 def _bind(module: nnx.Module):
@@ -91,7 +115,7 @@ def _head_unit(model: BertForSequenceClassification) -> Unit:
     params, build = _bind(model.head)
 
     def apply(p: Params, carry: Carry, rng, train: bool = False) -> Carry:
-        return {"logits": build(p)(carry["hidden"], rng, train)}
+        return {"logits": build(p)(carry["hidden"], rng, train).astype(jnp.float32)}
 
     return Unit("head", "head", ("head",), params, apply)
 
@@ -104,7 +128,9 @@ def units(model: BertForSequenceClassification, granularity: str = "layer") -> l
     for i, layer in enumerate(model.layers):
         chain += [_layer_unit(layer, i)] if granularity == "layer" else _sublayer_units(layer, i)
     chain.append(_head_unit(model))
-    return chain
+    dtype = model.config.compute_dtype
+    return [dataclasses.replace(u, apply=_computing_in(dtype, u.apply), compute_dtype=dtype)
+            for u in chain]
 
 
 def apply_units(chain: list[Unit], params: list[Params], carry: Carry, rng, train: bool) -> Carry:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from skyjax.models import bert
-from skyjax.models.build import model_config
+from skyjax.models.build import model_config, resolve_compute_dtype
 from skyjax.tree import tree_nbytes
 
 
@@ -38,10 +38,12 @@ class Workload:
     def from_config(cls, config: Any) -> "Workload":
         """For the orchestrators: the model shape (:func:`model_config`), the micro-batch
         (``data.batch_size / pipeline.microbatches`` x ``data.seq_len``), the granularity and the
-        optimizer description of ``config``."""
+        optimizer description of ``config``, computing in its resolved
+        ``train.compute_dtype``."""
+        dtype = resolve_compute_dtype(config.train.compute_dtype)
         size = int(config.data.batch_size) // max(int(config.pipeline.microbatches), 1)
         clip = float(getattr(config.train, "grad_clip_norm", 0.0) or 0.0)
-        return cls(model=model_config(config.model),
+        return cls(model=model_config(config.model, dtype), dtype=dtype,
                    microbatch=(max(size, 1), int(config.data.seq_len)),
                    granularity=str(config.allocation.granularity),
                    optimizer={"name": "adamw", "clip": clip > 0})

@@ -34,6 +34,7 @@ import optax
 from skyjax import codecs
 from skyjax.metrics import classification_loss, eval_outputs
 from skyjax.models.bert import Carry, Params, Unit, apply_units
+from skyjax.models.units import in_compute_dtype
 from skyjax.tree import tree_avals
 
 Residuals = list[jax.Array]
@@ -86,6 +87,9 @@ class StageProgram:
     def _forward(self, params: list[Params], carry: Carry, rng, labels=None):
         self.compile_counts["forward"] += 1
         carry = codecs.decode(self.in_codec, carry, self.in_like)
+        # differentiated at the parameters in the compute dtype (cast outside the pullback), so
+        # that the cast copies are recognised below as parameters and not kept per micro-batch
+        params = self._computing(params)
         out, pullback, aux = jax.vjp(lambda p, c: self._block(p, c, rng, labels), params, carry,
                                      has_aux=True)
         leaves, treedef = jax.tree.flatten(pullback)
@@ -102,7 +106,7 @@ class StageProgram:
                   grads: list[Params]):
         self.compile_counts["backward"] += 1
         treedef, slots, out_like = self._pullbacks[tree_avals(residuals)]
-        param_leaves, kept = jax.tree.leaves(params), iter(residuals)
+        param_leaves, kept = jax.tree.leaves(self._computing(params)), iter(residuals)
         leaves = [next(kept) if j is None else param_leaves[j] for j in slots]
         pullback = jax.tree.unflatten(treedef, leaves)
         if self.is_last:
@@ -111,9 +115,13 @@ class StageProgram:
             cotangent = codecs.decode(self.out_codec, cotangent, float_entries(out_like))
             cotangent = {k: cotangent[k] if k in cotangent else np.zeros(v.shape, jax.dtypes.float0)
                          for k, v in out_like.items()}
-        d_params, d_carry = pullback(cotangent)
-        return (jax.tree.map(jnp.add, grads, d_params),
+        d_params, d_carry = pullback(cotangent)  # in the compute dtype; summed in float32
+        return (jax.tree.map(lambda g, d: jnp.add(g, d.astype(g.dtype)), grads, d_params),
                 codecs.encode(self.in_codec, float_entries(d_carry)))
+
+    def _computing(self, params: list[Params]) -> list[Params]:
+        """Per unit, ``params`` in the dtype the unit computes in (``skyjax.models.units``)."""
+        return [in_compute_dtype(p, u.compute_dtype) for u, p in zip(self.chain, params)]
 
     def _update(self, params: list[Params], opt_state: list[Any], grads: list[Params], scale):
         """One optax step per unit (same math as one step over the block: AdamW is elementwise
