@@ -138,8 +138,8 @@ def test_fifty_demo_steps_in_bf16_stay_within_two_percent_of_float32():
 def test_fused_attention_equals_the_exact_one_without_probability_dropout(train):
     carry, _ = _carry(3)  # rows with padded keys
     keys = rng_for(0, 0, BATCH)
-    exact = _chain(attention="exact", hidden_dropout_prob=0.1)
-    fused = _chain(attention="fused", hidden_dropout_prob=0.1)
+    same = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0)
+    exact, fused = _chain(attention="exact", **same), _chain(attention="fused", **same)
     params = [u.params for u in exact]
     want = bert.apply_units(exact, params, carry, keys, train)["logits"]
     got = bert.apply_units(fused, params, carry, keys, train)["logits"]
