@@ -93,7 +93,6 @@ def _worker(sizes) -> None:
     import numpy as np
 
     from skyjax.transport import TransferServerTransport
-    from skyjax.transport.transfer import transfer_server
 
     me = info.process_id
     dev = jax.local_devices()[0]
@@ -123,7 +122,7 @@ def _worker(sizes) -> None:
         report("transfer", nbytes, [r / 2 for r in rtts[2:]])
 
         # transfer_raw: pulls with ids known in advance (no key-value notice).
-        srv = transfer_server(dev, "127.0.0.1")
+        srv = t._server  # the server the peer pulls from
         conn = t._conn(1 - me)
         avals = [jax.ShapeDtypeStruct((nbytes // 4,), jnp.float32,
                                       sharding=jax.sharding.SingleDeviceSharding(dev))]

@@ -42,6 +42,7 @@ from skyjax.runtime import memory, placement
 from skyjax.runtime.local_executor import LocalExecutor
 from skyjax.runtime.recovery import Recovery
 from skyjax.runtime.replanner import Replanner, calibration_plan
+from skyjax.transport.server import ServerOptions
 from skyjax.transport.watchdog import PeerLost
 from skyjax.tree import tree_size
 
@@ -93,9 +94,11 @@ def plan_phase(config: ml_collections.ConfigDict, profile: Profile,
                          relax=Relaxation.from_config(config))
 
 
-def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0) -> Any:
+def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0,
+                   server: Any = None) -> Any:
     """The per-process transport under ``jax.distributed`` (None in a single process), with the
-    heartbeat watchdog that turns a lost peer into an error naming it."""
+    heartbeat watchdog that turns a lost peer into an error naming it; ``server``: its transfer
+    server's :class:`~skyjax.transport.ServerOptions` (default: address found, any port)."""
     if jax.process_count() == 1:
         return None
     from skyjax.transport import group as distributed
@@ -105,7 +108,8 @@ def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0) -
 
     me = jax.process_index()
     return TransferServerTransport(me, jax.process_count(), cluster.jax_devices[me],
-                                   cluster.links if cluster.emulate_links else None)
+                                   cluster.links if cluster.emulate_links else None,
+                                   server=server)
 
 
 def make_executor(config: ml_collections.ConfigDict, chain: list[bert.Unit], plan: plan_lib.Plan,
@@ -303,7 +307,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
     logging.info("model: %d units at %s granularity, %d parameters, computing in %s",
                  len(chain), config.allocation.granularity, num_params, compute_dtype)
     cluster = cluster_lib.cluster_from_config(config)
-    transport = make_transport(cluster, config.cluster.peer_timeout_s)
+    transport = make_transport(cluster, config.cluster.peer_timeout_s,
+                               ServerOptions.from_config(config.cluster))
     profile = profile_phase(config, chain, workdir, cluster, transport, probes)
     plan = plan_phase(config, profile, extra)
     start_step = resume.step if resume else 0

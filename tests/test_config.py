@@ -140,6 +140,13 @@ def test_tuple_override_from_command_line():
     ("--config.cluster.memory_caps_bytes=(-1, 0, 0, 0)",
      "config.cluster.memory_caps_bytes[0]=-1"),
     ("--config.cluster.coordinator_address=localhost", "config.cluster.coordinator_address"),
+    ("--config.cluster.transfer_host=10.0.0.1:4000", "config.cluster.transfer_host="),
+    ("--config.cluster.transfer_ports=40000:40100", "config.cluster.transfer_ports='40000:40100' "
+                                                    "must be 'FIRST-LAST'"),
+    ("--config.cluster.transfer_ports=40100-40000", "config.cluster.transfer_ports='40100-40000'"),
+    ("--config.cluster.transfer_ports=0-10", "config.cluster.transfer_ports='0-10'"),
+    ("--config.cluster.transfer_chunk_bytes=1024", "config.cluster.transfer_chunk_bytes=1024"),
+    ("--config.cluster.transfer_parallel_copies=0", "config.cluster.transfer_parallel_copies=0"),
     ("--config.model.hidden_dropout_prob=1.0", "config.model.hidden_dropout_prob=1.0"),
     ("--config.model.num_labels=2", "config.model.num_labels=2 but the synthetic task has 3"),
     ("--config.model.vocab_size=4", "config.model.vocab_size=4"),
@@ -165,6 +172,18 @@ def test_bad_values_name_the_key(override, message):
     with pytest.raises(ValueError) as info:
         validate_config(config)
     assert message in str(info.value)
+
+
+def test_transfer_server_keys_take_good_values_and_check_the_ports_variable(monkeypatch):
+    """A host name, an IPv6 address and a port range pass; with the key empty a malformed
+    $SKYJAX_TRANSFER_PORTS is refused naming the variable (the key wins when set)."""
+    for host, ports in (("node7-ib", "40000-40100"), ("fd00::7", "40000"), ("", "")):
+        validate_config(demo(f"--config.cluster.transfer_host={host}",
+                             f"--config.cluster.transfer_ports={ports}"))
+    monkeypatch.setenv("SKYJAX_TRANSFER_PORTS", "many")
+    with pytest.raises(ValueError, match=r"\$SKYJAX_TRANSFER_PORTS='many'"):
+        validate_config(demo())
+    validate_config(demo("--config.cluster.transfer_ports=40000-40001"))
 
 
 def test_unknown_key_on_command_line_is_rejected():

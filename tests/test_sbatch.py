@@ -28,8 +28,10 @@ STANDINS = {
 }
 
 
-def test_bash_parses_the_script():
-    r = subprocess.run(["bash", "-n", SCRIPT], capture_output=True, text=True)
+@pytest.mark.parametrize("script", [SCRIPT, os.path.join(ROOT, "experiments", "slurm",
+                                                         "requeue.sbatch")])
+def test_bash_parses_the_script(script):
+    r = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
@@ -60,8 +62,9 @@ def test_task_command_passes_skyjax_main_flags_and_config_checks(tmp_path):
     (pretrained / "vocab.txt").write_text("".join(f"[unused{i}]\n" for i in range(vocab)))
     host, argv = srun_command(tmp_path, PRETRAINED=str(pretrained), DATA_DIR=str(data_dir),
                               WORKDIR=str(tmp_path / "out"), STEPS="7",
+                              TRANSFER_PORTS="40000-40100",
                               EXTRA_ARGS="--config.train.log_every=5 --config.data.seq_len=32")
-    assert host == "10.1.2.3"  # the node's first address, per task
+    assert host == ""  # found by each task at start-up: the route to the coordinator
     assert argv[:2] == ["-m", "skyjax.main"]
     flags = argv[2:]
     assert f"--workdir={tmp_path / 'out'}" in flags and (tmp_path / "out").is_dir()
@@ -78,6 +81,15 @@ def test_task_command_passes_skyjax_main_flags_and_config_checks(tmp_path):
     assert config["model"]["pretrained"] == str(pretrained)
     assert config["train"]["steps"] == 7 and config["train"]["log_every"] == 5
     assert config["data"]["name"] == "glue/mnli"
+    assert config["cluster"]["transfer_ports"] == "40000-40100"
+    assert config["cluster"]["transfer_host"] == ""
+
+
+def test_transfer_host_command_overrides_the_discovered_address(tmp_path):
+    """TRANSFER_HOST_CMD (a pipeline, run by each task) sets SKYJAX_TRANSFER_HOST."""
+    host, argv = srun_command(tmp_path, TRANSFER_HOST_CMD="hostname -I | awk '{print $2}'")
+    assert host == "172.17.0.1"
+    assert "--config.cluster.transfer_ports=" in argv  # empty: $SKYJAX_TRANSFER_PORTS or any
 
 
 def test_a_misspelt_override_would_fail_the_same_check(tmp_path):

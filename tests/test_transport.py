@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import threading
 import time
 
@@ -200,6 +201,8 @@ def test_transfer_server_transport_three_processes():
     start = time.monotonic()
     env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": "",
            "JAX_PLATFORMS": "cpu"}
+    first = _free_run(8)  # the servers take their control ports from a range (the variable)
+    env["SKYJAX_TRANSFER_PORTS"] = f"{first}-{first + 7}"
     rc = launch([], 3, timeout_s=180, env=env, module="test_transport", stdout=out, grace_s=2)
     text = out.getvalue().decode(errors="replace")
     print(text[-6000:])
@@ -220,6 +223,9 @@ def _worker() -> None:
     device = jax.local_devices()[0]
     t = TransferServerTransport(k, p, device, timeout_s=60)
     nxt, prv = (k + 1) % p, (k - 1) % p
+    first, last = map(int, os.environ["SKYJAX_TRANSFER_PORTS"].split("-"))
+    port = int(t.address.rpartition(":")[2])
+    assert first <= port <= last and t.address.startswith("127.0.0.1:"), t.address
 
     # Ring of pytrees.
     t.send(7, _tree(k), nxt)
@@ -321,6 +327,70 @@ def _worker() -> None:
     print("OK cleanup", flush=True)
     distributed.shutdown()
     print("OK done", flush=True)
+
+
+# ------------------------------------------------ the transfer server's ports; hand-off speed
+
+def _free_run(n: int) -> int:
+    """The first of ``n`` consecutive ports free on loopback a moment ago."""
+    from skyjax.cluster import network
+
+    for _ in range(100):
+        p = network.free_port()
+        if p + n <= 65536 and all(network._bindable("127.0.0.1", q) for q in range(p, p + n)):
+            return p
+    pytest.skip(f"no {n} consecutive free ports")
+
+
+def test_transfer_server_takes_the_next_free_port_of_the_range():
+    """A port in use (a plain listener) and one another server of this process holds are
+    skipped: the transfer server sets SO_REUSEPORT, so only skyjax's lock keeps two processes
+    of a node off one port. Then the range is exhausted: one line naming the key."""
+    from skyjax.transport.server import ServerOptions, start_server
+
+    p = _free_run(3)
+    options = ServerOptions(host="127.0.0.1", ports=f"{p}-{p + 2}", chunk_bytes=1 << 20,
+                            parallel_copies=2)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", p))
+        busy.listen()
+        device = jax.local_devices()[0]
+        first = start_server(device, options)
+        second = start_server(device, options)
+        assert (first.address(), second.address()) == (f"127.0.0.1:{p + 1}", f"127.0.0.1:{p + 2}")
+        with pytest.raises(RuntimeError) as info:
+            start_server(device, options)
+    assert str(info.value).startswith(f"config.cluster.transfer_ports='{p}-{p + 2}': no free "
+                                      "port left")
+
+
+def test_transfer_server_address_is_the_route_to_the_coordinator(monkeypatch):
+    """Without key or variable, the server binds the address of the route to the coordinator
+    (loopback here); the variable overrides it."""
+    from skyjax.transport import server as server_lib
+
+    monkeypatch.delenv("SKYJAX_TRANSFER_HOST", raising=False)
+    monkeypatch.setattr(server_lib, "_coordinator", lambda: "localhost:1")
+    srv = server_lib.start_server(jax.local_devices()[0], server_lib.ServerOptions())
+    assert srv.address().rpartition(":")[0] in ("127.0.0.1", "[::1]")
+    monkeypatch.setenv("SKYJAX_TRANSFER_HOST", "127.0.0.1")
+    monkeypatch.setattr(server_lib, "_coordinator", lambda: "no-such-host.invalid:1")
+    srv = server_lib.start_server(jax.local_devices()[0], server_lib.ServerOptions())
+    assert srv.address().startswith("127.0.0.1:")
+
+
+@pytest.mark.timeout(240)
+def test_handoff_speed_between_two_processes_on_a_port_range():
+    """Two fresh processes under jax.distributed on loopback, their servers on a port range:
+    one positive GB/s per size. (What the speed is depends on the host; nothing is asserted.)"""
+    from skyjax.transport.handoff_speed import measure_handoff_gbps
+
+    p = _free_run(4)
+    got = measure_handoff_gbps([1 << 16, 1 << 20], repeats=2, ports=f"{p}-{p + 3}",
+                               chunk_bytes=1 << 20, parallel_copies=2, timeout_s=200)
+    assert sorted(got) == [1 << 16, 1 << 20] and all(v > 0 for v in got.values()), got
+    with pytest.raises(ValueError, match="multiples of 4"):
+        measure_handoff_gbps([6], 1)
 
 
 def test_poll_pause_backs_off_with_the_wait_on_a_cpu_device():

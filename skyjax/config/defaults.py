@@ -159,6 +159,18 @@ def _cluster() -> ml_collections.ConfigDict:
     c.link_latency_s = 0.0  # emulated one-way latency between devices in different regions
     c.link_bandwidth_Bps = 0.0  # emulated bandwidth between regions (0 = not emulated)
     c.coordinator_address = ""  # jax.distributed coordinator "host:port"; "" = auto / launcher
+    # Distributed: the address this process's transfer server (stage hand-offs) binds and peers
+    # reach it at; "" = $SKYJAX_TRANSFER_HOST, else the local address of the route to the
+    # coordinator (skyjax/cluster/network.py).
+    c.transfer_host = ""
+    # Ports its control socket may bind, "FIRST-LAST" (e.g. "40000-40100"; each process on a
+    # node takes its own); "" = $SKYJAX_TRANSFER_PORTS, else any free port. (Its bulk-data
+    # socket's port is ephemeral: jaxlib cannot fix it.)
+    c.transfer_ports = ""
+    # Its host buffers: chunks of this many bytes, this many copies in flight; it allocates
+    # 3 x their product once (pinned on a GPU; 768 MiB here, jax's own 8 x 256 MiB pin 6 GiB).
+    c.transfer_chunk_bytes = 32 << 20
+    c.transfer_parallel_copies = 8
     # Distributed: a process whose heartbeat stops this long is lost; the others exit (status 75)
     # naming it, instead of waiting (skyjax/transport/watchdog.py).
     c.peer_timeout_s = 60.0

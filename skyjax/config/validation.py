@@ -16,6 +16,7 @@ from typing import Any
 import ml_collections
 
 from skyjax import names
+from skyjax.cluster import network
 from skyjax.config import defaults
 from skyjax import scores
 from skyjax.data import glue, synthetic, tables, text
@@ -301,6 +302,20 @@ def _check_cluster(c: Any) -> None:
     addr = c.coordinator_address
     if addr and (":" not in addr or not addr.rsplit(":", 1)[1].isdigit()):
         _fail(f"config.cluster.coordinator_address={addr!r} must be 'host:port' or ''")
+    _check_transfer_server(c)
+
+
+def _check_transfer_server(c: Any) -> None:
+    """The transfer server's address, port range (this process's environment variable too, when
+    the key is empty) and buffers."""
+    host = c.transfer_host
+    if host and (host != host.strip() or not host.strip("[]") or
+                 (":" in host and host.count(":") == 1)):
+        _fail(f"config.cluster.transfer_host={host!r} must be an address or host name without "
+              "a port, or ''")
+    network.port_range(c.transfer_ports)  # ValueError naming the key or the variable
+    _at_least("config.cluster.transfer_chunk_bytes", c.transfer_chunk_bytes, 1 << 16)
+    _at_least("config.cluster.transfer_parallel_copies", c.transfer_parallel_copies, 1)
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:

@@ -7,7 +7,9 @@ clock), two implementations:
   asynchronous ``jax.device_put`` onto the receiver's device.
 - :class:`TransferServerTransport` (:mod:`.transfer`): one process per stage under
   ``jax.distributed``; arrays move point to point with ``jax.experimental.transfer``, host
-  scalars through the key-value store.
+  scalars through the key-value store; its server's address, ports and buffers:
+  :class:`ServerOptions` (:mod:`.server`); hand-off speed between two processes:
+  :mod:`.handoff_speed`.
 
 Messages are matched by (src, dst, tag, n); which tags mean what: ``skyjax.transport.tags``.
 A lost peer process is noticed by :class:`PeerWatchdog` (:mod:`.watchdog`): waits then raise
@@ -17,8 +19,10 @@ A lost peer process is noticed by :class:`PeerWatchdog` (:mod:`.watchdog`): wait
 from skyjax.transport.base import (DEFAULT_TIMEOUT_S, LinkClock, Transport,
                                            TransportError, TransportTimeout)
 from skyjax.transport.local import LocalTransport
+from skyjax.transport.server import ServerOptions
 from skyjax.transport.transfer import TransferServerTransport
 from skyjax.transport.watchdog import PeerLost, PeerWatchdog
 
 __all__ = ["DEFAULT_TIMEOUT_S", "LinkClock", "LocalTransport", "PeerLost", "PeerWatchdog",
-           "TransferServerTransport", "Transport", "TransportError", "TransportTimeout"]
+           "ServerOptions", "TransferServerTransport", "Transport", "TransportError",
+           "TransportTimeout"]

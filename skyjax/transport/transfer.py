@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import os
 import pickle
 import queue
 import threading
@@ -26,10 +25,10 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from skyjax import env_vars
 from skyjax.transport.polling import poll_pause
 from skyjax.transport.base import (DEFAULT_TIMEOUT_S, LinkClock, TransportError,
                                            TransportTimeout, ordered_sum)
+from skyjax.transport.server import ServerOptions, transfer_server
 from skyjax.tree import tree_nbytes
 
 _LOW31 = (1 << 31) - 1  # header words are int32: values are split / masked to 31 bits
@@ -70,34 +69,19 @@ def _wait_ready(leaves: list, timeout_s: float, check: Any = None,
     return True
 
 
-_servers: dict[tuple[int, str], Any] = {}
-_servers_lock = threading.Lock()
-
-
-def transfer_server(device: jax.Device, host: str):
-    """This process's transfer server for (``device``, ``host``), started on first use."""
-    from jax.experimental import transfer
-
-    with _servers_lock:
-        key = (device.id, host)
-        if key not in _servers:
-            srv = transfer.start_transfer_server(device.client, f"{host}:0", [f"{host}:0"])
-            _servers[key] = srv
-        return _servers[key]
-
-
 class TransferServerTransport:
     """One stage per process under ``jax.distributed`` (see the module docstring).
 
-    ``device``: this stage's (local) device. ``host``: the address other processes reach this
-    one at (default ``$SKYJAX_TRANSFER_HOST`` or 127.0.0.1; on a cluster the node's IP).
+    ``device``: this stage's (local) device. ``server``: how this process's transfer server
+    starts (address, ports, buffers; :class:`~skyjax.transport.server.ServerOptions`, default:
+    the address of the route to the coordinator, any free port).
     ``namespace``: key-value store prefix; use a new one for every transport created in a run
     (e.g. after re-planning). ``links``/``link_ids``: as for ``LocalTransport``.
     """
 
     def __init__(self, stage_index: int, num_stages: int, device: jax.Device,
                  links: Any | None = None, *, link_ids: Sequence[int] | None = None,
-                 host: str | None = None, namespace: str = "skyjax",
+                 server: ServerOptions | None = None, namespace: str = "skyjax",
                  timeout_s: float = DEFAULT_TIMEOUT_S, client: Any = None):
         from skyjax.transport import group as distributed
 
@@ -111,8 +95,7 @@ class TransferServerTransport:
         self.live = list(range(num_stages))  # the processes collectives wait for (renew)
         self._client = client if client is not None else distributed.key_value_client()
         self._sharding = jax.sharding.SingleDeviceSharding(device)
-        host = host or os.environ.get(env_vars.TRANSFER_HOST) or "127.0.0.1"
-        self._server = transfer_server(device, host)
+        self._server = transfer_server(device, server)
         self.address = self._server.address()
         self._client.key_value_set(f"{self._base_ns}/addr/{stage_index}", self.address)
         self._conns: dict[int, Any] = {}
