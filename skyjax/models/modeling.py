@@ -221,6 +221,8 @@ class BertSelfAttention(nnx.Module):
         path = attention_path(cfg, train, q.dtype)
         if path != "exact":
             keep = (attention_mask > 0)[:, None, None, :]  # [b, 1, 1, keys]
+            if path == "cudnn":  # cuDNN takes a mask of whole [queries, keys] planes only
+                keep = jnp.broadcast_to(keep, (b, 1, s, s))
             out = jax.nn.dot_product_attention(
                 q, k, v, mask=keep, scale=1.0 / math.sqrt(cfg.head_dim), implementation=path)
             return out.reshape(b, s, cfg.hidden_size)
