@@ -8,6 +8,9 @@ SCHEDULES = ("gpipe", "1f1b")  # pipeline schedules (skyjax.plan.schedules)
 STRATEGIES = ("even", "optimal", "dynamic")  # allocation strategies (skyjax.plan)
 GRANULARITIES = ("layer", "sublayer")  # how the model is cut into units (skyjax.models.units)
 MODES = ("local", "distributed")  # one process for all stages, or one process per stage
+# Whether a stage's calls wait for their results (skyjax.cluster.emulation.actions_block):
+# "auto" = on CPU and where emulated, not on GPU/TPU
+SYNC_ACTIONS = ("auto", "on", "off")
 # Exit status of a process that stopped because a peer process was lost (the launcher restarts
 # the job on the survivors; skyjax.transport.watchdog).
 EXIT_PEER_LOST = 75

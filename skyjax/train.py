@@ -50,6 +50,9 @@ Batch = dict[str, Any]
 # steps of the plan in use at the end whose spans summary.json's stage_comparison reports on
 # (the shared-host model splits them by contention)
 RECENT_STEPS = 50
+# the run's last steps, measured (blocking) where actions do not block: the final report's
+# spans, step boundaries and trace come from them
+MEASURED_TAIL = 3
 
 
 def shared_host(config: ml_collections.ConfigDict) -> tuple[ExtraCost | None, Any]:
@@ -122,12 +125,16 @@ def make_executor(config: ml_collections.ConfigDict, chain: list[bert.Unit], pla
                   max_grad_norm=config.train.grad_clip_norm or None,
                   rng=lambda step, first, count: bert.example_keys(config.train.seed, step,
                                                                    first, count))
+    sync = config.pipeline.sync_actions
     if jax.process_count() > 1:
         me = jax.process_index()
         return DistributedExecutor(chain, plan, transport, me, cluster.jax_devices[me],
-                                   slowdown=cluster.slowdown(me), **kwargs)
+                                   slowdown=cluster.slowdown(me),
+                                   sync_actions=cluster.actions_block(me, sync), **kwargs)
     return LocalExecutor(chain, plan, cluster.jax_devices,
                          slowdowns=[d.slowdown for d in cluster.devices],
+                         sync_actions=[cluster.actions_block(d, sync)
+                                       for d in range(cluster.num_devices)],
                          links=cluster.links if cluster.emulate_links else None, **kwargs)
 
 
@@ -166,6 +173,25 @@ def evaluate_splits(executor, eval_sets: dict[str, list[Batch]], step: int,
     return results
 
 
+def measured_step(config: ml_collections.ConfigDict, step: int,
+                  replanner: Replanner | None = None) -> bool:
+    """Whether ``step`` runs measured: its calls block so that its spans are compute times, for
+    what reads them (a log line's stage times, the re-planner's and calibration's observations,
+    the final report of the last :data:`MEASURED_TAIL` steps). Stages whose calls block anyway
+    (CPU, emulation) measure every step; others only these (docs/design.md, "Host waits in a
+    step"). The same answer on every process: it depends on the step and the config only."""
+    t = config.train
+    return (log_step(config, step) or step + MEASURED_TAIL >= t.steps
+            or (replanner is not None and replanner.observes(step)))
+
+
+def log_step(config: ml_collections.ConfigDict, step: int) -> bool:
+    """Whether ``step`` writes a metrics line: every ``train.log_every``, the first and the
+    last."""
+    t = config.train
+    return (step + 1) % t.log_every == 0 or step == 0 or step + 1 == t.steps
+
+
 def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs,
                eval_sets: dict[str, list[Batch]], replanner: Replanner | None = None,
                start_step: int = 0, saver: checkpoint.CheckpointManager | None = None,
@@ -197,9 +223,10 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             # where this process's stage reads no batch (train_step_inputs)
             tic = time.perf_counter()
             args = train_step_inputs(executor, batches, step, t.steps)
+            measure = measured_step(config, step, replanner)
             while True:
                 try:
-                    last = executor.train_step(*args)
+                    last = executor.train_step(*args, measure=measure)
                     break
                 except PeerLost as e:  # several pipelines: go on without the lost one's
                     if recovery is None:
@@ -211,15 +238,17 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             # a NaN or infinite loss or gradient norm stops the run here, before any checkpoint
             guard.check_step(step, last, lambda: guard.stage_names(executor),
                              lambda: last_checkpoint(saver, start_step))
-            boundaries += step_boundary_s([prev.spans if prev else [], last.spans])
-            if step > start_step:  # the first step holds compiles and one-off work
+            # spans are times only in measured steps (dispatch times otherwise)
+            if last.measured:
+                boundaries += step_boundary_s([prev.spans if prev else [], last.spans])
+            if step > start_step and last.measured:  # the first step holds compiles
                 recent.append(last.spans)
             # the first step's boundary also holds its first log line and one-off work
-            prev = last if step > start_step else None
+            prev = last if step > start_step and last.measured else None
             progress.update(step + 1, last.loss)
             metrics = {"loss": last.loss} if regression else {"loss": last.loss,
                                                                "accuracy": last.accuracy}
-            if (step + 1) % t.log_every == 0 or step == 0 or step + 1 == t.steps:
+            if log_step(config, step):
                 record = {"step": step + 1, **metrics, "learning_rate": float(schedule(step)),
                           "step_time_s": step_times[-1],
                           **watch.step_extras(last, step_times[-1], progress)}

@@ -126,6 +126,7 @@ def test_tuple_override_from_command_line():
     ("--config.pipeline.microbatches=5",
      "config.pipeline.microbatches=5 does not divide config.data.batch_size=32"),
     ("--config.pipeline.schedule=pipedream", "config.pipeline.schedule='pipedream'"),
+    ("--config.pipeline.sync_actions=sometimes", "config.pipeline.sync_actions='sometimes'"),
     ("--config.allocation.strategy=greedy", "config.allocation.strategy='greedy'"),
     ("--config.allocation.granularity=block", "config.allocation.granularity='block'"),
     ("--config.cluster.mode=cloud", "config.cluster.mode='cloud'"),

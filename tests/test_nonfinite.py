@@ -16,7 +16,7 @@ from skyjax.config import validate_config
 from skyjax.data.glue import DataError
 from skyjax.guard import NonFiniteError, check_step
 from skyjax.names import EXIT_NON_FINITE, EXIT_PEER_LOST
-from skyjax.runtime.pipeline import StepMetrics, StepResult
+from skyjax.runtime.steps import StepMetrics, StepResult
 from tests.helpers import REPO, TINY, run_main, tiny_run_config
 
 TINY_BERT = os.path.join(REPO, "tests", "fixtures", "tiny_bert")

@@ -8,8 +8,10 @@ this package does not import JAX, so :func:`ensure_host_device_count` can run be
 from skyjax.cluster.devices import (Cluster, DeviceSpec, cluster_from_config, device_kind,
                                     device_memory_bytes, device_name,
                                     ensure_host_device_count, host_memory_bytes, select_devices)
-from skyjax.cluster.emulation import LinkEmulation, block, precise_sleep, timed_call
+from skyjax.cluster.emulation import (LinkEmulation, actions_block, block, precise_sleep,
+                                      timed_call)
 
-__all__ = ["Cluster", "DeviceSpec", "LinkEmulation", "block", "cluster_from_config",
-           "device_kind", "device_memory_bytes", "device_name", "ensure_host_device_count",
-           "host_memory_bytes", "precise_sleep", "select_devices", "timed_call"]
+__all__ = ["Cluster", "DeviceSpec", "LinkEmulation", "actions_block", "block",
+           "cluster_from_config", "device_kind", "device_memory_bytes", "device_name",
+           "ensure_host_device_count", "host_memory_bytes", "precise_sleep", "select_devices",
+           "timed_call"]

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from skyjax.cluster.emulation import LinkEmulation
+from skyjax.cluster.emulation import LinkEmulation, actions_block
 
 
 
@@ -79,6 +79,12 @@ class Cluster:
 
     def slowdown(self, d: int) -> float:
         return self.devices[d].slowdown
+
+    def actions_block(self, d: int, setting: str) -> bool:
+        """Whether the stage on device ``d`` waits for each call's result
+        (``config.pipeline.sync_actions`` = ``setting``; ``emulation.actions_block``)."""
+        return actions_block(setting, self.jax_devices[d].platform,
+                             self.slowdown(d) > 1 or self.emulate_links)
 
     def memory_bytes(self, d: int) -> tuple[int, str]:
         """Memory of logical device ``d`` and where the figure comes from: ``"emulated"`` (the

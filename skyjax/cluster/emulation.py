@@ -4,7 +4,9 @@ So that the profiler *measures* a slow device the same way the runtime experienc
 reading the factor from the config:
 
 * :func:`timed_call` runs a (jitted) call to completion, then sleeps ``(slowdown - 1) x elapsed``;
-  the profiler and the runtime's stages both call it.
+  the profiler and the runtime's stages both call it. Emulation needs the call's real end, so
+  an emulated call always blocks; :func:`actions_block` is the runtime's rule for whether a
+  stage's calls block at all (``config.pipeline.sync_actions``).
 * :class:`LinkEmulation` gives the delay ``latency + bytes / bandwidth`` of a transfer; the
   transports (``skyjax.transport``) and the profiler's link probes wait it out.
 """
@@ -18,6 +20,8 @@ import weakref
 from typing import Any, Callable
 
 import numpy as np
+
+from skyjax.names import SYNC_ACTIONS
 
 # The last part of an emulated sleep is spun (yielding the GIL) for precision: time.sleep
 # overshoots by ~50-100 us on Linux, which would distort the slow-down of sub-millisecond calls.
@@ -55,9 +59,28 @@ def _shapes(args: tuple) -> tuple:
 _BEST_S: "weakref.WeakKeyDictionary[Callable, dict[tuple, float]]" = weakref.WeakKeyDictionary()
 
 
-def timed_call(fn: Callable, *args: Any, slowdown: float = 1.0, **kwargs: Any
-               ) -> tuple[Any, float]:
+def actions_block(setting: str, platform: str, emulated: bool) -> bool:
+    """Whether a pipeline stage's calls wait for their result (``config.pipeline.sync_actions``).
+
+    ``emulated`` (a slow-down above 1 or emulated links): always, whatever ``setting``, since
+    the emulation times the real end of each call and holds messages back from it. Otherwise
+    ``"on"``: always; ``"off"``: never; ``"auto"``: on CPU only, where the host is the device
+    (waiting costs nothing, and the spans are compute times), not on ``gpu``/``tpu``, whose
+    queue then holds the next call while the current one runs."""
+    if setting not in SYNC_ACTIONS:
+        raise ValueError(f"config.pipeline.sync_actions={setting!r} is not one of "
+                         f"{', '.join(map(repr, SYNC_ACTIONS))}")
+    if emulated or setting == "on":
+        return True
+    return setting == "auto" and platform == "cpu"
+
+
+def timed_call(fn: Callable, *args: Any, slowdown: float = 1.0, sync: bool = True,
+               **kwargs: Any) -> tuple[Any, float]:
     """Runs ``fn(*args, **kwargs)`` to completion and returns ``(result, seconds)``.
+
+    ``sync=False`` (ignored with ``slowdown > 1``): returns once the call is dispatched, without
+    waiting for its result; ``seconds`` is then the dispatch time, not the compute time.
 
     With ``slowdown > 1`` the call then sleeps ``(slowdown - 1) x t``, so a device emulated as k
     times slower really takes k times as long; ``seconds`` is the total wall time (compute +
@@ -70,7 +93,9 @@ def timed_call(fn: Callable, *args: Any, slowdown: float = 1.0, **kwargs: Any
     # the emulation's own bookkeeping is not the device's time: done before the clock starts
     key = _shapes(args) if slowdown > 1 else None
     start = time.perf_counter()
-    result = block(fn(*args, **kwargs))
+    result = fn(*args, **kwargs)
+    if sync or slowdown > 1:
+        result = block(result)
     elapsed = time.perf_counter() - start
     if slowdown > 1:
         try:

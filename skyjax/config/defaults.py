@@ -111,6 +111,12 @@ def _pipeline() -> ml_collections.ConfigDict:
     p = ml_collections.ConfigDict()
     p.schedule = "1f1b"
     p.microbatches = 1
+    # Whether each forward/backward/update waits for its result before the next is dispatched:
+    # "auto" = on CPU and on emulated devices or links (the emulation times each call), not on
+    # GPU/TPU, whose queue then overlaps the next dispatch with the running call | "on" | "off"
+    # (emulated devices and links block regardless). Measured steps block regardless
+    # (docs/design.md, "Host waits in a step").
+    p.sync_actions = "auto"
     return p
 
 

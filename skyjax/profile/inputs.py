@@ -2,7 +2,7 @@
 
 The runtime puts each step's forward inputs on a stage's device in one transfer (per micro-batch:
 the first stage's carry, the last stage's labels and the dropout key;
-``skyjax.runtime.pipeline.StepInputs``), during the stage's first wait of the step before
+``skyjax.runtime.steps.StepInputs``), during the stage's first wait of the step before
 (``DistributedExecutor.train_step``). A plan of one stage has no such wait: its put runs between
 its last action and its update, on the critical path (1.2 ms per step of the shipped model at
 m = 4 on one core here, against 0.6 ms timed alone with warm caches). The cost model charges

@@ -21,8 +21,9 @@ PLAN_PNG, TIMELINE_PNG = "plan.png", "timeline.png"
 def step_extras(last: Any, step_time_s: float, progress: Progress) -> dict:
     """``examples_per_s`` (over the steps since the previous log line), and per stage
     ``stage_compute_s`` (its forward + backward spans in the last step) and ``stage_idle_s``
-    (the step time minus that: bubbles, waiting for messages, the optimizer update)."""
-    busy = stage_busy(last) if last is not None else []
+    (the step time minus that: bubbles, waiting for messages, the optimizer update); not for
+    a step whose spans are dispatch times (``last.measured`` False)."""
+    busy = stage_busy(last) if last is not None and getattr(last, "measured", True) else []
     out: dict[str, Any] = {"examples_per_s": progress.examples_per_s()}
     if busy:
         out["stage_compute_s"] = busy

@@ -20,10 +20,10 @@ from skyjax.transport import group as distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
 from skyjax.runtime.averaging import make_averaging
-from skyjax.runtime.pipeline import (PipelineStage, StepInputs, StepMetrics, StepResult,
-                                     norm_allreduce, sq_to_norm)
+from skyjax.runtime.pipeline import PipelineStage, norm_allreduce, sq_to_norm
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       pipeline_sizes, placements, replica_peers, unit_owners)
+from skyjax.runtime.steps import StepInputs, StepMetrics, StepResult
 from skyjax.spans import Span
 
 
@@ -64,13 +64,15 @@ class DistributedExecutor:
                  device: jax.Device, *, batch_size: int, seq_len: int,
                  optimizer: optax.GradientTransformation, max_grad_norm: float | None,
                  rng: Callable[[int, int, int], jax.Array], slowdown: float = 1.0,
+                 sync_actions: bool = True,
                  unit_states: dict[int, UnitState] | None = None):
         self.plan = plan
         self.chain = abstract_units(chain)
         self.optimizer = optimizer
         self.device = device
         self._args = dict(batch_size=batch_size, seq_len=seq_len, optimizer=optimizer,
-                          max_grad_norm=max_grad_norm, rng=rng, slowdown=slowdown)
+                          max_grad_norm=max_grad_norm, rng=rng, slowdown=slowdown,
+                          sync_actions=sync_actions)
         self.places = placements(plan)
         self.schedule = plan.schedule
         self.microbatches = int(plan.microbatches)  # of the global batch
@@ -99,7 +101,8 @@ class DistributedExecutor:
                                                             self.microbatches))
             self.stage = build_stage(chain, place, place.index, sizes[i], device, link, shapes,
                                      shares[i], optimizer, slowdown, unit_states,
-                                     loss_microbatches=self.microbatches)
+                                     loss_microbatches=self.microbatches,
+                                     sync_actions=sync_actions)
             self.stage.num_pipelines, self.stage.stage_id = len(shares), k
             self.stage.first_microbatch = plan.first_microbatch(i)
             self.stage.peers = replica_peers(self.places, k, [q.device for q in self.places])
@@ -120,8 +123,8 @@ class DistributedExecutor:
         stage. Elsewhere the caller may pass None and skip building it."""
         return self.stage is not None and self.stage.needs_batch
 
-    def train_step(self, step: int, batch: Batch | None,
-                   next_batch: Batch | None = None) -> StepMetrics:
+    def train_step(self, step: int, batch: Batch | None, next_batch: Batch | None = None,
+                   measure: bool = False) -> StepMetrics:
         """Runs this process's stage for one step; metrics are the last stage's, on process 0.
 
         The metrics go to process 0 after the step's actions and before the update: every
@@ -132,16 +135,18 @@ class DistributedExecutor:
 
         ``next_batch``: the next step's batch, already built (None: there is no next step, or
         the stage reads no batch). Its inputs for the next step are put on the stage's device
-        (:class:`~skyjax.runtime.pipeline.StepInputs`) in the stage's first wait of this step,
+        (:class:`~skyjax.runtime.steps.StepInputs`) in the stage's first wait of this step,
         off the step boundary, which is on the critical path; the next call must pass that same
-        batch object."""
+        batch object. ``measure``: the stage blocks its calls, so that its spans are compute
+        times (``PipelineStage.run_actions``)."""
         stage = self.stage
         if stage is not None:
             prepared, self._prepared = self._prepared, None
             if prepared is None or prepared[1].step != step or prepared[0] is not batch:
                 prepared = self._inputs(step, batch)
             idle = None if next_batch is None else lambda: self._prepare(step + 1, next_batch)
-            result = stage.run_actions(step, self.actions[stage.index], prepared[1], idle)
+            result = stage.run_actions(step, self.actions[stage.index], prepared[1], idle,
+                                       measure)
             result.losses = [(stage.first_microbatch + j, x) for j, x in enumerate(result.losses)]
             result.accuracies = [(stage.first_microbatch + j, x)
                                  for j, x in enumerate(result.accuracies)]
@@ -149,7 +154,8 @@ class DistributedExecutor:
             result = StepResult([], [], [], 0.0)
         gathered = self.transport.gather_to_first(
             {"losses": result.losses, "accuracies": result.accuracies,
-             "spans": [dataclasses.asdict(s) for s in result.spans], "wall_s": result.wall_s},
+             "spans": [dataclasses.asdict(s) for s in result.spans], "wall_s": result.wall_s,
+             "measured": result.measured},
             self._gather_tag())
         total = None  # the global squared gradient norm, on every process (clipping on)
         if self.stage is not None:
@@ -165,7 +171,8 @@ class DistributedExecutor:
         losses = [x for _, x in sorted(tuple(y) for g in gathered for y in g["losses"])]
         accuracies = [x for _, x in sorted(tuple(y) for g in gathered for y in g["accuracies"])]
         results = [StepResult([x for _, x in g["losses"]], [x for _, x in g["accuracies"]],
-                              [Span(**s) for s in g["spans"]], g["wall_s"]) for g in gathered]
+                              [Span(**s) for s in g["spans"]], g["wall_s"],
+                              measured=g["measured"]) for g in gathered]
         return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
                            max(g["wall_s"] for g in gathered), results,
                            grad_norm=sq_to_norm(total))

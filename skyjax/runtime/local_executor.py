@@ -19,9 +19,10 @@ from skyjax.plan.schedules import actions
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
 from skyjax.runtime.averaging import make_averaging
-from skyjax.runtime.pipeline import PipelineStage, StepMetrics, sq_to_norm
+from skyjax.runtime.pipeline import PipelineStage, sq_to_norm
 from skyjax.runtime.placement import (PipelineLink, UnitState, abstract_units, boundary_shapes,
                                       build_stage, pipeline_sizes, placements, replica_peers)
+from skyjax.runtime.steps import StepMetrics
 from skyjax.transport import LocalTransport
 
 
@@ -30,7 +31,10 @@ class LocalExecutor:
 
     ``rng(step, first, count)``: the dropout keys of examples ``first .. first + count - 1`` of
     the step's global batch (``skyjax.models.bert.example_keys``). ``slowdowns`` (by device
-    index) and ``links`` (a ``LinkEmulation`` by device index) emulate heterogeneous devices; ``unit_states`` continues from another executor's (``rebuild``).
+    index) and ``links`` (a ``LinkEmulation`` by device index) emulate heterogeneous devices;
+    ``sync_actions`` (by device index; () = all): whether a stage's calls block
+    (``skyjax.cluster.actions_block``); ``unit_states`` continues from another executor's
+    (``rebuild``).
     """
 
     needs_batch = True  # its first and last stages read every step's batch
@@ -39,12 +43,13 @@ class LocalExecutor:
                  batch_size: int, seq_len: int, optimizer: optax.GradientTransformation,
                  max_grad_norm: float | None, rng: Callable[[int, int, int], jax.Array],
                  slowdowns: Sequence[float] = (), links: Any = None,
+                 sync_actions: Sequence[bool] = (),
                  unit_states: dict[int, UnitState] | None = None):
         self.plan = plan
         self.chain = abstract_units(chain)
         self._args = dict(devices=devices, batch_size=batch_size, seq_len=seq_len,
                           optimizer=optimizer, max_grad_norm=max_grad_norm, rng=rng,
-                          slowdowns=slowdowns, links=links)
+                          slowdowns=slowdowns, links=links, sync_actions=sync_actions)
         self.places = placements(plan)
         transport = LocalTransport([devices[p.device] for p in self.places], links,
                                    link_ids=[p.device for p in self.places])
@@ -62,7 +67,8 @@ class LocalExecutor:
             stage = build_stage(chain, place, place.index, sizes[i], devices[place.device],
                                 PipelineLink(transport.for_stage(k), ids[i]), shapes, shares[i],
                                 optimizer, slowdowns[place.device] if slowdowns else 1.0,
-                                unit_states, loss_microbatches=self.microbatches)
+                                unit_states, loss_microbatches=self.microbatches,
+                                sync_actions=sync_actions[place.device] if sync_actions else True)
             stage.num_pipelines, stage.stage_id = len(shares), k
             stage.first_microbatch = plan.first_microbatch(i)
             stage.peers = replica_peers(self.places, k, range(len(self.places)))
@@ -89,17 +95,18 @@ class LocalExecutor:
         futures = [self._pool.submit(guarded, stage) for stage in stages or self.stages]
         return [f.result() for f in futures]
 
-    def train_step(self, step: int, batch: Batch,
-                   next_batch: Batch | None = None) -> StepMetrics:
+    def train_step(self, step: int, batch: Batch, next_batch: Batch | None = None,
+                   measure: bool = False) -> StepMetrics:
         """One step of every stage (threads). ``next_batch`` (the next step's batch) is not
         used: the stages share this process's host, so there is no idle host to put the next
-        step's inputs from."""
+        step's inputs from. ``measure``: every stage blocks its calls, so that the spans are
+        compute times (``PipelineStage.run_actions``)."""
         microbatch = split_microbatches(batch, self.microbatches)
         size = self.microbatch_size
         rng = lambda g: self.rng(step, g * size, size)  # noqa: E731
         results = self._all(lambda s: s.run_step(
             step, self.actions[s.pipeline][s.index], s.step_inputs(step, microbatch, rng),
-            self.max_grad_norm))
+            self.max_grad_norm, measure))
         lasts = [r for r, s in zip(results, self.stages) if s.is_last]  # in pipeline order
         losses = [x for r in lasts for x in r.losses]
         accuracies = [x for r in lasts for x in r.accuracies]

@@ -13,6 +13,13 @@ scores do not depend on the plan. Message tags come from ``skyjax.transport.tags
  measured actions are ``skyjax.spans.Span`` records
 (the simulator's type, so a measured step and its simulation share one trace builder).
 
+Host waits: a stage whose actions block (:attr:`PipelineStage.sync_actions`: CPU and emulated
+devices) waits for each call's result, so its spans are compute times. Otherwise (GPU/TPU) it
+only dispatches, the device queue overlapping the next call with the running one, and the host
+waits once per step: the last stage for its losses and accuracies (one transfer), every stage
+for its gradient norm where clipping needs it; a measured step (``measure``) blocks like a
+synchronous one, so that its spans are compute times (docs/design.md, "Host waits in a step").
+
 Several pipelines in data parallel: each stage is in one pipeline, whose share of the global batch
 is whole micro-batches from ``first_microbatch`` on; after its last action a stage sends the
 gradients of the units it shares with stages of other pipelines (``ReplicaPeer``) to them, and
@@ -32,12 +39,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from skyjax import codecs
-from skyjax.cluster import timed_call
+from skyjax.cluster import block, timed_call
 from skyjax.optim import clip_scale, global_sq_norm
 from skyjax.plan.schedules import Action
 from skyjax.transport import tags
 from skyjax.runtime.batches import Batch
 from skyjax.programs.stage import StageProgram, StageState, float_entries
+from skyjax.runtime.steps import StepInputs, StepResult
 from skyjax.spans import Span
 from skyjax.tree import tree_shapes
 
@@ -75,56 +83,11 @@ class StageLink(Protocol):
     def allreduce_sum(self, value: float, tag: int) -> float: ...
 
 
-@dataclasses.dataclass
-class StepResult:
-    """Per-stage outcome of one step; ``losses``/``accuracies`` only on the last stage."""
-
-    losses: list[float]
-    accuracies: list[float]
-    spans: list[Span]
-    wall_s: float
-    # the stage's own squared gradient norm (when clipping computes it; None otherwise)
-    grad_sq_norm: float | None = None
-
-
-@dataclasses.dataclass
-class StepMetrics:
-    """One step as seen by the last stage: mean loss/accuracy over micro-batches, and timing."""
-
-    loss: float
-    accuracy: float
-    wall_s: float
-    results: list[StepResult]  # per stage (local); this process's stage only (distributed)
-    # the global gradient norm before clipping (None: clipping off, so never computed)
-    grad_norm: float | None = None
-    has_loss: bool = True  # False on processes that do not gather the loss (distributed)
-
-    @property
-    def spans(self) -> list[Span]:
-        """The step's F/B spans of every stage in ``results``."""
-        return [s for r in self.results for s in r.spans]
-
-
 def host_carry(batch: Batch) -> dict[str, np.ndarray]:
     """``skyjax.models.bert.initial_carry`` of a host batch, built on the host (numpy): one
     device transfer, not one dispatch per array."""
     return {k: np.asarray(batch[k], np.int32)
             for k in ("input_ids", "token_type_ids", "attention_mask")}
-
-
-@dataclasses.dataclass
-class StepInputs:
-    """What one step's forwards of a stage take from the host, already on its device, per
-    micro-batch: the first stage's initial carries, the last stage's labels (None elsewhere), and
-    every stage's dropout keys. Put in one transfer per step (:meth:`PipelineStage.step_inputs`)
-    instead of one per forward (0.2-0.6 ms of host time each, on the first stage's critical path),
-    and, when the caller hands over the next step's batch, during the stage's first wait of the
-    step before (``DistributedExecutor.train_step``)."""
-
-    step: int
-    carries: list | None
-    labels: list | None
-    keys: list
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +134,9 @@ class PipelineStage:
     in_like: Any  # ShapeDtypeStructs of the input carry (micro-batch shapes)
     out_like: Any  # of the output carry (unused on the last stage)
     slowdown: float = 1.0
+    # whether each action waits for its result (skyjax.cluster.actions_block); False: dispatched
+    # only, except in measured steps
+    sync_actions: bool = True
     # several pipelines (module doc): which one, its first global micro-batch, this stage's id
     # among all pipelines' stages (spans), the other pipelines' owners of its units and the
     # transport handle that reaches them
@@ -186,6 +152,8 @@ class PipelineStage:
     _posted: int = dataclasses.field(default=0, init=False, repr=False)  # see _pull_ahead
     # the global squared gradient norm of the last update (None: clipping off, not computed)
     last_sq_norm: float | None = dataclasses.field(default=None, init=False, repr=False)
+    # whether the current step's calls block (run_actions sets it; the update follows it)
+    _blocking: bool = dataclasses.field(default=True, init=False, repr=False)
 
     @property
     def is_first(self) -> bool:
@@ -255,16 +223,17 @@ class PipelineStage:
         self._posted = max(self._posted, i + PULL_AHEAD)
 
     def run_step(self, step: int, actions: list[Action], inputs: StepInputs,
-                 max_grad_norm: float | None) -> StepResult:
+                 max_grad_norm: float | None, measure: bool = False) -> StepResult:
         """Runs one optimizer step's actions, then the (globally clipped) update."""
         start = time.perf_counter()
-        result = self.run_actions(step, actions, inputs)
+        result = self.run_actions(step, actions, inputs, measure=measure)
         result.grad_sq_norm = self.finish_step(step, max_grad_norm)
         result.wall_s = time.perf_counter() - start
         return result
 
     def run_actions(self, step: int, actions: list[Action], inputs: StepInputs,
-                    idle: Callable[[], None] | None = None) -> StepResult:
+                    idle: Callable[[], None] | None = None,
+                    measure: bool = False) -> StepResult:
         """Runs one optimizer step's actions (gradients accumulate in the state); ``update``
         applies them. Split so that the distributed executor can hand the step's metrics to
         process 0 before its update (:meth:`DistributedExecutor.train_step`).
@@ -274,12 +243,16 @@ class PipelineStage:
         every pipeline of two stages or more: the first stage's first backward waits for the
         micro-batch's round trip through the others, every other stage's first forward for the
         fill. (Where the message is there already, the work costs what it would have cost at
-        the step boundary, where it ran before.)"""
+        the step boundary, where it ran before.)
+
+        ``measure``: block every call (and the update after) even where :attr:`sync_actions`
+        is off, so that the spans are compute times (:attr:`StepResult.measured`)."""
         if inputs.step != step:
             raise ValueError(f"stage {self.index}: inputs of step {inputs.step} given to step "
                              f"{step}")
         residuals: dict[int, Any] = {}
-        losses, accuracies, spans = [], [], []
+        losses, accuracies, spans = [], [], []  # the last stage's losses: device scalars
+        blocking = self._blocking = self.sync_actions or measure
         start, wall_start = time.perf_counter(), time.time()
         self._posted = 0
         for i, action in enumerate(actions):
@@ -290,16 +263,19 @@ class PipelineStage:
                 idle, work = None, idle
                 work()
             received = None if source is None else self.link.recv(*source)
+            if blocking and received is not None:  # its transfer is no part of the compute span
+                received = block(received)
             self._pull_ahead(step, actions, i + 1)
             if action.kind == "F":
                 t0 = time.perf_counter()
                 (out, residuals[mb]), seconds = timed_call(
                     self.program.forward, self.state.params,
                     inputs.carries[mb] if self.is_first else received, inputs.keys[mb],
-                    inputs.labels[mb] if self.is_last else None, slowdown=self.slowdown)
+                    inputs.labels[mb] if self.is_last else None, slowdown=self.slowdown,
+                    sync=blocking)
                 if self.is_last:
-                    losses.append(float(out[0]))
-                    accuracies.append(float(out[1]))
+                    losses.append(out[0])
+                    accuracies.append(out[1])
                 else:
                     self.link.send(message_tag(step, action, self.program.microbatches), out,
                                    self.index + 1)
@@ -307,7 +283,7 @@ class PipelineStage:
                 t0 = time.perf_counter()
                 (self.state.grads, d_carry), seconds = timed_call(
                     self.program.backward, self.state.params, residuals.pop(mb), received,
-                    self.state.grads, slowdown=self.slowdown)
+                    self.state.grads, slowdown=self.slowdown, sync=blocking)
                 if not self.is_first:
                     self.link.send(message_tag(step, action, self.program.microbatches), d_carry,
                                    self.index - 1)
@@ -316,7 +292,11 @@ class PipelineStage:
                               t0 + seconds))
         if idle is not None:
             idle()
-        return StepResult(losses, accuracies, spans, time.perf_counter() - start)
+        if losses:  # one transfer for the step's scalars, the same floats as one read each
+            losses, accuracies = ([float(x) for x in xs]
+                                  for xs in jax.device_get((losses, accuracies)))
+        return StepResult(losses, accuracies, spans, time.perf_counter() - start,
+                          measured=blocking)
 
     @property
     def span_id(self) -> int:
@@ -382,14 +362,15 @@ class PipelineStage:
         own = self.averaging is not None and self.averaging.own_norm
         grad_scale = self.averaging.grad_scale(self) if self.averaging is not None else 1.0
         counts = max_grad_norm and (self.pipeline == 0 or own)
-        local = float(global_sq_norm(self.state.grads)) if counts else 0.0
+        # the step's one read of the gradients (clipping on): waits for its last backward
+        local = float(jax.device_get(global_sq_norm(self.state.grads))) if counts else 0.0
         total = norm_allreduce(self.link, step, local, max_grad_norm, self.pipeline,
                                self.num_pipelines, own)
         self.last_sq_norm = float(total) if max_grad_norm else None
         scale = clip_scale(total * grad_scale ** 2, max_grad_norm) * grad_scale
         (self.state.params, self.state.opt_state, self.state.grads), _ = timed_call(
             self.program.update, self.state.params, self.state.opt_state, self.state.grads,
-            np.float32(scale), slowdown=self.slowdown)
+            np.float32(scale), slowdown=self.slowdown, sync=self._blocking)
         return local if max_grad_norm else None
 
     def run_eval(self, batches: Iterable[Batch]) -> list[tuple[np.ndarray, ...]]:

@@ -127,10 +127,12 @@ def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_st
                 device: jax.Device, link: StageLink, shapes: list[Any], microbatches: int,
                 optimizer: optax.GradientTransformation, slowdown: float = 1.0,
                 unit_states: dict[int, UnitState] | None = None,
-                loss_microbatches: int | None = None) -> PipelineStage:
+                loss_microbatches: int | None = None,
+                sync_actions: bool = True) -> PipelineStage:
     """A stage owning units ``[place.start, place.end)`` on ``device``: params copied there from
     the units, or params and optimizer states from ``unit_states`` (by unit index).
-    ``microbatches``: its pipeline's per step; ``loss_microbatches``: the global batch's."""
+    ``microbatches``: its pipeline's per step; ``loss_microbatches``: the global batch's;
+    ``sync_actions``: whether its calls block (``PipelineStage.sync_actions``)."""
     block = list(chain[place.start:place.end])
     program = StageProgram(block, is_last=index == num_stages - 1, microbatches=microbatches,
                            optimizer=optimizer, loss_microbatches=loss_microbatches,
@@ -144,5 +146,5 @@ def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_st
         state = program.init_state(jax.device_put([u.params for u in block], device,
                                                   may_alias=False))
     return PipelineStage(index, num_stages, program, state, device, link, shapes[place.start],
-                         shapes[place.end], slowdown, pipeline=place.pipeline,
-                         first_unit=place.start)
+                         shapes[place.end], slowdown, sync_actions=sync_actions,
+                         pipeline=place.pipeline, first_unit=place.start)

@@ -66,10 +66,17 @@ class Replanner:
         self.history: list[dict] = []
         self._rebuilt_at = start_step
 
+    def observes(self, step: int) -> bool:
+        """Whether :meth:`observe` records ``step``: a step before the calibration's end or,
+        re-planning every few steps, any step (the train loop measures it: its spans must be
+        compute times)."""
+        return bool(self.every or step < self.calibrate_at) and step > 0 \
+            and step != self._rebuilt_at
+
     def observe(self, step: int, metrics: Any) -> None:
         """Records a step's stage compute and link waits (not a compiling step: the first, or
-        one after a switch)."""
-        if (self.every or self.calibrate_at) and step > 0 and step != self._rebuilt_at \
+        one after a switch; nor one whose spans are dispatch times, ``metrics.measured``)."""
+        if self.observes(step) and getattr(metrics, "measured", True) \
                 and jax.process_index() == 0:
             self.busy.append(stage_busy(metrics))
             spans = metrics.spans

@@ -1,6 +1,11 @@
 """Stages as threads of one process: ``send`` is an asynchronous ``jax.device_put`` onto the
 receiver's device, dropped into a mailbox keyed by (tag, src, dst); collectives meet in a shared
-dictionary under one condition variable."""
+dictionary under one condition variable.
+
+Neither end waits for the arrays' values: ``send`` takes arrays whose computation may still be
+running (the copy is queued after it), and ``recv`` returns arrays that may still be in flight (a
+jitted call on them waits on the device). A caller that times its compute blocks on them first
+(``skyjax.runtime.pipeline``)."""
 
 from __future__ import annotations
 
@@ -121,7 +126,7 @@ class LocalStageLink:
                 del t._mail[key]
         check_like(tree, like, what)
         t._clock.wait_until(due)
-        return jax.block_until_ready(tree)
+        return tree
 
     def allreduce_sum(self, value: float, tag: int) -> float:
         n = self._next("allreduce", tag)
