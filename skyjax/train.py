@@ -366,6 +366,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
     executor = make_executor(config, chain if states else build.materialize(init, chain, mine),
                              plan, cluster, transport, states)
     saver = checkpoint.make_manager(config, workdir, chain, optimizer)
+    # the units are on their devices now: no host copy (restored arrays, random blocks) stays
+    del states
     init.release()
     eval_sets = data_lib.eval_splits(config) if config.data.eval_examples else {}
     every = config.allocation.replan_every if config.allocation.strategy == "dynamic" else 0

@@ -454,14 +454,16 @@ def reference_losses(chain, steps, m, max_grad_norm):
     return losses
 
 
-def executor(chain, blocks, schedule, m, optimizer, max_grad_norm=None):
+def executor(chain, blocks, schedule, m, optimizer, max_grad_norm=None, **kwargs):
+    """A LocalExecutor of ``blocks`` on devices 0, 1, ... (``kwargs``: more of its arguments)."""
     import jax
 
     from skyjax.runtime.local_executor import LocalExecutor
 
     devices = jax.devices()[:len(blocks)]
     return LocalExecutor(chain, make_plan(blocks, schedule, m), devices, batch_size=BATCH,
-                         seq_len=SEQ, optimizer=optimizer, max_grad_norm=max_grad_norm, rng=rng_for)
+                         seq_len=SEQ, optimizer=optimizer, max_grad_norm=max_grad_norm, rng=rng_for,
+                         **kwargs)
 
 
 # ------------------------------------------------------------------ configs, profiles, runs

@@ -12,8 +12,11 @@ micro-batches, with the profile's fixed costs (version 2; zeros for a version 1 
   update_k  = update_call_s[d_k] + sum_{u in [a_k, b_k)} update_s[u][d_k]     (once per step)
               [+ m input_s[d_0] when p = 1: putting the step's inputs on the device, with no
               wait to hide it in]
-  memory_k  = sum state_bytes + inflight_k * sum activation_bytes <= memory_bytes[d_k],
-              inflight_k = m (GPipe) or min(m, p - k) (1F1B)
+  memory_k  = sum (state_bytes + temp_bytes) + inflight_k * sum activation_bytes
+              <= memory_bytes[d_k], inflight_k = m (GPipe) or min(m, p - k) (1F1B); state:
+              params, gradient sums and optimizer state; temp: the scratch of a unit's largest
+              call (forward, backward or update; 0 in profiles without it), summed over the
+              block (an upper bound of the block's: one program over several units reuses it)
   T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s
 
 The update runs after the step's gradient-norm all-reduce (sync_s); the first stage's update
@@ -57,7 +60,7 @@ class Tables:
     update_call: np.ndarray  # [D]
     alone: np.ndarray  # [D] m input_s: what a plan of one stage on d adds to its update
     sync_s: float
-    state_prefix: np.ndarray  # [U+1]
+    state_prefix: np.ndarray  # [U+1] bytes a unit holds whatever is in flight: state + temp
     act_prefix: np.ndarray  # [U+1]
     output_bytes: np.ndarray  # [U]
     latency: np.ndarray  # [D, D]
@@ -160,7 +163,7 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
     upd = np.asarray(profile.update_s, float)
     units = profile.units
     names, cbytes, crate = codec_tables(profile)
-    state = np.array([float(u["state_bytes"]) for u in units])
+    state = np.array([float(u["state_bytes"]) + float(u.get("temp_bytes", 0)) for u in units])
     act = np.array([float(u["activation_bytes"]) for u in units])
     return Tables(
         work=work, prefix=prefix,

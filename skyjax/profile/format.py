@@ -31,6 +31,7 @@ _TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward
              "update_s", "overheads", "codecs")
 OVERHEAD_KEYS = ("forward_call_s", "backward_call_s", "update_call_s", "message_s", "input_s")
 _UNIT_FIELDS = ("state_bytes", "activation_bytes", "output_bytes")
+_OPTIONAL_UNIT_FIELDS = ("temp_bytes",)  # 0 where absent (profiles made before it existed)
 _LINK_KEYS = ("latency_s", "bandwidth_Bps")
 
 
@@ -187,7 +188,8 @@ def _matrix(x: Any, field: str, rows: int, cols: int, row_what: str, col_what: s
     return out
 
 
-def _records(x: Any, field: str, fields: tuple[str, ...]) -> list[dict]:
+def _records(x: Any, field: str, fields: tuple[str, ...],
+             optional: tuple[str, ...] = ()) -> list[dict]:
     _list(x, field)
     if not x:
         _fail(field, "empty")
@@ -200,6 +202,9 @@ def _records(x: Any, field: str, fields: tuple[str, ...]) -> list[dict]:
             _fail(f"{field}[{i}].name", f"expected a string, got {type(name).__name__}")
         for k in fields:
             _number(_get(rec, k, f"{field}[{i}].{k}"), f"{field}[{i}].{k}", "size")
+        for k in optional:
+            if k in rec:
+                _number(rec[k], f"{field}[{i}].{k}", "size")
         out.append(dict(rec))
     return out
 
@@ -217,7 +222,7 @@ def _parse(d: Any) -> Profile:
         v = _get(mb, k, f"microbatch.{k}")
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             _fail(f"microbatch.{k}", f"expected a positive integer, got {v!r}")
-    units = _records(_get(d, "units", "units"), "units", _UNIT_FIELDS)
+    units = _records(_get(d, "units", "units"), "units", _UNIT_FIELDS, _OPTIONAL_UNIT_FIELDS)
     devices = _records(_get(d, "devices", "devices"), "devices", ("memory_bytes",))
     n_u, n_d = len(units), len(devices)
     fwd = _matrix(_get(d, "forward_s", "forward_s"), "forward_s", n_u, n_d, "one per unit",

@@ -11,8 +11,10 @@
 * ``state_bytes``: params + gradients + optimizer state, exactly from the pytrees
   (``jax.eval_shape`` of the optimizer's ``init``: AdamW keeps two more copies);
   ``activation_bytes``: the residual arrays the stage's forward returns (what backward needs, per
-  micro-batch in flight); ``output_bytes``: the unit's output carry (the message to the next
-  stage). ``memory_analysis()`` of the compiled forward/backward is recorded as extra keys.
+  micro-batch in flight; measured, so in the dtype the forward keeps them in);
+  ``output_bytes``: the unit's output carry (the message to the next stage);
+  ``temp_bytes``: the most scratch memory one of its stage calls needs (:func:`temp_bytes`).
+  ``memory_analysis()`` of the compiled forward/backward/update is recorded as extra keys.
 
 Identical units (same kind, parameter shapes and input shapes) are measured once and reused;
 identical devices (same kind, process and emulated slow-down) likewise.
@@ -37,7 +39,7 @@ from skyjax.profile.codec_times import measure_codecs, output_likes
 from skyjax.profile.inputs import measure_input_put
 from skyjax.profile.options import Log, Options, evict_caches, robust_time
 from skyjax.profile.eta import fmt_s
-from skyjax.tree import tree_avals, tree_nbytes
+from skyjax.tree import tree_avals, tree_nbytes, tree_shapes
 
 
 @dataclasses.dataclass
@@ -135,6 +137,25 @@ def _memory_analysis(compiled) -> dict:
                                              "output_size_in_bytes") if hasattr(ma, k)}
 
 
+def _compiled_update(unit: bert.Unit, is_last: bool, optimizer: optax.GradientTransformation,
+                     params: list) -> Any:
+    """The stage update of ``unit`` compiled for the shapes of ``params`` (for its
+    ``memory_analysis()``: the update's scratch memory, which the stage needs once per step)."""
+    prog = _stage_program(unit, is_last)
+    prog.optimizer = optimizer
+    shapes = tree_shapes(params)
+    opt = jax.eval_shape(lambda p: [optimizer.init(q) for q in p], shapes)
+    return prog.update.lower(shapes, opt, shapes, np.float32(1.0)).compile()
+
+
+def temp_bytes(memory: dict) -> int:
+    """The most scratch memory one stage call of a unit needs (forward, backward or update:
+    the largest ``*_temp_size_in_bytes`` of its ``memory_analysis`` figures; 0 without them).
+    A stage holds it on top of its state and residuals while the call runs."""
+    return max((int(v) for k, v in memory.items() if k.endswith("temp_size_in_bytes")),
+               default=0)
+
+
 def device_params(params: Any, device: Any) -> list:
     """``[params]`` on ``device``; abstract parameters (``ShapeDtypeStruct`` leaves, as a process
     that does not own the unit has them) become small random arrays of their shape: the time of a
@@ -179,6 +200,9 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
             if options.memory_analysis:
                 memory = {f"forward_{k2}": v for k2, v in _memory_analysis(fwd_c).items()}
                 memory.update({f"backward_{k2}": v for k2, v in _memory_analysis(bwd_c).items()})
+                if optimizer is not None:
+                    memory.update({f"update_{k2}": v for k2, v in _memory_analysis(
+                        _compiled_update(unit, is_last, optimizer, params)).items()})
         # One warm-up call each, not kept; it sizes the number of repeats.
         (_, res), tf = cluster_lib.timed_call(fwd_c, params, c, rng, lab, slowdown=slowdown)
         (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads, slowdown=slowdown)
@@ -321,6 +345,7 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
         pb = spec.param_bytes[u]
         rec = {"name": name, "state_bytes": 2 * pb + opt_cache[r],
                "activation_bytes": result.activation_bytes, "output_bytes": out_bytes[r],
+               "temp_bytes": temp_bytes(result.memory),
                "kind": spec.kinds[u], "param_bytes": pb, "optimizer_bytes": opt_cache[r],
                "measured_as": spec.chain[rep_i].name, "repeats": result.repeats}
         if coded:  # moved to profile.codecs by measure.assemble

@@ -35,7 +35,7 @@ from skyjax import codecs
 from skyjax.metrics import classification_loss, eval_outputs
 from skyjax.models.bert import Carry, Params, Unit, apply_units
 from skyjax.models.units import in_compute_dtype
-from skyjax.tree import tree_avals
+from skyjax.tree import tree_avals, tree_shapes
 
 Residuals = list[jax.Array]
 
@@ -50,13 +50,17 @@ class StageState:
 
 
 class StageProgram:
-    """Jitted programs for the block ``chain``; ``is_last`` adds the loss to the forward."""
+    """Jitted programs for the block ``chain``; ``is_last`` adds the loss to the forward.
+
+    Only the units' ``apply`` and parameter shapes are kept (``chain`` with shape leaves): the
+    parameters live in :class:`StageState` on the device, and a program that held the units as
+    given would keep the host copy they were made from alive for the whole run."""
 
     def __init__(self, chain: list[Unit], *, is_last: bool, microbatches: int,
                  optimizer: optax.GradientTransformation | None = None, train: bool = True,
                  loss_microbatches: int | None = None, in_codec: str = "none",
                  out_codec: str = "none", in_like: Carry | None = None):
-        self.chain = chain
+        self.chain = [dataclasses.replace(u, params=tree_shapes(u.params)) for u in chain]
         self.in_codec, self.out_codec = in_codec, out_codec
         self.in_like = in_like  # the raw input carry's shapes (decoding needs them)
         if in_codec != "none" and in_like is None:
