@@ -37,6 +37,7 @@ def test_auto_is_bfloat16_on_accelerators_and_float32_on_cpu():
     assert resolve_compute_dtype("auto", "gpu") == "bfloat16"
     assert resolve_compute_dtype("auto", "tpu") == "bfloat16"
     assert resolve_compute_dtype("float32", "gpu") == "float32"
+    assert resolve_compute_dtype("auto", {"gpu", "cpu"}) == "float32"  # one rule for the job
     assert resolve_compute_dtype("auto") == "float32"  # this host
 
 

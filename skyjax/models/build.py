@@ -25,14 +25,19 @@ from skyjax.models.modeling import BertConfig, BertForSequenceClassification, ba
 from skyjax.models.units import Unit, model_params, units
 
 
-def resolve_compute_dtype(name: str, platform: str | None = None) -> str:
-    """``config.train.compute_dtype`` as a dtype name: ``"auto"`` is bfloat16 on GPU and TPU
-    (tensor cores, half the bytes) and float32 on CPU (where bf16 matmuls are no faster and
-    the tests pin float32 math). ``platform``: the devices' (default: JAX's default backend)."""
+def resolve_compute_dtype(name: str, platforms: Iterable[str] | str | None = None) -> str:
+    """``config.train.compute_dtype`` as a dtype name: ``"auto"`` is bfloat16 where every device
+    is a GPU or TPU (tensor cores, half the bytes) and float32 where any is a CPU (bf16 matmuls
+    are no faster there, and the tests pin float32 math). ``platforms``: the devices' (default:
+    every device of the job, ``jax.devices()``, the same list in every process)."""
     if name != "auto":
         return name
-    platform = platform or jax.default_backend()
-    return "bfloat16" if platform in ("gpu", "cuda", "rocm", "tpu") else "float32"
+    if platforms is None:
+        platforms = {d.platform for d in jax.devices()}
+    elif isinstance(platforms, str):
+        platforms = {platforms}
+    accelerators = {"gpu", "cuda", "rocm", "tpu"}
+    return "bfloat16" if set(platforms) <= accelerators else "float32"
 
 
 def _numerics(model: Any, compute_dtype: str) -> dict[str, str]:
