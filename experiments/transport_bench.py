@@ -82,7 +82,7 @@ def bench_local(sizes) -> list[dict]:
 # ------------------------------------------------------------------------- two processes
 
 def _worker(sizes) -> None:
-    from skyjax.launch import free_port
+    from skyjax.cluster.network import free_port
     from skyjax.transport import group as distributed
 
     info = distributed.initialize(timeout_s=60)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -42,6 +41,7 @@ import time
 from typing import IO, Mapping, Sequence
 
 from skyjax import env_vars, failures
+from skyjax.cluster.network import free_port
 from skyjax.names import EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_PEER_LOST
 
 
@@ -82,13 +82,6 @@ def core_slices(num_processes: int, cores: Sequence[int] | None = None) -> list[
     q, r = divmod(len(cores), num_processes)
     bounds = [k * q + min(k, r) for k in range(num_processes + 1)]
     return [cores[bounds[k]:bounds[k + 1]] for k in range(num_processes)]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class _TextOut:

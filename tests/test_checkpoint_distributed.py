@@ -108,7 +108,7 @@ def _spawn(tmp_path, n: int, spec: dict) -> tuple[list[int], list[str]]:
     import sys
 
     from skyjax import env_vars
-    from skyjax.launch import free_port
+    from skyjax.cluster.network import free_port
 
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
