@@ -181,8 +181,10 @@ def part_pipeline() -> None:
     devices = jax.devices()
     print(f"\n== pipeline: BERT-{model} width, {layers} layers, batch {batch} x seq {seq}, "
           f"{m} micro-batches, AdamW ({devices[0].device_kind})")
+    print("(stages dispatch without waiting, as on GPU/TPU; 'waiting': every call waits for its "
+          "result, as on CPU)")
     print(f"{'dtype':<9} {'attention':<9} {'plain jit ms':>12} {'1 stage ms':>11} {'ratio':>6} "
-          f"{'2 stages ms':>12} {'ratio':>6}")
+          f"{'2 stages ms':>12} {'ratio':>6} {'1 stage waiting':>16} {'ratio':>6}")
     rng = np.random.default_rng(0)
     batches = [{"input_ids": rng.integers(1, 30000, (batch, seq)).astype(np.int32),
                 "token_type_ids": np.zeros((batch, seq), np.int32),
@@ -205,18 +207,20 @@ def part_pipeline() -> None:
             params, state, metrics = step_fn(params, state, batches[step % 2], step)
             jax.block_until_ready(metrics["loss"])
 
-        def piped(blocks):
+        def piped(blocks, wait):
             stages = [plan_lib.Stage(0, b, 0.0, 0.0, 0) for b in blocks]
             plan = plan_lib.Plan("manual", "1f1b", m, stages, step_time_s=0.0, bottleneck_s=0.0,
                                  exact=False)
             ex = LocalExecutor(chain, plan, [devices[0]], batch_size=batch, seq_len=seq,
-                               optimizer=optimizer, max_grad_norm=None, rng=keys)
+                               optimizer=optimizer, max_grad_norm=None, rng=keys,
+                               sync_actions=[wait])
             return ex, lambda step: ex.train_step(step, batches[step % 2])
 
         try:
             row = [_median_step(plain)]
-            for blocks in ([(0, n)], [(0, n // 2), (n // 2, n)]):
-                ex, run = piped(blocks)
+            for blocks, wait in (([(0, n)], False), ([(0, n // 2), (n // 2, n)], False),
+                                 ([(0, n)], True)):
+                ex, run = piped(blocks, wait)
                 try:
                     row.append(_median_step(run))
                 finally:
@@ -226,7 +230,8 @@ def part_pipeline() -> None:
                   f"{str(e).splitlines()[0][:120]}")
             continue
         print(f"{dtype:<9} {attention:<9} {1e3 * row[0]:12.2f} {1e3 * row[1]:11.2f} "
-              f"{row[1] / row[0]:6.3f} {1e3 * row[2]:12.2f} {row[2] / row[0]:6.3f}", flush=True)
+              f"{row[1] / row[0]:6.3f} {1e3 * row[2]:12.2f} {row[2] / row[0]:6.3f} "
+              f"{1e3 * row[3]:16.2f} {row[3] / row[0]:6.3f}", flush=True)
 
 
 def _median_step(run) -> float:
