@@ -250,6 +250,7 @@ def memory_child(args: dict) -> dict:
     GPipe-style (all forwards, then all backwards: every micro-batch's residuals held at once),
     and the planner's charge for it."""
     import jax
+    import jax.numpy as jnp
     import optax
     from skyjax.programs.stage import StageProgram
     from skyjax.runtime import memory
@@ -268,9 +269,18 @@ def memory_child(args: dict) -> dict:
     opt_bytes = tree_nbytes(jax.eval_shape(lambda p: [optimizer.init(x) for x in p], params))
     state_bytes = 2 * param_bytes + opt_bytes  # params + gradient sums + optimizer state
     act_bytes = tree_nbytes(res_like)
+    # the profile's scratch per unit (the most one call of a layer needs), charged per unit
+    layer = StageProgram(chain[:1], is_last=False, microbatches=1, optimizer=optimizer)
+    one = [chain[0].params]
+    _, one_res = jax.eval_shape(layer.forward, one, carry, keys)
+    one_opt = jax.eval_shape(lambda p: [optimizer.init(x) for x in p], one)
+    analyses = [layer.forward.lower(one, carry, keys).compile(),
+                layer.backward.lower(one, one_res, {"hidden": carry["hidden"]}, one).compile(),
+                layer.update.lower(one, one_opt, one, jnp.float32(1.0)).compile()]
+    temp = max((getattr(c.memory_analysis(), "temp_size_in_bytes", 0) or 0) for c in analyses)
+    state_bytes += len(chain) * int(temp)
     state = prog.init_state(jax.device_put(params, device))
-    del params, chain
-    import jax.numpy as jnp
+    del params, chain, layer, one, analyses
     cot = {"hidden": jnp.ones_like(carry["hidden"])}
     for _ in range(2):
         residuals = [prog.forward(state.params, carry, keys)[1] for _ in range(m)]
@@ -287,7 +297,7 @@ def memory_child(args: dict) -> dict:
         # includes JAX's runtime and the compiled programs: on CPU only the trend compares
         peak, what = memory.peak_rss_bytes() - rss0, "resident peak above start"
     return {"peak": peak, "what": what, "charge": state_bytes + m * act_bytes,
-            "state": state_bytes, "activations": m * act_bytes}
+            "state": state_bytes, "activations": m * act_bytes}  # state: scratch included
 
 
 def part_memory() -> None:
