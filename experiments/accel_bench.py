@@ -347,8 +347,8 @@ def main(argv: list[str]) -> None:
         return
     import jax
     dev = jax.devices()[0]
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {len(jax.devices())} device(s): "
-          f"{dev.device_kind}" + ("  [CPU: small shapes, figures show only that every path runs]"
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
+          f"{len(jax.devices())} device(s): {dev.device_kind}" + ("  [CPU: small shapes, figures show only that every path runs]"
                                   if is_small() else ""))
     parts = {"stage": part_stage, "pipeline": part_pipeline, "memory": part_memory,
              "handoff": part_handoff}
