@@ -347,9 +347,9 @@ def main(argv: list[str]) -> None:
         return
     import jax
     dev = jax.devices()[0]
+    note = "  [small shapes: the figures only show that every path runs]" if is_small() else ""
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
-          f"{len(jax.devices())} device(s): {dev.device_kind}" + ("  [CPU: small shapes, figures show only that every path runs]"
-                                  if is_small() else ""))
+          f"{len(jax.devices())} device(s): {dev.device_kind}{note}")
     parts = {"stage": part_stage, "pipeline": part_pipeline, "memory": part_memory,
              "handoff": part_handoff}
     for name in _FLAGS.parts:
