@@ -79,6 +79,14 @@ def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], wor
                 f"config.profile.path={config.profile.path!r} has {profile.num_units} units and "
                 f"{profile.num_devices} devices; this run has {len(chain)} units "
                 f"({config.allocation.granularity}) and {cluster.num_devices} devices")
+        measured = profile.extra.get("profiler", {})
+        measured = measured.get("dtype") if isinstance(measured, dict) else None
+        if measured and chain and measured != chain[0].compute_dtype:
+            raise ValueError(
+                f"config.profile.path={config.profile.path!r} was measured in {measured}; this "
+                f"run computes in {chain[0].compute_dtype} (config.train.compute_dtype="
+                f"{config.train.compute_dtype!r}), so its hand-off and activation bytes are not "
+                "this run's: profile again or set config.train.compute_dtype")
         return profile
     return profiler.profile_or_load(
         workdir, Workload.from_config(config), cluster, optim.make_optimizer(config.train),

@@ -52,6 +52,27 @@ def test_a_bad_compute_dtype_or_attention_is_refused_naming_the_key():
         validate_config(config)
 
 
+def test_a_profile_measured_in_another_dtype_is_refused_naming_the_keys(tmp_path):
+    from skyjax import train
+    from skyjax.cluster import cluster_from_config
+    from skyjax.models.build import abstract_chain
+    from skyjax.profile.format import save_profile
+    from tests.helpers import make_profile
+
+    config = base_config()
+    chain = abstract_chain(config.model, 0, "layer", "bfloat16")
+    profile = make_profile(np.ones((len(chain), 1)))
+    profile.extra["profiler"] = {"dtype": "float32"}  # as the profiler records it
+    save_profile(profile, str(tmp_path / "p.json"))
+    config.profile.path = str(tmp_path / "p.json")
+    cluster = cluster_from_config(config, jax.devices()[:1])
+    with pytest.raises(ValueError, match=r"config\.profile\.path=.*measured in float32.*"
+                                         r"computes in bfloat16 \(config\.train\.compute_dtype"):
+        train.profile_phase(config, chain, str(tmp_path), cluster)
+    assert train.profile_phase(config, abstract_chain(config.model, 0, "layer"), str(tmp_path),
+                               cluster).num_units == len(chain)
+
+
 def test_numerics_stay_out_of_hugging_face_config_files():
     cfg = modeling.BertConfig(compute_dtype="bfloat16", attention="fused")
     hf = cfg.to_hf()
