@@ -114,7 +114,7 @@ def test_bf16_hand_offs_and_saved_activations_are_half_of_float32():
 def test_pipelined_bf16_training_equals_single_device_bf16_and_keeps_float32_state():
     steps, m, clip = 2, 2, 0.5
     chain = _chain("bfloat16")
-    want = reference_losses(chain, steps, m, clip)
+    want = reference_losses(chain, steps, m, clip, jit=True)
     ex = executor(chain, [(0, 2), (2, 5)], "1f1b", m, optax.adamw(1e-3), max_grad_norm=clip)
     got = [ex.train_step(step, make_batch(step)).loss for step in range(steps)]
     stage = ex.stages[0]

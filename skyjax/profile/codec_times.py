@@ -46,13 +46,15 @@ def measure_codecs(names: Sequence[str], likes: Sequence[Any],
         if name == "none":
             continue
         round_trip = jax.jit(lambda t, n=name: codecs.decode(n, codecs.encode(n, t), big))
-        rates = []
-        for dev, slowdown in targets:
-            x = jax.device_put(sample, dev)
+        inputs = [jax.device_put(sample, dev) for dev, _ in targets]
+        for x in inputs:
             cluster_lib.block(round_trip(x))  # compile
-            times = [cluster_lib.timed_call(round_trip, x, slowdown=slowdown)[1]
-                     for _ in range(max(repeats, 5))]
-            rates.append(robust_time(times) / raw if raw else 0.0)
+        # the targets' repeats interleaved, so that a burst of load on the host falls on all
+        times: list[list[float]] = [[] for _ in targets]
+        for _ in range(max(repeats, 7)):
+            for (_, slowdown), x, seen in zip(targets, inputs, times):
+                seen.append(cluster_lib.timed_call(round_trip, x, slowdown=slowdown)[1])
+        rates = [robust_time(t) / raw if raw else 0.0 for t in times]
         out[name] = {"output_bytes": [codecs.encoded_bytes(name, like) for like in likes],
                      "seconds_per_byte": rates}
     return out
