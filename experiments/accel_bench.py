@@ -134,6 +134,7 @@ def time_stage(cfg, batch: int, seq: int, microbatches: int = 4) -> dict:
 
 def part_stage() -> None:
     import jax
+    from skyjax.models.modeling import attention_path
     device = jax.devices()[0]
     peak = peak_flops(device)
     if is_small():
@@ -152,7 +153,6 @@ def part_stage() -> None:
         for seq, batch in shapes:
             for dtype, attention in cases:
                 cfg = bert_config(model, layers, dtype, attention, seq)
-                from skyjax.models.modeling import attention_path
                 path = attention_path(cfg, True, cfg.compute_dtype)
                 try:
                     got = time_stage(cfg, batch, seq)
@@ -252,6 +252,7 @@ def memory_child(args: dict) -> dict:
     import jax
     import jax.numpy as jnp
     import optax
+    from skyjax.profile.units import temp_bytes
     from skyjax.programs.stage import StageProgram
     from skyjax.runtime import memory
     from skyjax.tree import tree_nbytes
@@ -277,8 +278,10 @@ def memory_child(args: dict) -> dict:
     analyses = [layer.forward.lower(one, carry, keys).compile(),
                 layer.backward.lower(one, one_res, {"hidden": carry["hidden"]}, one).compile(),
                 layer.update.lower(one, one_opt, one, jnp.float32(1.0)).compile()]
-    temp = max((getattr(c.memory_analysis(), "temp_size_in_bytes", 0) or 0) for c in analyses)
-    state_bytes += len(chain) * int(temp)
+    temp = temp_bytes({f"{call}_temp_size_in_bytes":
+                       getattr(c.memory_analysis(), "temp_size_in_bytes", 0) or 0
+                       for call, c in zip(("forward", "backward", "update"), analyses)})
+    state_bytes += len(chain) * temp
     state = prog.init_state(jax.device_put(params, device))
     del params, chain, layer, one, analyses
     cot = {"hidden": jnp.ones_like(carry["hidden"])}
