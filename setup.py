@@ -47,8 +47,9 @@ setup(
         # build's version: an unpinned torch pulls several GB of CUDA packages. The GLUE tests
         # (tests/test_glue.py) need the "tfds" extra's packages and the tables tests the
         # "datasets" extra's, repeated here with the same specifiers so that ".[test]" and
-        # ".[tfds,datasets,test]" resolve alike; the metric tests compare with scikit-learn.
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "torch==2.13.0",
+        # ".[tfds,datasets,test]" resolve alike; the metric tests compare with scikit-learn;
+        # pytest-xdist runs the suite on two workers (.ci/run).
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "torch==2.13.0",
                  "tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16", "importlib_resources",
                  "datasets>=2.14", "scikit-learn>=1.3"],
     },

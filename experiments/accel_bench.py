@@ -19,7 +19,8 @@ Parts (``--parts``, default all):
 
 On CPU the shapes are small (and it says so): the figures then only show that every path runs.
 ``python experiments/accel_bench.py`` (add ``--parts stage,pipeline``; ``--small`` forces the
-CPU shapes anywhere).
+CPU shapes anywhere; ``--trace DIR`` traces one step of the headline stage and prints the device's
+busy time, its time by kernel kind and the top kernels).
 """
 
 from __future__ import annotations
@@ -37,9 +38,13 @@ _FLAGS = flags.FLAGS
 flags.DEFINE_list("parts", ["stage", "pipeline", "memory", "handoff"], "parts to run")
 flags.DEFINE_bool("small", False, "CPU shapes on any device")
 flags.DEFINE_integer("stage_layers", 4, "encoder layers in the timed stage")
+flags.DEFINE_list("stage_models", ["base", "large"], "stage part: the models timed (GPU/TPU)")
 flags.DEFINE_integer("pipeline_layers", 8, "encoder layers of the pipeline part's model")
 flags.DEFINE_integer("repeats", 5, "timed steps per measurement (median)")
 flags.DEFINE_string("memory_child", "", "internal: run one memory measurement (JSON args)")
+flags.DEFINE_string("trace", "", "stage part: also trace one step of the headline case (BERT-"
+                    "large, bf16, seq 128, micro-batch 32) into this directory and print where the "
+                    "device's time goes")
 
 # Dense bf16 tensor-core peak, FLOP/s, by device kind (the MFU denominator).
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
@@ -99,9 +104,13 @@ def stage_inputs(cfg, batch: int, seq: int, device: Any):
                            example_keys(0, 0, 0, batch)), device)
 
 
-def time_stage(cfg, batch: int, seq: int, microbatches: int = 4) -> dict:
+def time_stage(cfg, batch: int, seq: int, microbatches: int = 4,
+               trace_dir: str | None = None) -> dict:
     """Median seconds per micro-batch (forward + backward, the update's share included) of a
-    stage of ``cfg``'s encoder layers, dispatched back to back and waited for once a step."""
+    stage of ``cfg``'s encoder layers, dispatched back to back and waited for once a step; with
+    XLA's own count of the forward's and backward's FLOPs and bytes per micro-batch (its cost
+    analysis of the compiled programs: FLOPs above the model's are recomputation or waste).
+    ``trace_dir``: one more step under ``jax.profiler.trace``."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -129,7 +138,84 @@ def time_stage(cfg, batch: int, seq: int, microbatches: int = 4) -> dict:
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    return {"s_per_microbatch": sorted(times)[len(times) // 2] / microbatches}
+    _, res = jax.eval_shape(prog.forward, state.params, carry, keys)
+    costs = [xla_cost(prog.forward.lower(state.params, carry, keys)),
+             xla_cost(prog.backward.lower(state.params, res, cot, state.grads))]
+    if trace_dir:
+        with jax.profiler.trace(trace_dir):
+            step()
+    return {"s_per_microbatch": sorted(times)[len(times) // 2] / microbatches,
+            "xla_flops": sum(c[0] for c in costs), "xla_bytes": sum(c[1] for c in costs)}
+
+
+def xla_cost(lowered) -> tuple[float, float]:
+    """(FLOPs, bytes accessed) of a lowered program by XLA's cost analysis of its compiled
+    form (0 where the backend reports none)."""
+    analysis = lowered.compile().cost_analysis()
+    if isinstance(analysis, list):  # older jax: one dict per computation
+        analysis = analysis[0] if analysis else {}
+    analysis = analysis or {}
+    return float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
+
+
+# Kernel names by what they compute (substrings, lower case), for the trace's summary.
+KERNEL_KINDS = (("matmul", ("gemm", "xmma", "nvjet", "cutlass", "cublas", "dot", "wgmma")),
+                ("attention", ("fmha", "flash", "cudnn", "sdpa")),
+                ("random bits", ("threefry", "philox", "rng")),
+                ("copy / transpose", ("copy", "transpose", "memcpy", "memset")))
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)),
+                "other fusions")
+
+
+def device_time_summary(trace_dir: str, top: int = 12) -> list[str]:
+    """Where the device's time went in the newest ``jax.profiler`` trace under ``trace_dir``:
+    busy time of its kernel streams against the traced span (the rest is the device waiting,
+    e.g. on the host's dispatch), the busy time by kernel kind, and the ``top`` kernels. Lines
+    to print; one saying so where the trace has no device streams (CPU)."""
+    import collections
+    import glob
+    import gzip
+    import os
+    files = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*",
+                                          "*.trace.json.gz")), key=os.path.getmtime)
+    if not files:
+        return [f"no trace under {trace_dir}"]
+    with gzip.open(files[-1], "rt") as f:
+        events = json.load(f).get("traceEvents", [])
+    processes, threads = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            processes[e["pid"]] = e.get("args", {}).get("name", "")
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[e["pid"], e.get("tid")] = e.get("args", {}).get("name", "")
+    kernels = [e for e in events if e.get("ph") == "X" and "dur" in e
+               and "/device:" in processes.get(e.get("pid"), "")
+               and threads.get((e["pid"], e.get("tid")), "").lower().startswith("stream")]
+    if not kernels:
+        return [f"no device kernel streams in {files[-1]} (a CPU trace: open it in Perfetto)"]
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in kernels)
+    busy, end = 0.0, spans[0][0]
+    for a, b in spans:  # the union of the streams' kernel intervals
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    span = spans[-1][1] - spans[0][0]
+    by_name, by_kind = collections.Counter(), collections.Counter()
+    for e in kernels:
+        by_name[e["name"]] += float(e["dur"])
+        by_kind[kernel_kind(e["name"])] += float(e["dur"])
+    total = sum(by_name.values())
+    lines = [f"device busy {busy / 1e3:.2f} ms of a {span / 1e3:.2f} ms span "
+             f"({100 * busy / span:.0f} %; the rest waits, e.g. on the host's dispatch); "
+             f"{len(kernels)} kernels",
+             "by kind: " + ", ".join(f"{k} {100 * v / total:.0f} %"
+                                     for k, v in by_kind.most_common())]
+    lines += [f"  {100 * v / total:5.1f} %  {v / 1e3:8.3f} ms  {name[:100]}"
+              for name, v in by_name.most_common(top)]
+    return lines
 
 
 def part_stage() -> None:
@@ -138,33 +224,43 @@ def part_stage() -> None:
     device = jax.devices()[0]
     peak = peak_flops(device)
     if is_small():
-        models, shapes = ["small"], [(32, 4), (64, 2)]
-        cases = [("float32", "exact"), ("bfloat16", "exact"), ("bfloat16", "fused")]
+        models, shapes, headline = ["small"], [(32, 4), (64, 2)], ("small", 32, 4)
     else:
-        models, shapes = ["base", "large"], [(128, 32), (512, 8)]
-        cases = [("float32", "exact"), ("bfloat16", "exact"), ("bfloat16", "fused")]
+        models, shapes, headline = _FLAGS.stage_models, [(128, 32), (512, 8)], ("large", 128, 32)
+    cases = [("float32", "exact"), ("bfloat16", "exact"), ("bfloat16", "fused")]
     layers = _FLAGS.stage_layers
     print(f"\n== stage: {layers} encoder layers, 4 micro-batches + AdamW update per step "
           f"({device.device_kind}; MFU over {'n/a' if peak is None else f'{peak / 1e12:.0f}'} "
           "TFLOP/s dense bf16)")
+    print("(xla/model: the compiled forward's and backward's FLOPs by XLA's cost analysis over "
+          "the model's; GB/mb: the bytes they access per micro-batch)")
     print(f"{'model':<6} {'seq':>4} {'mb':>3} {'dtype':<9} {'attention':<14} {'ms/mb':>8} "
-          f"{'TFLOP/s':>8} {'MFU':>6}")
+          f"{'TFLOP/s':>8} {'MFU':>6} {'xla/model':>9} {'GB/mb':>6}")
     for model in models:
         for seq, batch in shapes:
             for dtype, attention in cases:
                 cfg = bert_config(model, layers, dtype, attention, seq)
                 path = attention_path(cfg, True, cfg.compute_dtype)
+                traced = (_FLAGS.trace and (model, seq, batch) == headline
+                          and dtype == "bfloat16" and attention == "exact")
                 try:
-                    got = time_stage(cfg, batch, seq)
+                    got = time_stage(cfg, batch, seq, trace_dir=_FLAGS.trace if traced else None)
                 except Exception as e:  # noqa: BLE001 - one failing case is reported, not fatal
                     print(f"{model:<6} {seq:>4} {batch:>3} {dtype:<9} {attention + '/' + path:<14} "
                           f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
                     continue
                 s = got["s_per_microbatch"]
-                flops = layers * layer_flops(cfg, batch, seq) / s
-                mfu = "n/a" if peak is None else f"{100 * flops / peak:5.1f}%"
+                model_flops = layers * layer_flops(cfg, batch, seq)
+                mfu = "n/a" if peak is None else f"{100 * model_flops / s / peak:5.1f}%"
                 print(f"{model:<6} {seq:>4} {batch:>3} {dtype:<9} {attention + '/' + path:<14} "
-                      f"{1e3 * s:8.3f} {flops / 1e12:8.2f} {mfu:>6}", flush=True)
+                      f"{1e3 * s:8.3f} {model_flops / s / 1e12:8.2f} {mfu:>6} "
+                      f"{got['xla_flops'] / model_flops:9.2f} {got['xla_bytes'] / 1e9:6.2f}",
+                      flush=True)
+                if traced:
+                    print(f"-- one step of {model} s{seq} mb{batch} {dtype} {attention}/{path} "
+                          f"traced into {_FLAGS.trace}:")
+                    print("\n".join("   " + line for line in device_time_summary(_FLAGS.trace)),
+                          flush=True)
 
 
 def part_pipeline() -> None:

@@ -8,7 +8,12 @@ import tempfile
 
 import pytest
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+# XLA's CPU backend at LLVM optimization level 1 (the default is 2): the suite's programs are tiny
+# and compiled once or twice each, so their compile time, not their run time, is most of the
+# suite's (a sixth of it at level 2); every run of a session, and every process it starts, uses
+# the same level, so results compare bit for bit as before.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4 "
+                      "--xla_backend_optimization_level=1")
 
 # JAX's persistent compilation cache, shared by this process and every process it starts: the
 # suite's runs compile the same small stage programs again and again (a 2-layer run's wall time

@@ -41,6 +41,14 @@ GIB = 1 << 30
 
 # ---------------------------------------------------------------------- processes as threads
 
+def one_device_xla_flags() -> str:
+    """This session's ``XLA_FLAGS`` (tests/conftest.py) without its local device count: for
+    processes with one CPU device each, compiled as the session compiles, so that their results
+    compare with this process's bit for bit."""
+    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                    if not f.startswith("--xla_force_host_platform_device_count"))
+
+
 def run_as_processes(fn: Callable[[int], Any], n: int, transport: Any,
                      timeout_s: float = 300.0) -> list:
     """``[fn(0), ..., fn(n - 1)]``, each in its own thread (as the multi-process code runs in

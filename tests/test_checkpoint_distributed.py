@@ -32,7 +32,8 @@ def _run(tmp_path, nprocs: int, spec: dict) -> tuple[int, str]:
     spec_path = tmp_path / f"spec{nprocs}.json"
     spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
     out = io.BytesIO()
-    env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": "",
+    from tests.helpers import one_device_xla_flags
+    env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": one_device_xla_flags(),
            "JAX_PLATFORMS": "cpu", "SKYJAX_TEST_SPEC": str(spec_path)}
     rc = launch([], nprocs, timeout_s=240, env=env, module="test_checkpoint_distributed",
                 stdout=out, grace_s=2)
@@ -112,7 +113,9 @@ def _spawn(tmp_path, n: int, spec: dict) -> tuple[list[int], list[str]]:
 
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS_DIR, REPO]), XLA_FLAGS="",
+    from tests.helpers import one_device_xla_flags
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS_DIR, REPO]),
+               XLA_FLAGS=one_device_xla_flags(),
                JAX_PLATFORMS="cpu", SKYJAX_TEST_SPEC=str(spec_path),
                **{env_vars.COORDINATOR: f"127.0.0.1:{free_port()}",
                   env_vars.NUM_PROCESSES: str(n)})

@@ -115,8 +115,9 @@ def test_two_processes_each_build_only_their_units_and_match_one_device(checkpoi
     spec.write_text(json.dumps({"checkpoint": checkpoint, "workdir": str(workdir), "overrides": {
         "cluster.mode": "distributed", "cluster.num_devices": 2, "allocation.strategy": "even"}}))
     out = io.BytesIO()
+    from tests.helpers import one_device_xla_flags
     env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "", "SKYJAX_TEST_SPEC": str(spec)}
+           "XLA_FLAGS": one_device_xla_flags(), "SKYJAX_TEST_SPEC": str(spec)}
     rc = launch([], 2, timeout_s=500, env=env, module="test_finetune", stdout=out, grace_s=2)
     assert rc == 0, out.getvalue().decode(errors="replace")[-6000:]
     summary = json.loads((workdir / "summary.json").read_text())

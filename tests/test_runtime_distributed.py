@@ -30,7 +30,8 @@ def _run(tmp_path, nprocs: int, spec: dict) -> None:
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
     out = io.BytesIO()
-    env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": "",
+    from tests.helpers import one_device_xla_flags
+    env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": one_device_xla_flags(),
            "JAX_PLATFORMS": "cpu", "SKYJAX_TEST_SPEC": str(spec_path)}
     rc = launch([], nprocs, timeout_s=240, env=env, module="test_runtime_distributed",
                 stdout=out, grace_s=2)

@@ -342,6 +342,20 @@ def _free_run(n: int) -> int:
     pytest.skip(f"no {n} consecutive free ports")
 
 
+def test_a_broken_link_is_told_from_a_mismatch():
+    """A pull whose sender was killed fails with the socket's words, which vary with the moment
+    of the kill; each asks the watchdog (a lost peer the trainer recovers from) before the error
+    is raised. A shape mismatch does not wait for it."""
+    from skyjax.transport.transfer import link_broke
+
+    for message in ("INTERNAL: -1 = recv() failed errno: 107 err: Transport endpoint is not "
+                    "connected", "UNAVAILABLE: Connection reset by peer",
+                    "INTERNAL: Socket closed", "send() failed: Broken pipe",
+                    "INTERNAL: unexpected EOF"):
+        assert link_broke(RuntimeError(message)), message
+    assert not link_broke(RuntimeError("INVALID_ARGUMENT: buffer size 512 does not match 1024"))
+
+
 def test_transfer_server_takes_the_next_free_port_of_the_range():
     """A port in use (a plain listener) and one another server of this process holds are
     skipped: the transfer server sets SO_REUSEPORT, so only skyjax's lock keeps two processes

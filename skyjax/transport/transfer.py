@@ -44,6 +44,20 @@ def _avals_crc(leaves: Sequence[Any]) -> int:
     return zlib.crc32(repr(_avals(leaves)).encode()) & _LOW31
 
 
+# How a failed pull reads when its sender's connection went away (a killed process): a closed or
+# reset connection, or a socket that is no longer connected ("recv() failed errno: 107 err:
+# Transport endpoint is not connected"), lower case.
+_BROKEN_LINK = ("connection", "socket", "not connected", "broken pipe", "errno", "eof")
+
+
+def link_broke(error: BaseException | str) -> bool:
+    """Whether a failed transfer's error says the link to the sender broke (the sender may be
+    gone: the watchdog is asked before the error is raised) rather than, e.g., a shape that
+    differs from the sender's."""
+    text = str(error).lower()
+    return any(marker in text for marker in _BROKEN_LINK)
+
+
 def _wait_ready(leaves: list, timeout_s: float, check: Any = None,
                 cpu_device: bool = False) -> bool:
     """Wait until every array in ``leaves`` is ready; False after ``timeout_s``. ``check()`` is
@@ -222,7 +236,7 @@ class TransferServerTransport:
         try:
             jax.block_until_ready(pulled)  # raises a failed transfer's error
         except Exception as e:  # noqa: BLE001 - e.g. shapes that differ from the sender's
-            if "Connection" in str(e) or "Socket" in str(e):  # the sender may be gone
+            if link_broke(e):  # the sender may be gone: a loss the trainer can act on
                 distributed.confirm_loss(what)
             raise TransportError(f"{what}: transfer failed (expected {_avals(flat)}; does the "
                                  f"sender's tree match?): {e}") from e
