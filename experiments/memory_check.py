@@ -16,7 +16,11 @@
 3. The same for a tiny model of the same structure (hidden ``--tiny-hidden``): its peak minus its
    own charge is the baseline (the JAX runtime, compiled programs of the same graph, Python).
 
-Printed per stage: peak RSS above the baseline vs the charge, and their ratio. CPU only.
+Printed per stage: peak RSS above the baseline vs the charge, and their ratio. CPU only. The
+children run with one malloc arena (``MALLOC_ARENA_MAX=1``) so that the peaks repeat from run to
+run (8 layers x 512, 4 stages, GPipe, measured / charged: 1.22, 1.17, 1.21, 1.28 and 1.20, 1.22,
+1.26, 1.21 in two runs; with glibc's arena per thread, two runs gave 1.04, 0.95, 1.02, 1.74 and
+1.64, 0.95, 1.10, 1.20).
 """
 
 from __future__ import annotations
@@ -138,8 +142,12 @@ def child_stage(args: argparse.Namespace, hidden: int, plan_file: str, k: int) -
 
 def spawn(args: argparse.Namespace, *extra: str, devices: int = 1) -> str:
     """Runs this script as a child with ``extra`` arguments; its stdout."""
+    # one malloc arena: with glibc's one per thread, which arena a step's buffers land in varies,
+    # and so did a stage's peak, by up to ~300 MiB from run to run (the outlier moving between
+    # stages); with one the peaks repeat (MALLOC_ARENA_MAX in the environment overrides it)
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "1"),
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     argv = [sys.executable, os.path.abspath(__file__), *passthrough(args), *extra]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO)
