@@ -26,7 +26,8 @@ come from the heap; a step's residuals freed in one order and allocated again in
 leave holes, and the peak grows after the first step while the live buffers
 (``jax.live_arrays``) stay exactly at the charge: 1.22, 1.17, 1.21, 1.28 and 1.20, 1.22, 1.26,
 1.21 in two runs with one arena; with glibc's arena per thread the excess also moved between
-stages from run to run (1.04, 0.95, 1.02, 1.74 and 1.64, 0.95, 1.10, 1.20).
+stages from run to run (1.04, 0.95, 1.02, 1.74 and 1.64, 0.95, 1.10, 1.20). The fixed threshold
+costs time (every large buffer mapped and faulted in afresh): skyjax's runs keep glibc's default.
 """
 
 from __future__ import annotations
