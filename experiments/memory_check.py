@@ -18,16 +18,16 @@
 
 Printed per stage: peak RSS above the baseline vs the charge, and their ratio. CPU only.
 
-The children run glibc's malloc with one arena (``MALLOC_ARENA_MAX=1``) and a fixed mmap
-threshold (``MALLOC_MMAP_THRESHOLD_=131072``), so that the resident peak is what the stage's
-buffers need (8 layers x 512, 4 stages, GPipe, measured / charged: 0.95, 0.91, 0.94, 0.93). By
-default glibc raises its mmap threshold to the size of the large buffers freed, which then
-come from the heap; a step's residuals freed in one order and allocated again in the next step
-leave holes, and the peak grows after the first step while the live buffers
-(``jax.live_arrays``) stay exactly at the charge: 1.22, 1.17, 1.21, 1.28 and 1.20, 1.22, 1.26,
-1.21 in two runs with one arena; with glibc's arena per thread the excess also moved between
-stages from run to run (1.04, 0.95, 1.02, 1.74 and 1.64, 0.95, 1.10, 1.20). The fixed threshold
-costs time (every large buffer mapped and faulted in afresh): skyjax's runs keep glibc's default.
+The children run glibc's malloc with one arena (``MALLOC_ARENA_MAX=1``) and a fixed mmap threshold
+(``MALLOC_MMAP_THRESHOLD_=131072``; ``--glibc-defaults``: neither), so that the resident peak is
+what the stage's buffers need (8 layers x 512, 4 stages, GPipe, measured / charged: 0.95, 0.91,
+0.94, 0.93). By default glibc raises its mmap threshold to the size of the large buffers freed,
+which then come from the heap; a step's residuals freed in one order and allocated again in the
+next step leave holes, and the peak grows after the first step while the live buffers
+(``jax.live_arrays``) stay exactly at the charge: 1.22, 1.17, 1.21, 1.28 and 1.20, 1.22, 1.26, 1.21
+in two runs with one arena; with glibc's arena per thread the excess also moved between stages from
+run to run (1.04, 0.95, 1.02, 1.74 and 1.64, 0.95, 1.10, 1.20). The fixed threshold costs time
+(every large buffer mapped and faulted in afresh): skyjax's runs keep glibc's default.
 """
 
 from __future__ import annotations
@@ -149,11 +149,13 @@ def child_stage(args: argparse.Namespace, hidden: int, plan_file: str, k: int) -
 
 def spawn(args: argparse.Namespace, *extra: str, devices: int = 1) -> str:
     """Runs this script as a child with ``extra`` arguments; its stdout."""
-    # glibc's malloc as the module doc says (the environment's own values override these)
+    # glibc's malloc as the module doc says, unless --glibc-defaults (the environment's own
+    # values override these)
+    malloc = {} if args.glibc_defaults else {
+        "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "1"),
+        "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", "131072")}
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "1"),
-               MALLOC_MMAP_THRESHOLD_=os.environ.get("MALLOC_MMAP_THRESHOLD_", "131072"),
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **malloc,
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     argv = [sys.executable, os.path.abspath(__file__), *passthrough(args), *extra]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO)
@@ -194,6 +196,8 @@ def main() -> None:
     parser.add_argument("--granularity", default="layer")
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--glibc-defaults", action="store_true",
+                        help="children with glibc's own malloc settings (see the module doc)")
     parser.add_argument("--child", choices=("profile", "stage"), help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
