@@ -93,15 +93,16 @@ class _CostlySends:
 
 
 def test_probe_finds_each_devices_cost_per_message():
-    """Two stages as threads over LocalTransport: device 0's sends cost 10 ms of its thread,
+    """Two stages as threads over LocalTransport: device 0's sends cost 20 ms of its thread,
     device 1's nothing. The probe finds the send cost on device 0 only. (Device 1's receive
     cost is not checked: device 0's busy send runs during it, on the same process's cores.)"""
-    (costly, tag0), (free, tag1) = _probe_two(lambda link: _CostlySends(link, 0.010), 8)
+    (costly, tag0), (free, tag1) = _probe_two(lambda link: _CostlySends(link, 0.020), 12)
     assert tag0 == tag1 > 10  # both walked the same tags
-    # 10 ms busy (wall clock) after each send: found, at half of it or more (a loaded host's
-    # noise, 1-2 ms in the robust times on 2 shared cores, must not hide it), and a free send
-    # does not look like it
-    assert costly["send_s"] > 0.005, costly
+    # 20 ms busy (wall clock) after each send: found, at half of it or more, and a free send
+    # does not look like it. A loaded host's preemptions land on either mode's samples: with
+    # the suite's two workers beside it (several processes on 2 cores) a 10 ms cost over 8
+    # repeats once measured 0; the robust time keeps the fastest half of 12 here
+    assert costly["send_s"] > 0.010, costly
     assert costly["message_s"] == pytest.approx((costly["send_s"] + costly["recv_s"]) / 2)
     assert free["send_s"] < costly["send_s"] / 2, (free, costly)
 
