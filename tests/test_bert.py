@@ -1,5 +1,6 @@
 """BERT: Hugging Face parity, checkpoint loading errors, and units composing to the full model."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -11,7 +12,8 @@ import pytest
 from flax import nnx
 
 from skyjax import metrics
-from skyjax.models import bert
+from skyjax.models import bert, modeling
+from skyjax.models.dropout import dropout
 from skyjax.models.hf_loading import CheckpointError
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "tiny_bert")
@@ -234,3 +236,53 @@ def test_padding_tokens_do_not_change_logits(small_model):
     a = small_model(ids, types, mask)
     b = small_model(jnp.asarray(other), types, mask)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def _residuals(f, *args):
+    """The arrays ``jax.vjp`` keeps for the backward of ``f`` at ``args``, and the pullback."""
+    _, pullback = jax.vjp(f, *args)
+    return jax.tree.leaves(pullback), pullback
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "relu"])
+def test_feed_forward_keeps_one_wide_array_and_plain_autodiffs_gradients(hidden_act):
+    """The rematerialised feed-forward block keeps one ``[.., intermediate_size]`` activation
+    (the activation's input), and its float32 gradients are plain autodiff's to float32's
+    rounding (the sums over tokens may be fused in another order)."""
+    layer = modeling.BertLayer(dataclasses.replace(SMALL, hidden_act=hidden_act), nnx.Rngs(2))
+    graphdef, state = nnx.split((layer.intermediate, layer.output.dense))
+    act = modeling.ACTIVATIONS[hidden_act]
+    x = jax.random.normal(jax.random.key(0), (3, 12, SMALL.hidden_size))
+
+    def remat(s, v):
+        inner, out = nnx.merge(graphdef, s)
+        return modeling.feed_forward(inner, out, v)
+
+    def plain(s, v):
+        inner, out = nnx.merge(graphdef, s)
+        return out(act(inner.dense(v)))
+
+    wide = lambda leaves: [r for r in leaves if r.shape == (3, 12, SMALL.intermediate_size)]  # noqa: E731
+    kept, pullback = _residuals(remat, state, x)
+    kept_plain, pullback_plain = _residuals(plain, state, x)
+    assert len(wide(kept)) == 1
+    assert len(wide(kept_plain)) > 1 if hidden_act == "gelu" else len(wide(kept_plain)) >= 1
+    cotangent = jnp.cos(jnp.arange(3 * 12 * SMALL.hidden_size, dtype=jnp.float32)
+                        ).reshape(3, 12, SMALL.hidden_size)
+    got, want = jax.jit(pullback)(cotangent), jax.jit(pullback_plain)(cotangent)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+
+
+def test_dropout_keeps_only_its_mask_and_plain_autodiffs_gradient():
+    x = jax.random.normal(jax.random.key(1), (4, 8, 16))
+    keys = bert.example_keys(0, 0, 0, 4)
+    kept, pullback = _residuals(lambda v: dropout(v, 0.25, keys, True), x)
+    assert [r.dtype for r in kept if r.shape == x.shape] == [jnp.bool_]  # no zero array
+    keep = kept[0] if kept[0].shape == x.shape else next(r for r in kept if r.shape == x.shape)
+    plain = lambda v: jnp.where(keep, v / 0.75, jnp.zeros_like(v))  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(dropout(x, 0.25, keys, True)),
+                                  np.asarray(plain(x)))
+    cotangent = jnp.sin(jnp.arange(x.size, dtype=jnp.float32)).reshape(x.shape)
+    np.testing.assert_array_equal(np.asarray(jax.jit(pullback)(cotangent)[0]),
+                                  np.asarray(jax.vjp(plain, x)[1](cotangent)[0]))
+    assert 0.6 < float(jnp.mean(keep)) < 0.9

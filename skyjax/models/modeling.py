@@ -11,7 +11,6 @@ from how the model is cut, so the granularity and the plan never change the math
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable, Mapping
 
@@ -19,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from skyjax.models.dropout import (SITE_ATTENTION_OUTPUT, SITE_ATTENTION_PROBS, SITE_CLASSIFIER,
+                                   SITE_EMBEDDINGS, SITE_FFN_OUTPUT, dropout, site_key)
 from skyjax.names import ATTENTION_PATHS, COMPUTE_DTYPES
 
 Params = dict[str, Any]
@@ -111,54 +112,6 @@ class BertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-
-# --------------------------------------------------------------------------------------------
-# Dropout with keys derived from the position in the model.
-
-# Dropout sites inside one block; combined with the block index (embeddings 0, encoder layer i
-# is i + 1, head num_hidden_layers + 1) they name every dropout in the model.
-SITE_EMBEDDINGS, SITE_ATTENTION_PROBS, SITE_ATTENTION_OUTPUT, SITE_FFN_OUTPUT, SITE_CLASSIFIER = range(5)
-
-
-DROPOUT_STREAM = 1  # folded into jax.random.PRNGKey(seed) for every dropout key
-
-
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def example_keys(seed: int, step: int, first: int, count: int) -> jax.Array:
-    """The dropout keys of examples ``first .. first + count - 1`` of step ``step``'s global
-    batch, one per example (``[count, 2]``). Keyed by the example, not by its micro-batch, so
-    neither the micro-batch count nor how the batch is shared among pipelines changes a mask."""
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), DROPOUT_STREAM), step)
-    return jax.vmap(lambda i: jax.random.fold_in(key, i))(first + jnp.arange(count))
-
-
-def _per_example(rng: jax.Array) -> bool:
-    """Whether ``rng`` holds one key per example (raw ``[b, 2]`` or typed ``[b]``) rather than
-    one key for the whole batch."""
-    typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
-    return rng.ndim == (1 if typed else 2)
-
-
-def site_key(rng: jax.Array, block: int, site: int) -> jax.Array:
-    """The dropout key(s) of ``site`` in ``block`` for the key(s) ``rng`` (one per example, or
-    one for the batch)."""
-    fold = lambda k: jax.random.fold_in(jax.random.fold_in(k, block), site)  # noqa: E731
-    return jax.vmap(fold)(rng) if _per_example(rng) else fold(rng)
-
-
-def dropout(x: jax.Array, rate: float, rng: jax.Array | None, train: bool) -> jax.Array:
-    """Inverted dropout, active only when ``train`` and ``rate > 0``; with one key per example
-    (leading axis of ``x``) each example's mask comes from its own key."""
-    if not train or rate == 0.0:
-        return x
-    if rng is None:
-        raise ValueError("train=True with dropout needs an rng key")
-    if _per_example(rng):
-        keep = jax.vmap(lambda k, row: jax.random.bernoulli(k, 1.0 - rate, row.shape))(rng, x)
-    else:
-        keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,7 +227,11 @@ class BertResidualOutput(nnx.Module):
         self.LayerNorm = _layer_norm(cfg, rngs)
 
     def __call__(self, x: jax.Array, residual: jax.Array, key, train: bool) -> jax.Array:
-        x = dropout(self.dense(x), self.cfg.hidden_dropout_prob, key, train)
+        return self.add_and_norm(self.dense(x), residual, key, train)
+
+    def add_and_norm(self, projected: jax.Array, residual: jax.Array, key, train: bool):
+        """The block after ``dense``: dropout, residual, LayerNorm."""
+        x = dropout(projected, self.cfg.hidden_dropout_prob, key, train)
         return layer_norm(self.LayerNorm, x + residual)
 
 
@@ -300,7 +257,7 @@ class BertIntermediate(nnx.Module):
         self.dense = _dense(cfg, cfg.hidden_size, cfg.intermediate_size, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return ACTIVATIONS[self.cfg.hidden_act](self.dense(x))
+        return jax.checkpoint(ACTIVATIONS[self.cfg.hidden_act])(self.dense(x))
 
 
 class BertLayer(nnx.Module):
@@ -314,7 +271,25 @@ class BertLayer(nnx.Module):
     def __call__(self, x: jax.Array, attention_mask: jax.Array, rng, block: int, train: bool):
         attended = self.attention(x, attention_mask, rng, block, train)
         k_out = None if rng is None else site_key(rng, block, SITE_FFN_OUTPUT)
-        return self.output(self.intermediate(attended), attended, k_out, train)
+        projected = feed_forward(self.intermediate, self.output.dense, attended)
+        return self.output.add_and_norm(projected, attended, k_out, train)
+
+
+def feed_forward(intermediate: BertIntermediate, dense: nnx.Linear, x: jax.Array) -> jax.Array:
+    """``dense(intermediate(x))``, keeping one ``[tokens, intermediate_size]`` array per
+    micro-batch for the backward instead of four: rematerialised (``jax.checkpoint``) with
+    matmul outputs saved, so the backward recomputes only the activation (its input is the one
+    saved array) and neither matmul. Autodiff of the erf GELU alone keeps its input, its output
+    and two intermediates; the output projection's weight gradient needs the activation's
+    output, which is recomputed here. Same ops on the same values: the same math."""
+    graphdef, state = nnx.split((intermediate, dense))
+
+    def apply(s, v):
+        inner, out = nnx.merge(graphdef, s)
+        return out(inner(v))
+
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    return jax.checkpoint(apply, policy=policy)(state, x)
 
 
 class BertClassificationHead(nnx.Module):

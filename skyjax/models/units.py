@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from skyjax.models.modeling import (SITE_FFN_OUTPUT, BertForSequenceClassification, BertLayer,
-                                    Carry, Params, site_key)
+from skyjax.models.dropout import SITE_FFN_OUTPUT, site_key
+from skyjax.models.modeling import BertForSequenceClassification, BertLayer, Carry, Params
 from skyjax.names import GRANULARITIES
 
 
