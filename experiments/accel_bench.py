@@ -109,8 +109,8 @@ def time_stage(cfg, batch: int, seq: int, microbatches: int = 4,
     """Median seconds per micro-batch (forward + backward, the update's share included) of a
     stage of ``cfg``'s encoder layers, dispatched back to back and waited for once a step; with
     XLA's own count of the forward's and backward's FLOPs and bytes per micro-batch (its cost
-    analysis of the compiled programs: FLOPs above the model's are recomputation or waste).
-    ``trace_dir``: one more step under ``jax.profiler.trace``."""
+    analysis of the compiled programs: FLOPs above the model's are recomputation or waste) and
+    the bytes of the residuals it keeps per micro-batch. ``trace_dir``: one more step under ``jax.profiler.trace``."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -145,7 +145,8 @@ def time_stage(cfg, batch: int, seq: int, microbatches: int = 4,
         with jax.profiler.trace(trace_dir):
             step()
     return {"s_per_microbatch": sorted(times)[len(times) // 2] / microbatches,
-            "xla_flops": sum(c[0] for c in costs), "xla_bytes": sum(c[1] for c in costs)}
+            "xla_flops": sum(c[0] for c in costs), "xla_bytes": sum(c[1] for c in costs),
+            "residual_bytes": sum(r.size * r.dtype.itemsize for r in res)}
 
 
 def xla_cost(lowered) -> tuple[float, float]:
@@ -233,9 +234,10 @@ def part_stage() -> None:
           f"({device.device_kind}; MFU over {'n/a' if peak is None else f'{peak / 1e12:.0f}'} "
           "TFLOP/s dense bf16)")
     print("(xla/model: the compiled forward's and backward's FLOPs by XLA's cost analysis over "
-          "the model's; GB/mb: the bytes they access per micro-batch)")
+          "the model's; GB/mb: the bytes they access per micro-batch; res MiB: the residuals "
+          "the stage keeps per micro-batch)")
     print(f"{'model':<6} {'seq':>4} {'mb':>3} {'dtype':<9} {'attention':<14} {'ms/mb':>8} "
-          f"{'TFLOP/s':>8} {'MFU':>6} {'xla/model':>9} {'GB/mb':>6}")
+          f"{'TFLOP/s':>8} {'MFU':>6} {'xla/model':>9} {'GB/mb':>6} {'res MiB':>8}")
     for model in models:
         for seq, batch in shapes:
             for dtype, attention in cases:
@@ -254,8 +256,8 @@ def part_stage() -> None:
                 mfu = "n/a" if peak is None else f"{100 * model_flops / s / peak:5.1f}%"
                 print(f"{model:<6} {seq:>4} {batch:>3} {dtype:<9} {attention + '/' + path:<14} "
                       f"{1e3 * s:8.3f} {model_flops / s / 1e12:8.2f} {mfu:>6} "
-                      f"{got['xla_flops'] / model_flops:9.2f} {got['xla_bytes'] / 1e9:6.2f}",
-                      flush=True)
+                      f"{got['xla_flops'] / model_flops:9.2f} {got['xla_bytes'] / 1e9:6.2f} "
+                      f"{got['residual_bytes'] / 2**20:8.1f}", flush=True)
                 if traced:
                     print(f"-- one step of {model} s{seq} mb{batch} {dtype} {attention}/{path} "
                           f"traced into {_FLAGS.trace}:")

@@ -20,14 +20,14 @@ Printed per stage: peak RSS above the baseline vs the charge, and their ratio. C
 
 The children run glibc's malloc with one arena (``MALLOC_ARENA_MAX=1``) and a fixed mmap threshold
 (``MALLOC_MMAP_THRESHOLD_=131072``; ``--glibc-defaults``: neither), so that the resident peak is
-what the stage's buffers need (8 layers x 512, 4 stages, GPipe, measured / charged: 0.95, 0.91,
-0.94, 0.93). By default glibc raises its mmap threshold to the size of the large buffers freed,
+what the stage's buffers need (8 layers x 512, 4 stages, GPipe, measured / charged: 0.94, 0.91,
+0.93, 0.97). By default glibc raises its mmap threshold to the size of the large buffers freed,
 which then come from the heap; a step's residuals freed in one order and allocated again in the
 next step leave holes, and the peak grows after the first step while the live buffers
-(``jax.live_arrays``) stay exactly at the charge: 1.22, 1.17, 1.21, 1.28 and 1.20, 1.22, 1.26, 1.21
-in two runs with one arena; with glibc's arena per thread the excess also moved between stages from
-run to run (1.04, 0.95, 1.02, 1.74 and 1.64, 0.95, 1.10, 1.20). The fixed threshold costs time
-(every large buffer mapped and faulted in afresh): skyjax's runs keep glibc's default.
+(``jax.live_arrays``) stay exactly at the charge: 1.32, 1.11, 1.32, 1.30 with one arena, 1.34,
+1.18, 1.30, 1.32 with glibc's arena per thread (where the excess can move between stages from run
+to run). The fixed threshold costs time (every large buffer mapped and faulted in afresh):
+skyjax's runs keep glibc's default.
 """
 
 from __future__ import annotations
