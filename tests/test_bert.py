@@ -1,6 +1,7 @@
 """BERT: Hugging Face parity, checkpoint loading errors, and units composing to the full model."""
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -286,3 +287,27 @@ def test_dropout_keeps_only_its_mask_and_plain_autodiffs_gradient():
     np.testing.assert_array_equal(np.asarray(jax.jit(pullback)(cotangent)[0]),
                                   np.asarray(jax.vjp(plain, x)[1](cotangent)[0]))
     assert 0.6 < float(jnp.mean(keep)) < 0.9
+
+
+def test_bf16_attention_keeps_its_scores_and_mask_and_recomputes_the_softmax():
+    cfg = dataclasses.replace(SMALL, compute_dtype="bfloat16")
+    unit = bert.units(bert.BertForSequenceClassification(cfg, nnx.Rngs(4)), "layer")[1]
+    ids, types, mask = padded_batch(3, 12, SMALL.vocab_size)
+    carry = {"hidden": jax.random.normal(jax.random.key(2), (3, 12, SMALL.hidden_size),
+                                         jnp.bfloat16), "attention_mask": jnp.asarray(mask)}
+    keys = bert.example_keys(0, 0, 0, 3)
+    kept, _ = _residuals(lambda p, c: unit.apply(p, c, keys, True)["hidden"], unit.params, carry)
+    planes = sorted(str(r.dtype) for r in kept if r.shape == (3, SMALL.num_attention_heads, 12, 12))
+    assert planes == ["bool", "float32"]  # the scores and the mask: no exponentials, no probs
+
+    # the rematerialised attention is the plain one to bf16's rounding
+    q, k, v = (jax.random.normal(jax.random.key(i), (3, 12, 4, 8), jnp.bfloat16) for i in (5, 6, 7))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    attend = functools.partial(modeling._attend, 8, 0.3, True)
+    remat = jax.checkpoint(attend, policy=modeling.KEEP_DROPOUT_MASKS)
+    cotangent = jnp.cos(jnp.arange(3 * 12 * 4 * 8, dtype=jnp.float32)).reshape(3, 12, 4, 8)
+    grads = [jax.vjp(lambda s, vv: f(s, jnp.asarray(mask), vv, keys), scores, v)[1](
+        cotangent.astype(jnp.bfloat16)) for f in (attend, remat)]
+    for plain, rematerialised in zip(*grads):
+        np.testing.assert_allclose(np.asarray(rematerialised, np.float32),
+                                   np.asarray(plain, np.float32), rtol=2e-2, atol=2e-2)

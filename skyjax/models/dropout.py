@@ -12,6 +12,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 
 # Dropout sites inside one block; combined with the block index (embeddings 0, encoder layer i
@@ -20,6 +21,7 @@ SITE_EMBEDDINGS, SITE_ATTENTION_PROBS, SITE_ATTENTION_OUTPUT, SITE_FFN_OUTPUT, S
 
 
 DROPOUT_STREAM = 1  # folded into jax.random.PRNGKey(seed) for every dropout key
+DROPOUT_MASK = "dropout_mask"  # the masks' name for rematerialisation policies (jax.checkpoint)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
@@ -56,7 +58,7 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array | None, train: bool) -> ja
         keep = jax.vmap(lambda k, row: jax.random.bernoulli(k, 1.0 - rate, row.shape))(rng, x)
     else:
         keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
-    return _keep_scaled(x, keep, 1.0 - rate)
+    return _keep_scaled(x, checkpoint_name(keep, DROPOUT_MASK), 1.0 - rate)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -11,6 +11,7 @@ from how the model is cut, so the granularity and the plan never change the math
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Mapping
 
@@ -18,8 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from skyjax.models.dropout import (SITE_ATTENTION_OUTPUT, SITE_ATTENTION_PROBS, SITE_CLASSIFIER,
-                                   SITE_EMBEDDINGS, SITE_FFN_OUTPUT, dropout, site_key)
+from skyjax.models.dropout import (DROPOUT_MASK, SITE_ATTENTION_OUTPUT, SITE_ATTENTION_PROBS,
+                                   SITE_CLASSIFIER, SITE_EMBEDDINGS, SITE_FFN_OUTPUT, dropout,
+                                   site_key)
 from skyjax.names import ATTENTION_PATHS, COMPUTE_DTYPES
 
 Params = dict[str, Any]
@@ -190,11 +192,32 @@ class BertSelfAttention(nnx.Module):
             out = jax.nn.dot_product_attention(
                 q, k, v, mask=keep, scale=1.0 / math.sqrt(cfg.head_dim), implementation=path)
             return out.reshape(b, s, cfg.hidden_size)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
-        bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(scores.dtype).min)
-        probs = jax.nn.softmax(scores + bias.astype(scores.dtype), axis=-1).astype(v.dtype)
-        probs = dropout(probs, cfg.attention_probs_dropout_prob, key, train)
-        return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, cfg.hidden_size)
+        # float32 scores straight from the matmul's float32 accumulator: the softmax's input
+        # is never rounded to the compute dtype
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        attend = functools.partial(_attend, cfg.head_dim, cfg.attention_probs_dropout_prob, train)
+        if v.dtype != jnp.float32:
+            attend = jax.checkpoint(attend, policy=KEEP_DROPOUT_MASKS)
+        return attend(scores, attention_mask, v, key).reshape(b, s, cfg.hidden_size)
+
+
+# What a rematerialised block keeps besides its inputs: the dropout masks (recomputing them would
+# draw the random bits again).
+KEEP_DROPOUT_MASKS = jax.checkpoint_policies.save_only_these_names(DROPOUT_MASK)
+
+
+def _attend(head_dim: int, rate: float, train: bool, scores: jax.Array, attention_mask: jax.Array,
+            v: jax.Array, key) -> jax.Array:
+    """HF's attention after ``q kᵀ`` (float32 ``scores``): scale, additive key mask, softmax,
+    dropout on the probabilities, times ``v``. Below float32 it runs rematerialised (the
+    caller): it keeps the scores and the dropout mask, and the backward recomputes the softmax,
+    instead of keeping its float32 exponentials and the dropped-out probabilities in the compute
+    dtype as well."""
+    scores = scores / math.sqrt(head_dim)
+    bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(scores.dtype).min)
+    probs = jax.nn.softmax(scores + bias.astype(scores.dtype), axis=-1).astype(v.dtype)
+    probs = dropout(probs, rate, key, train)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
 def cudnn_attention_applies(dtype: Any, head_dim: int) -> bool:
