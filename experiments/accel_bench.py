@@ -39,6 +39,8 @@ flags.DEFINE_list("parts", ["stage", "pipeline", "memory", "handoff"], "parts to
 flags.DEFINE_bool("small", False, "CPU shapes on any device")
 flags.DEFINE_integer("stage_layers", 4, "encoder layers in the timed stage")
 flags.DEFINE_list("stage_models", ["base", "large"], "stage part: the models timed (GPU/TPU)")
+flags.DEFINE_list("stage_seqs", ["128", "512"], "stage part: the sequence lengths timed (GPU/TPU; "
+                  "seq 128 at micro-batch 32, seq 512 at 8)")
 flags.DEFINE_integer("pipeline_layers", 8, "encoder layers of the pipeline part's model")
 flags.DEFINE_integer("repeats", 5, "timed steps per measurement (median)")
 flags.DEFINE_string("memory_child", "", "internal: run one memory measurement (JSON args)")
@@ -227,7 +229,9 @@ def part_stage() -> None:
     if is_small():
         models, shapes, headline = ["small"], [(32, 4), (64, 2)], ("small", 32, 4)
     else:
-        models, shapes, headline = _FLAGS.stage_models, [(128, 32), (512, 8)], ("large", 128, 32)
+        shapes = [(seq, batch) for seq, batch in [(128, 32), (512, 8)]
+                  if str(seq) in _FLAGS.stage_seqs]
+        models, headline = _FLAGS.stage_models, ("large", 128, 32)
     cases = [("float32", "exact"), ("bfloat16", "exact"), ("bfloat16", "fused")]
     layers = _FLAGS.stage_layers
     print(f"\n== stage: {layers} encoder layers, 4 micro-batches + AdamW update per step "
