@@ -22,7 +22,7 @@ from skyjax.profile.chain import Workload
 from skyjax.profile.format import Profile, ProfileError, load_profile, save_profile
 from skyjax.profile.options import Log, Options
 
-PROFILER_VERSION = 16  # 2: fixed call costs, update per unit, sync (profile.json version 2); 3: sync
+PROFILER_VERSION = 17  # 2: fixed call costs, update per unit, sync (profile.json version 2); 3: sync
 # includes the per-step metrics gather; 4: one process's device at a time (Options.concurrent);
 # 5: each process's cores (devices[d]["cpus"]), jitted gradient norm in the update's time;
 # 6: calls after idle (devices[d]["wake_s"], skyjax.hostmodel.wake); 7: their noise floor;
@@ -33,7 +33,9 @@ PROFILER_VERSION = 16  # 2: fixed call costs, update per unit, sync (profile.jso
 # unit (devices[d]["wake_light_s"], "wake_work_s"); 13: message costs from paired rounds, 20 of them
 # (messages.paired_extra); 14: with passes > 1, each unit's median pass, not its fastest
 # (profile.passes); 15: the shared-host probes only with Options.host (config.cluster.shared_host);
-# 16: units' temp_bytes (the scratch of their largest stage call), charged by the memory model
+# 16: units' temp_bytes (the scratch of their largest stage call), charged by the memory model;
+# 17: activation_bytes with the feed-forward block (and, below float32, the softmax)
+# rematerialised and dropout keeping only its mask (models.modeling, models.dropout)
 
 
 def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Options) -> dict:
