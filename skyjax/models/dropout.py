@@ -66,7 +66,8 @@ def _keep_scaled(x: jax.Array, keep: jax.Array, kept: float) -> jax.Array:
     """``where(keep, x / kept, 0)`` whose backward keeps only ``keep``: JAX's own derivative
     of the ``where`` also saves a zero array the size of ``x`` per dropout site (the
     instantiated tangent of the zero branch), a buffer per site and micro-batch for nothing.
-    The backward computes what JAX's would, bit for bit."""
+    The backward computes what JAX's does with the same operations (XLA may fuse them another
+    way, which can move bf16's rounding)."""
     return jnp.where(keep, x / kept, jnp.zeros_like(x))
 
 

@@ -273,7 +273,8 @@ class BertAttention(nnx.Module):
 
 
 class BertIntermediate(nnx.Module):
-    """dense H -> FFN with the configured activation."""
+    """dense H -> FFN with the configured activation, rematerialised (its input is all it
+    keeps for the backward; :func:`feed_forward` says why)."""
 
     def __init__(self, cfg: BertConfig, rngs: nnx.Rngs):
         self.cfg = cfg
