@@ -177,7 +177,8 @@ def kernel_kind(name: str) -> str:
 def device_time_summary(trace_dir: str, top: int = 12) -> list[str]:
     """Where the device's time went in the newest ``jax.profiler`` trace under ``trace_dir``:
     busy time of its kernel streams against the traced span (the rest is the device waiting,
-    e.g. on the host's dispatch), the busy time by kernel kind, and the ``top`` kernels. Lines
+    e.g. on the host's dispatch), the busy time by kernel kind and by compiled program (where
+    the trace names it), and the ``top`` kernels. Lines
     to print; one saying so where the trace has no device streams (CPU)."""
     import collections
     import glob
@@ -206,16 +207,20 @@ def device_time_summary(trace_dir: str, top: int = 12) -> list[str]:
         busy += max(0.0, b - max(a, end))
         end = max(end, b)
     span = spans[-1][1] - spans[0][0]
-    by_name, by_kind = collections.Counter(), collections.Counter()
+    by_name, by_kind, by_program = (collections.Counter() for _ in range(3))
     for e in kernels:
         by_name[e["name"]] += float(e["dur"])
         by_kind[kernel_kind(e["name"])] += float(e["dur"])
+        by_program[e.get("args", {}).get("hlo_module", "?")] += float(e["dur"])
     total = sum(by_name.values())
     lines = [f"device busy {busy / 1e3:.2f} ms of a {span / 1e3:.2f} ms span "
              f"({100 * busy / span:.0f} %; the rest waits, e.g. on the host's dispatch); "
              f"{len(kernels)} kernels",
              "by kind: " + ", ".join(f"{k} {100 * v / total:.0f} %"
                                      for k, v in by_kind.most_common())]
+    if set(by_program) != {"?"}:  # XLA names each kernel's program (forward, backward, update)
+        lines.append("by program: " + ", ".join(f"{k} {100 * v / total:.0f} %"
+                                                for k, v in by_program.most_common()))
     lines += [f"  {100 * v / total:5.1f} %  {v / 1e3:8.3f} ms  {name[:100]}"
               for name, v in by_name.most_common(top)]
     return lines
