@@ -112,7 +112,8 @@ def time_stage(cfg, batch: int, seq: int, microbatches: int = 4,
     stage of ``cfg``'s encoder layers, dispatched back to back and waited for once a step; with
     XLA's own count of the forward's and backward's FLOPs and bytes per micro-batch (its cost
     analysis of the compiled programs: FLOPs above the model's are recomputation or waste) and
-    the bytes of the residuals it keeps per micro-batch. ``trace_dir``: one more step under ``jax.profiler.trace``."""
+    the bytes of the residuals it keeps per micro-batch. ``trace_dir``: one more step under
+    ``jax.profiler.trace``."""
     import jax
     import jax.numpy as jnp
     import optax
