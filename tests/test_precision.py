@@ -102,9 +102,9 @@ def test_bf16_hand_offs_and_saved_activations_are_half_of_float32():
         return jax.eval_shape(prog.forward, params, c, rng_for(0, 0, BATCH))[1], params
 
     (r32, params), (r16, _) = residuals("float32"), residuals("bfloat16")
-    # about half (LayerNorm's float32 internals are recomputed, not kept; the softmax's float32
-    # probabilities are kept) ...
-    assert tree_nbytes(r16) <= 0.55 * tree_nbytes(r32), (tree_nbytes(r16), tree_nbytes(r32))
+    # under half (below float32 the LayerNorms' float32 internals and the softmax are recomputed
+    # in the backward, not kept) ...
+    assert tree_nbytes(r16) <= 0.5 * tree_nbytes(r32), (tree_nbytes(r16), tree_nbytes(r32))
     # ... and no bf16 copy of a weight matrix is kept per micro-batch (backward casts them again)
     kernels = {x.shape for x in jax.tree.leaves(params) if x.ndim == 2}
     assert not [r for r in r16 if r.dtype == jnp.bfloat16 and r.shape in kernels]
