@@ -450,7 +450,10 @@ def test_codecs_the_bound_allows_are_timed_and_sized():
         coded = np.asarray(prof.codecs[name]["output_bytes"][:-1])
         assert (raw / coded >= least).all(), (name, raw / coded)
         rate = np.asarray(prof.codecs[name]["seconds_per_byte"])
-        assert (rate > 0).all() and rate[1] > 1.5 * rate[0], (name, rate)
+        # slower on the 3x device, by less than 3x under load: the emulation sleeps (k - 1)x the
+        # fastest run seen, and a loaded host's typical run of so small a program is several
+        # times that (1.35x seen with the suite's two workers)
+        assert (rate > 0).all() and rate[1] > 1.2 * rate[0], (name, rate)
     assert "codec_bytes" not in prof.units[0]
     exact = Options.from_config(tiny_config(2, layers=2, hidden=64, seq_len=32,
                                             slowdowns=(1, 3)))
