@@ -33,7 +33,9 @@ def test_main_writes_summary(tmp_path):
     # the step boundary: predicted update_0 + sync_s, measured between steps 2 and 3 (after
     # step 1 come the first log line and what else happens once)
     boundary = summary["stage_comparison"]["step_boundary"]
-    assert boundary["steps"] == 1 and 0 < boundary["measured_s"] < summary["step_time_s"]
+    # (a gap inside the training loop, so within its time; no wall-clock window: one gap on a
+    # loaded host has exceeded the mean step time)
+    assert boundary["steps"] == 1 and 0 < boundary["measured_s"] < summary["train_time_s"]
     assert boundary["predicted_s"] == pytest.approx(plan["stages"][0].get("update_s", 0.0)
                                                     + json.loads((workdir / "profile.json")
                                                                  .read_text())["overheads"]
