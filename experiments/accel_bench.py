@@ -118,6 +118,7 @@ def time_stage(cfg, batch: int, seq: int, microbatches: int = 4,
     import jax.numpy as jnp
     import optax
     from skyjax.programs.stage import StageProgram
+    from skyjax.tree import tree_nbytes
     device = jax.devices()[0]
     chain = chain_of(cfg)[1:-1]
     prog = StageProgram(chain, is_last=False, microbatches=microbatches,
@@ -149,7 +150,7 @@ def time_stage(cfg, batch: int, seq: int, microbatches: int = 4,
             step()
     return {"s_per_microbatch": sorted(times)[len(times) // 2] / microbatches,
             "xla_flops": sum(c[0] for c in costs), "xla_bytes": sum(c[1] for c in costs),
-            "residual_bytes": sum(r.size * r.dtype.itemsize for r in res)}
+            "residual_bytes": tree_nbytes(res)}
 
 
 def xla_cost(lowered) -> tuple[float, float]:
@@ -212,14 +213,15 @@ def device_time_summary(trace_dir: str, top: int = 12) -> list[str]:
     for e in kernels:
         by_name[e["name"]] += float(e["dur"])
         by_kind[kernel_kind(e["name"])] += float(e["dur"])
-        by_program[e.get("args", {}).get("hlo_module", "?")] += float(e["dur"])
+        if "hlo_module" in e.get("args", {}):  # XLA names the kernel's compiled program
+            by_program[e["args"]["hlo_module"]] += float(e["dur"])
     total = sum(by_name.values())
     lines = [f"device busy {busy / 1e3:.2f} ms of a {span / 1e3:.2f} ms span "
              f"({100 * busy / span:.0f} %; the rest waits, e.g. on the host's dispatch); "
              f"{len(kernels)} kernels",
              "by kind: " + ", ".join(f"{k} {100 * v / total:.0f} %"
                                      for k, v in by_kind.most_common())]
-    if set(by_program) != {"?"}:  # XLA names each kernel's program (forward, backward, update)
+    if by_program:
         lines.append("by program: " + ", ".join(f"{k} {100 * v / total:.0f} %"
                                                 for k, v in by_program.most_common()))
     lines += [f"  {100 * v / total:5.1f} %  {v / 1e3:8.3f} ms  {name[:100]}"

@@ -138,8 +138,16 @@ def layer_norm(norm: nnx.LayerNorm, x: jax.Array) -> jax.Array:
     made a bf16 layer's saved activations a third larger). float32 is left as it was."""
     if x.dtype == jnp.float32:
         return norm(x)
-    graphdef, state = nnx.split(norm)
-    return jax.checkpoint(lambda s, v: nnx.merge(graphdef, s)(v))(state, x)
+    return rematerialised(norm, lambda n, v: n(v), x)
+
+
+def rematerialised(modules: Any, apply: Callable[[Any, jax.Array], jax.Array], x: jax.Array,
+                   policy: Callable | None = None) -> jax.Array:
+    """``apply(modules, x)`` under ``jax.checkpoint`` with ``policy`` (None: keep only the
+    inputs). The modules' state goes in as an argument (``nnx.split``), so their parameters are
+    inputs of the checkpointed function rather than values it closes over."""
+    graphdef, state = nnx.split(modules)
+    return jax.checkpoint(lambda s, v: apply(nnx.merge(graphdef, s), v), policy=policy)(state, x)
 
 
 class BertEmbeddings(nnx.Module):
@@ -306,14 +314,8 @@ def feed_forward(intermediate: BertIntermediate, dense: nnx.Linear, x: jax.Array
     saved array) and neither matmul. Autodiff of the erf GELU alone keeps its input, its output
     and two intermediates; the output projection's weight gradient needs the activation's
     output, which is recomputed here. Same ops on the same values: the same math."""
-    graphdef, state = nnx.split((intermediate, dense))
-
-    def apply(s, v):
-        inner, out = nnx.merge(graphdef, s)
-        return out(inner(v))
-
-    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-    return jax.checkpoint(apply, policy=policy)(state, x)
+    return rematerialised((intermediate, dense), lambda m, v: m[1](m[0](v)), x,
+                          policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
 
 class BertClassificationHead(nnx.Module):
