@@ -16,18 +16,28 @@
 3. The same for a tiny model of the same structure (hidden ``--tiny-hidden``): its peak minus its
    own charge is the baseline (the JAX runtime, compiled programs of the same graph, Python).
 
-Printed per stage: peak RSS above the baseline vs the charge, and their ratio. CPU only.
+Printed per stage: peak RSS above the baseline vs the charge, their ratio, and the median time of
+the steps after the first (what the malloc settings cost). CPU only.
 
-The children run glibc's malloc with one arena (``MALLOC_ARENA_MAX=1``) and a fixed mmap threshold
-(``MALLOC_MMAP_THRESHOLD_=131072``; ``--glibc-defaults``: neither), so that the resident peak is
-what the stage's buffers need (8 layers x 512, 4 stages, GPipe, measured / charged: 0.94, 0.91,
-0.93, 0.97). By default glibc raises its mmap threshold to the size of the large buffers freed,
-which then come from the heap; a step's residuals freed in one order and allocated again in the
-next step leave holes, and the peak grows after the first step while the live buffers
-(``jax.live_arrays``) stay exactly at the charge: 1.32, 1.11, 1.32, 1.30 with one arena, 1.34,
-1.18, 1.30, 1.32 with glibc's arena per thread (where the excess can move between stages from run
-to run). The fixed threshold costs time (every large buffer mapped and faulted in afresh):
-skyjax's runs keep glibc's default.
+``--malloc`` picks the children's glibc malloc settings (figures: 8 layers x 512, 4 stages,
+GPipe, 6 steps; measured / charged per stage, then the median step time):
+
+* ``fixed`` (default): one arena (``MALLOC_ARENA_MAX=1``) and a fixed mmap threshold
+  (``MALLOC_MMAP_THRESHOLD_=131072``), so that every large buffer is mapped when allocated and
+  returned when freed and the resident peak is what the stage's buffers need: 0.96, 0.90, 0.93,
+  0.97 (0.70, 1.04, 0.69, 0.38 s);
+* ``glibc``: the environment's settings, glibc's own by default (what a run holds without the
+  shared-host model): freed buffers stay in the heap, a step's residuals freed in one order and
+  allocated again in the next leave holes, and each thread's arena grows by 64 MiB heaps, so the
+  resident size creeps up over the steps while the live buffers (``jax.live_arrays``) stay
+  exactly at the charge: 1.37, 1.03, 1.46, 1.71 (0.62, 0.80, 0.58, 0.28 s); with
+  ``MALLOC_ARENA_MAX=1`` in the environment it stops growing after the first steps: 1.29, 1.19,
+  1.26, 1.30 (0.69, 0.91, 0.56, 0.29 s);
+* ``kept``: what a run under the shared-host model sets
+  (:func:`skyjax.hostmodel.malloc.keep_freed_memory`: both thresholds fixed at 1 GiB): 1.41,
+  1.49, 1.53, 1.61 (0.59, 0.86, 0.56, 0.29 s).
+
+The fixed low threshold faults every large buffer in afresh, hence its 1.1-1.4x step time.
 """
 
 from __future__ import annotations
@@ -35,9 +45,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 MiB = 1024 ** 2
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,6 +128,9 @@ def child_stage(args: argparse.Namespace, hidden: int, plan_file: str, k: int) -
     from skyjax.runtime import memory
     from skyjax.runtime.distributed_executor import DistributedExecutor
 
+    if args.malloc == "kept":
+        from skyjax.hostmodel.malloc import keep_freed_memory
+        keep_freed_memory()
     rss_start = memory.current_rss_bytes()
     c = make_config(args, hidden)
     with open(plan_file) as f:
@@ -141,17 +156,22 @@ def child_stage(args: argparse.Namespace, hidden: int, plan_file: str, k: int) -
              "token_type_ids": np.zeros((b, s), np.int32),
              "attention_mask": np.ones((b, s), np.int32),
              "labels": rng.integers(0, c.model.num_labels, (b,), dtype=np.int32)}
+    step_s, rss = [], []
     for step in range(args.steps):
+        start = time.perf_counter()
         executor.train_step(step, batch)
+        step_s.append(time.perf_counter() - start)
+        rss.append(memory.current_rss_bytes())
     print(json.dumps({"stage": k, "rss_start": rss_start, "rss_built": rss_built,
-                      "rss_end": memory.current_rss_bytes(), "peak": memory.peak_rss_bytes()}))
+                      "rss_end": memory.current_rss_bytes(), "peak": memory.peak_rss_bytes(),
+                      "step_s": step_s, "rss_after_step": rss}))
 
 
 def spawn(args: argparse.Namespace, *extra: str, devices: int = 1) -> str:
     """Runs this script as a child with ``extra`` arguments; its stdout."""
     # glibc's malloc as the module doc says, unless --glibc-defaults (the environment's own
     # values override these)
-    malloc = {} if args.glibc_defaults else {
+    malloc = {} if args.malloc != "fixed" else {
         "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "1"),
         "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", "131072")}
     env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -166,7 +186,7 @@ def spawn(args: argparse.Namespace, *extra: str, devices: int = 1) -> str:
 
 def passthrough(args: argparse.Namespace) -> list[str]:
     keys = ("layers", "hidden", "tiny_hidden", "seq_len", "batch_size", "microbatches",
-            "schedule", "granularity", "stages", "steps")
+            "schedule", "granularity", "stages", "steps", "malloc")
     return [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keys]
 
 
@@ -196,8 +216,8 @@ def main() -> None:
     parser.add_argument("--granularity", default="layer")
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--glibc-defaults", action="store_true",
-                        help="children with glibc's own malloc settings (see the module doc)")
+    parser.add_argument("--malloc", default="fixed", choices=("fixed", "glibc", "kept"),
+                        help="the children's malloc settings (see the module doc)")
     parser.add_argument("--child", choices=("profile", "stage"), help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -216,13 +236,13 @@ def main() -> None:
           f"{args.stages} stages (even plan), {args.steps} steps; baseline: the same stage at "
           f"hidden {args.tiny_hidden}, its peak less its charge")
     print(f"{'stage':>5}  {'units':>8}  {'baseline MiB':>12}  {'peak - base MiB':>15}  "
-          f"{'charged MiB':>11}  {'measured/charged':>16}")
+          f"{'charged MiB':>11}  {'measured/charged':>16}  {'step s':>6}")
     for b, t in zip(big, tiny):
         base = t["peak"] - t["memory_bytes"]
         grew = b["peak"] - base
         print(f"{b['stage']:>5}  {str(tuple(b['units'])):>8}  {base / MiB:>12.0f}  "
               f"{grew / MiB:>15.0f}  {b['memory_bytes'] / MiB:>11.0f}  "
-              f"{grew / b['memory_bytes']:>16.2f}")
+              f"{grew / b['memory_bytes']:>16.2f}  {statistics.median(b['step_s'][1:]):>6.3f}")
 
 
 if __name__ == "__main__":
