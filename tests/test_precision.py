@@ -148,8 +148,9 @@ def test_fifty_demo_steps_in_bf16_stay_within_two_percent_of_float32():
         losses[dtype] = np.array(out)
     f32, b16 = losses["float32"], losses["bfloat16"]
     assert not np.array_equal(f32, b16)
-    np.testing.assert_allclose(b16[:40], f32[:40], rtol=0.005)  # until the loss takes off
-    # Once it falls fast (step ~40 on), one 32-example batch's loss moves by up to ~20 % for a
+    # Until the loss takes off (it falls from step ~33 on) bf16 stays within 0.04 % per step.
+    np.testing.assert_allclose(b16[:30], f32[:30], rtol=0.005)
+    # Once it falls fast, one 32-example batch's loss moves by up to ~20 % for a
     # perturbation of the weights at bf16's rounding: float32 trained from the same weights
     # rounded to bf16 once differs from float32 by up to 13 % per step there. Compared over the
     # 50 steps
