@@ -17,7 +17,8 @@
    own charge is the baseline (the JAX runtime, compiled programs of the same graph, Python).
 
 Printed per stage: peak RSS above the baseline vs the charge, their ratio, and the median time of
-the steps after the first (what the malloc settings cost). CPU only.
+the steps after the first (the only step with ``--steps 1``; what the malloc settings cost). CPU
+only.
 
 ``--malloc`` picks the children's glibc malloc settings (figures: 8 layers x 512, 4 stages,
 GPipe, 6 steps; measured / charged per stage, then the median step time):
@@ -128,9 +129,9 @@ def child_stage(args: argparse.Namespace, hidden: int, plan_file: str, k: int) -
     from skyjax.runtime import memory
     from skyjax.runtime.distributed_executor import DistributedExecutor
 
-    if args.malloc == "kept":
-        from skyjax.hostmodel.malloc import keep_freed_memory
-        keep_freed_memory()
+    if args.malloc == "kept":  # as a run under the shared-host model prepares its process
+        from skyjax import hostmodel
+        hostmodel.activate()
     rss_start = memory.current_rss_bytes()
     c = make_config(args, hidden)
     with open(plan_file) as f:
@@ -156,21 +157,20 @@ def child_stage(args: argparse.Namespace, hidden: int, plan_file: str, k: int) -
              "token_type_ids": np.zeros((b, s), np.int32),
              "attention_mask": np.ones((b, s), np.int32),
              "labels": rng.integers(0, c.model.num_labels, (b,), dtype=np.int32)}
-    step_s, rss = [], []
+    step_s = []
     for step in range(args.steps):
         start = time.perf_counter()
         executor.train_step(step, batch)
         step_s.append(time.perf_counter() - start)
-        rss.append(memory.current_rss_bytes())
     print(json.dumps({"stage": k, "rss_start": rss_start, "rss_built": rss_built,
                       "rss_end": memory.current_rss_bytes(), "peak": memory.peak_rss_bytes(),
-                      "step_s": step_s, "rss_after_step": rss}))
+                      "step_s": step_s}))
 
 
 def spawn(args: argparse.Namespace, *extra: str, devices: int = 1) -> str:
     """Runs this script as a child with ``extra`` arguments; its stdout."""
-    # glibc's malloc as the module doc says, unless --glibc-defaults (the environment's own
-    # values override these)
+    # --malloc fixed: glibc's malloc as the module doc says (the environment's own values override
+    # these); otherwise the environment's
     malloc = {} if args.malloc != "fixed" else {
         "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "1"),
         "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", "131072")}
@@ -240,9 +240,10 @@ def main() -> None:
     for b, t in zip(big, tiny):
         base = t["peak"] - t["memory_bytes"]
         grew = b["peak"] - base
+        step_s = statistics.median(b["step_s"][1:] or b["step_s"])
         print(f"{b['stage']:>5}  {str(tuple(b['units'])):>8}  {base / MiB:>12.0f}  "
               f"{grew / MiB:>15.0f}  {b['memory_bytes'] / MiB:>11.0f}  "
-              f"{grew / b['memory_bytes']:>16.2f}  {statistics.median(b['step_s'][1:]):>6.3f}")
+              f"{grew / b['memory_bytes']:>16.2f}  {step_s:>6.3f}")
 
 
 if __name__ == "__main__":
