@@ -245,6 +245,51 @@ def test_file_errors_name_the_file_line_and_column(tmp_path, vocab_dir):
     expect_error(r"config.data.name='.*train.txt' is not one of", vocab_dir, str(wrong))
 
 
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl"])
+def test_a_file_starting_with_a_byte_order_mark_reads_its_first_column(fmt, tmp_path,
+                                                                         vocab_dir):
+    """Excel's "CSV UTF-8" export starts with U+FEFF; read as plain UTF-8 it would be part of
+    the first column's name, which is then not found."""
+    rows = pair_rows(6, seed=16)
+    plain = str(tmp_path / f"plain.{fmt}")
+    if fmt == "jsonl":
+        write_jsonl(plain, rows)
+    else:
+        write_csv(plain, rows, delimiter="," if fmt == "csv" else "\t")
+    marked = tmp_path / f"marked.{fmt}"
+    marked.write_bytes(b"\xef\xbb\xbf" + open(plain, "rb").read())
+    expected = take(data.train_batches(make_config(vocab_dir, plain)), 1)[0]
+    assert_batch(take(data.train_batches(make_config(vocab_dir, str(marked))), 1)[0], expected)
+
+
+def test_a_column_named_twice_or_a_directory_is_one_line(tmp_path, vocab_dir):
+    rows = pair_rows(6, seed=17)
+    twice = tmp_path / "twice.csv"
+    twice.write_text("first,second,first,label\na,b,c,yes\n")
+    expect_error(r"^.*twice.csv:1: the header names column 'first' twice \(only one of the two "
+                 r"would be read\): rename one$", vocab_dir, str(twice))
+    tsv = tmp_path / "twice.tsv"
+    tsv.write_text("label\tfirst\tsecond\tlabel\nyes\ta\tb\tno\n")
+    expect_error(r"twice.tsv:1: the header names column 'label' twice", vocab_dir, str(tsv))
+    jsonl = tmp_path / "twice.jsonl"
+    jsonl.write_text('{"first": "a", "second": "b", "label": "yes"}\n'
+                     '{"first": "a", "second": "b", "second": "c", "label": "no"}\n')
+    expect_error(r"twice.jsonl:2: column 'second' appears twice in this object", vocab_dir,
+                 str(jsonl))
+    # a column the run does not read may repeat: Excel's trailing empty columns are all ''
+    spare = tmp_path / "spare.csv"
+    spare.write_text("first,second,label,,\n" + "".join(
+        f"{r['first']},{r['second']},{r['label']},,\n" for r in rows))
+    make_config(vocab_dir, str(spare))
+    folder = tmp_path / "folder.csv"
+    folder.mkdir()
+    expect_error(r"^config.data.name='.*folder.csv' is a directory, not a file$", vocab_dir,
+                 str(folder))
+    good = write_csv(tmp_path / "train.csv", rows)
+    expect_error(r"^config.data.eval_files='.*folder.csv' is a directory, not a file$",
+                 vocab_dir, good, eval_files=(str(folder),))
+
+
 def test_key_errors(tmp_path, vocab_dir):
     good = write_csv(tmp_path / "train.csv", pair_rows(6, seed=10))
     expect_error(r"config.data.text_columns=\('a', 'b', 'c'\) must name one column", vocab_dir,

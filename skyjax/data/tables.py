@@ -23,9 +23,10 @@ sorted order of the training split's distinct labels, of which there must be exa
 the run's identity (:func:`label_names`): checkpoints record it and a resume under another mapping
 is refused.
 
-Every problem is one line naming the file, line (row) and column: a missing column, an empty
-file, a label that is not a number (regression) or not a known label, a label count that does not
-match ``num_labels``.
+Files are read as UTF-8 with or without a byte-order mark (Excel's "CSV UTF-8" writes one).
+Every problem is one line naming the file, line (row) and column: a missing column, a column
+the run reads named twice (a header or a JSON object), an empty file, a label that is not a
+number (regression) or not a known label, a label count that does not match ``num_labels``.
 """
 
 from __future__ import annotations
@@ -98,16 +99,47 @@ def _value(row: dict, column: str, where: str, columns: Sequence[str]) -> Any:
     return value
 
 
-def _rows(path: str) -> Any:
-    """``(where, row dict, columns)`` of every example of a local file."""
+def _repeated(names: Sequence[str], used: Sequence[str]) -> str | None:
+    """The first of the ``used`` columns that ``names`` holds twice: a dict keeps only one of the
+    two, so the run would read one without a word. Others may repeat (Excel's trailing empty
+    columns all have the name '')."""
+    for name in used:
+        if list(names).count(name) > 1:
+            return name
+    return None
+
+
+class _RepeatedKey(Exception):
+    """A JSON object names a used key twice (``args[0]``)."""
+
+
+def _object_hook(used: Sequence[str]) -> Callable[[list[tuple[str, Any]]], dict]:
+    """``json.loads``' hook: a used key given twice is an error, not its last value."""
+    def hook(pairs: list[tuple[str, Any]]) -> dict:
+        key = _repeated([k for k, _ in pairs], used)
+        if key is not None:
+            raise _RepeatedKey(key)
+        return dict(pairs)
+    return hook
+
+
+def _rows(path: str, used: Sequence[str]) -> Any:
+    """``(where, row dict, columns)`` of every example of a local file, whose ``used`` columns
+    must not repeat. ``utf-8-sig``: Excel's
+    "CSV UTF-8" (and Notepad) start the file with a byte-order mark, which plain ``utf-8`` would
+    glue to the first column's name."""
     fmt = _format(path)
-    with open(path, encoding="utf-8", newline="" if fmt != "jsonl" else None) as f:
+    with open(path, encoding="utf-8-sig", newline="" if fmt != "jsonl" else None) as f:
         if fmt == "jsonl":
+            hook = _object_hook(used)
             for n, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
+                    row = json.loads(line, object_pairs_hook=hook)
+                except _RepeatedKey as e:
+                    raise DataError(f"{path}:{n}: column {e.args[0]!r} appears twice in this "
+                                    "object (only one of the two would be read)") from None
                 except ValueError as e:
                     raise DataError(f"{path}:{n}: not a JSON object ({first_line(e)})") from None
                 if not isinstance(row, dict):
@@ -117,12 +149,18 @@ def _rows(path: str) -> Any:
         reader = (csv.DictReader(f) if fmt == "csv"
                   else csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
         columns = reader.fieldnames or []
+        repeated = _repeated(columns, used)
+        if repeated is not None:
+            raise DataError(f"{path}:1: the header names column {repeated!r} twice (only one of "
+                            "the two would be read): rename one")
         for row in reader:
             yield f"{path}:{reader.line_num}", row, columns
 
 
 def read_file(path: str, text_columns: Sequence[str], label_column: str, key: str) -> Split:
     """Every example of the file at ``path`` (``key`` names the config key that gave it)."""
+    if os.path.isdir(path):
+        raise DataError(f"{key}={path!r} is a directory, not a file")
     if not os.path.isfile(path):
         raise DataError(f"{key}={path!r}: file not found")
     if _format(path) not in {s.lstrip(".") for s in FILE_SUFFIXES}:
@@ -130,7 +168,7 @@ def read_file(path: str, text_columns: Sequence[str], label_column: str, key: st
     texts: list[list[str]] = [[] for _ in text_columns]
     labels, where = [], []
     try:
-        for at, row, columns in _rows(path):
+        for at, row, columns in _rows(path, (*text_columns, label_column)):
             for column, out in zip(text_columns, texts):
                 value = _value(row, column, at, columns)
                 out.append(value if isinstance(value, str) else json.dumps(value))
