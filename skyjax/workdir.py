@@ -7,11 +7,14 @@ left half old, half new.
   process 0): a second training into the same workdir is refused by name instead of overwriting
   the first one's files.
 * :func:`set_aside` runs when a run writes its first output, i.e. only once its checks, profile
-  and plan have succeeded: the previous run's outputs move into ``WORKDIR/previous/`` (replacing
-  an older one there). A run that fails before that point leaves the workdir as it was; one that
-  fails after it leaves only its own files (no ``summary.json``: it did not finish), and the
-  previous complete run stays readable in ``previous/``. A resumed run keeps ``metrics.jsonl``
-  and ``tensorboard/`` (it continues them) and sets aside the rest.
+  and plan have succeeded: the previous run's outputs move aside. A *complete* run (one with
+  ``summary.json``) moves into ``WORKDIR/previous/``, replacing the one there; an *incomplete*
+  run (it failed or was stopped after writing its first outputs) moves into
+  ``WORKDIR/previous.incomplete/`` instead, replacing only an older incomplete run there. So
+  ``previous/`` always holds the last complete run, however many failures follow it (two failed
+  runs in a row would otherwise push it out), and the latest failure's files stay readable. A run
+  that fails before that point leaves the workdir as it was. A resumed run keeps
+  ``metrics.jsonl`` and ``tensorboard/`` (it continues them) and sets aside the rest.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ OUTPUT_FILES = ("summary.json", "plan.json", "trace.json", "config.json", "profi
                 "metrics.jsonl", "plan.png", "timeline.png")
 OUTPUT_DIRS = ("tensorboard",)
 CONTINUED_ON_RESUME = ("metrics.jsonl", "tensorboard")  # a resumed run appends to these
-PREVIOUS = "previous"
+PREVIOUS = "previous"  # the last complete run (it wrote summary.json)
+INCOMPLETE = "previous.incomplete"  # the latest run set aside without summary.json
+COMPLETE_MARK = "summary.json"  # written last: its presence means the run finished
 LOCK = ".skyjax.lock"
 
 
@@ -89,23 +94,33 @@ def previous_outputs(workdir: str, resumed: bool) -> list[str]:
             if n not in keep and os.path.lexists(os.path.join(workdir, n))]
 
 
+def aside_dir(workdir: str) -> str:
+    """Where :func:`set_aside` moves the outputs now in ``workdir``: ``previous/`` if their run
+    finished, else ``previous.incomplete/``."""
+    complete = os.path.isfile(os.path.join(workdir, COMPLETE_MARK))
+    return os.path.join(workdir, PREVIOUS if complete else INCOMPLETE)
+
+
 def set_aside(workdir: str, resumed: bool) -> list[str]:
-    """Moves the previous run's outputs into ``workdir/previous/`` (see the module docstring);
-    returns the names moved. They are gathered in ``previous.partial/`` first and that
-    directory renamed, so ``previous/`` always holds one whole earlier run."""
+    """Moves the previous run's outputs aside (see the module docstring): into
+    ``workdir/previous/`` if that run finished (wrote ``summary.json``), else into
+    ``workdir/previous.incomplete/``, so that a failed run never replaces the last complete one.
+    Returns the names moved. They are gathered in ``<target>.partial/`` first and that directory
+    renamed, and the older run there is deleted only after the rename, so each target always
+    holds one whole earlier run."""
     names = previous_outputs(workdir, resumed)
     if not names:
         return []
-    partial = os.path.join(workdir, PREVIOUS + ".partial")
-    final = os.path.join(workdir, PREVIOUS)
+    final = aside_dir(workdir)
+    partial = final + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
     for name in names:
         os.replace(os.path.join(workdir, name), os.path.join(partial, name))
+    gone = final + ".deleting"
+    shutil.rmtree(gone, ignore_errors=True)
     if os.path.lexists(final):
-        gone = final + ".deleting"
-        shutil.rmtree(gone, ignore_errors=True)
         os.replace(final, gone)
-        shutil.rmtree(gone, ignore_errors=True)
     os.replace(partial, final)
+    shutil.rmtree(gone, ignore_errors=True)
     return names

@@ -19,7 +19,7 @@ from skyjax.plan.extension import ExtraCost
 from skyjax.profile.format import Profile
 from skyjax.report.tensorboard import EventWriter
 from skyjax.spans import stage_events, trace_json as trace_file
-from skyjax.workdir import set_aside
+from skyjax.workdir import aside_dir, set_aside
 
 TENSORBOARD_DIR = "tensorboard"  # event files: tensorboard --logdir WORKDIR/tensorboard
 SIMULATED_PID_OFFSET = 10  # simulated rows sit below the measured ones in the trace viewer
@@ -30,18 +30,19 @@ class Outputs:
 
     def __init__(self, workdir: str, is_chief: bool, resumed_from_step: int = 0):
         """Made once the run's checks, profile and plan have succeeded: the previous run's
-        outputs move to ``workdir/previous/`` (:func:`skyjax.workdir.set_aside`). A fresh run
-        starts ``metrics.jsonl`` anew; a resumed one keeps its records up to the checkpoint's
-        step (those after it are re-run, so they are dropped)."""
+        outputs move to ``workdir/previous/`` (``previous.incomplete/`` if that run did not
+        finish; :func:`skyjax.workdir.set_aside`). A fresh run starts ``metrics.jsonl`` anew; a
+        resumed one keeps its records up to the checkpoint's step (those after it are re-run,
+        so they are dropped)."""
         self.workdir, self.is_chief = workdir, is_chief
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
         self.board: EventWriter | None = None  # TensorBoard: what metrics.jsonl gets, as scalars
         if is_chief:
             os.makedirs(workdir, exist_ok=True)
+            aside = aside_dir(workdir)
             moved = set_aside(workdir, resumed=bool(resumed_from_step))
             if moved:
-                logging.info("the previous run's %s moved to %s/previous/", ", ".join(moved),
-                             workdir)
+                logging.info("the previous run's %s moved to %s/", ", ".join(moved), aside)
             if os.path.exists(self.metrics_path):
                 kept = [r for r in read_jsonl(self.metrics_path)
                         if resumed_from_step and r.get("step", 0) <= resumed_from_step]
