@@ -62,12 +62,16 @@ def survivor_args(args: Sequence[str], survivors: Sequence[int], attempt: int,
     if config is None:
         return list(args)
     c = config.cluster
-    keys = [f"--config.cluster.{k}" for k in ("num_devices", *PER_DEVICE_KEYS)]
+    keys = ["--config.cluster.num_devices"]
     new = [f"--config.cluster.num_devices={len(survivors)}"]
     for k in PER_DEVICE_KEYS:
+        # Always restated, an empty tuple too: the original override is dropped with the others,
+        # and an empty one must not let the config file's value (one entry per old device) back.
         values = list(c[k] or ())
-        if values:
-            new.append(f"--config.cluster.{k}={tuple(values[i] for i in survivors)!r}")
+        if values and len(values) <= max(survivors):
+            continue  # not one entry per device: the job would have refused it; leave it as is
+        keys.append(f"--config.cluster.{k}")
+        new.append(f"--config.cluster.{k}={tuple(values[i] for i in survivors) if values else ()!r}")
     profile = config.profile.path or (os.path.join(workdir, "profile.json") if workdir else "")
     if workdir and profile and os.path.isfile(profile):
         out = os.path.join(workdir, f"profile_survivors_{attempt}.json")

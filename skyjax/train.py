@@ -253,9 +253,12 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
                 recent.append(last.spans)
             # the first step's boundary also holds its first log line and one-off work
             prev = last if step > start_step and last.measured else None
-            progress.update(step + 1, last.loss)
-            metrics = {"loss": last.loss} if regression else {"loss": last.loss,
-                                                               "accuracy": last.accuracy}
+            # a process that does not gather the loss (distributed, not process 0) reports
+            # only what it knows: no "loss nan accuracy nan" on its lines
+            known = getattr(last, "has_loss", True)
+            progress.update(step + 1, last.loss if known else None)
+            metrics = {} if not known else {"loss": last.loss} if regression else {
+                "loss": last.loss, "accuracy": last.accuracy}
             if log_step(config, step):
                 record = {"step": step + 1, **metrics, "learning_rate": float(schedule(step)),
                           "step_time_s": step_times[-1],

@@ -644,7 +644,7 @@ def kill_one_of_launched(workdir: str, args: list[str], num_processes: int, vict
                          kill_after_checkpoint: int, timeout_s: float = 900) -> dict:
     """``python -m skyjax.launch --max_restarts 1`` of ``num_processes``; process ``victim`` is
     SIGKILLed once checkpoint ``kill_after_checkpoint`` is committed and the job finishes on
-    the others: the step it resumed from, the processes after, the final loss."""
+    the others: the step it resumed from, the processes after, the final loss, the output."""
     steps: list[int] = []
 
     def kill_now(line: str) -> bool:
@@ -654,13 +654,14 @@ def kill_one_of_launched(workdir: str, args: list[str], num_processes: int, vict
         m = _COMMIT.search(line)
         return bool(m) and int(m.group(1)) >= kill_after_checkpoint
 
-    _launch_and_kill(["--num_processes", str(num_processes), "--max_restarts", "1"], workdir,
-                     args, victim, kill_now, timeout_s)
+    text = _launch_and_kill(["--num_processes", str(num_processes), "--max_restarts", "1"],
+                            workdir, args, victim, kill_now, timeout_s)
     summary = _summary(workdir)
     last_step = steps[-1] if steps else 0  # the last step logged before the kill
     return {"killed_at_step": last_step, "resumed_from_step": summary["resumed_from_step"],
             "steps_lost": last_step - summary["resumed_from_step"],
-            "processes_after": summary["processes"], "final_loss": summary["final_loss"]}
+            "processes_after": summary["processes"], "final_loss": summary["final_loss"],
+            "log": text}
 
 
 def kill_one_pipeline(workdir: str, args: list[str], num_processes: int, victim: int,

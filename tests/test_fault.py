@@ -9,10 +9,12 @@ itself."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 
 import pytest
 
-from tests.helpers import (DEMO, ONE_DEVICE, kill_and_resume_local, kill_one_of_launched,
+from tests.helpers import (DEMO, ONE_DEVICE, REPO, kill_and_resume_local, kill_one_of_launched,
                            kill_one_pipeline, main_summary, make_profile)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -86,3 +88,39 @@ def test_a_lost_process_loses_its_pipeline_not_the_run(tmp_path, reference):
     assert abs(summary["final_loss"] - reference) <= 1e-5, (summary["final_loss"], reference)
     steps = [rec["step"] for rec in read_jsonl(str(workdir / "metrics.jsonl")) if "loss" in rec]
     assert steps == list(range(1, 15)), steps
+
+
+def _readme_command(flag: str) -> list[str]:
+    """The README's ``python -m skyjax.launch`` command with ``flag``, split as a shell would."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read().replace("\\\n", " ")
+    [line] = [ln for ln in text.splitlines()
+              if ln.startswith("python -m skyjax.launch") and flag in ln]
+    return shlex.split(line)
+
+
+def test_the_readme_recovery_command_restarts_on_the_survivors(tmp_path):
+    """The README's own recovery example (its flags as written: ``slowdowns="()"`` overriding
+    the config file's four entries), with fewer steps: one process SIGKILLed after a checkpoint,
+    the restart on the two survivors keeps the empty override (not the file's value, which
+    would not fit 2 devices), resumes and finishes."""
+    cmd = _readme_command("--max_restarts")
+    i = cmd.index("--")
+    launcher, args = cmd[3:i], cmd[i + 1:]
+    assert "--config.cluster.slowdowns=()" in args, args  # the case this test is about
+    n = int(launcher[launcher.index("--num_processes") + 1])
+    w = args.index("--workdir")
+    args = args[:w] + args[w + 2:]  # kill_one_of_launched gives its own
+    smaller = {"--config.train.steps": "14", "--config.checkpoint.every": "4"}
+    args = [f"{a.split('=')[0]}={smaller[a.split('=')[0]]}" if a.split("=")[0] in smaller else a
+            for a in args]
+    args += ["--config.train.log_every=1", "--config.data.eval_examples=0",
+             "--config.profile.repeats=1"]
+    r = kill_one_of_launched(str(tmp_path), args, n, victim=1, kill_after_checkpoint=4)
+    assert r["processes_after"] == n - 1 and r["resumed_from_step"] >= 4, r
+    # What each process's progress lines say: process 0 the loss, the others only what they
+    # know (no "loss nan accuracy nan").
+    lines = [ln for ln in r["log"] if re.match(r"\[p\d\] .*step \d+/14 ", ln)]
+    assert {ln[:4] for ln in lines} == {f"[p{k}]" for k in range(n)}, lines
+    assert not [ln for ln in lines if "nan" in ln], lines
+    assert all(("loss " in ln) == ln.startswith("[p0]") for ln in lines), lines
