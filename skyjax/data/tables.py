@@ -99,60 +99,46 @@ def _value(row: dict, column: str, where: str, columns: Sequence[str]) -> Any:
     return value
 
 
-def _repeated(names: Sequence[str], used: Sequence[str]) -> str | None:
-    """The first of the ``used`` columns that ``names`` holds twice: a dict keeps only one of the
-    two, so the run would read one without a word. Others may repeat (Excel's trailing empty
-    columns all have the name '')."""
-    for name in used:
-        if list(names).count(name) > 1:
-            return name
-    return None
+def _check_twice(names: Sequence[str], used: Sequence[str], where: str, what: str) -> None:
+    """A ``used`` column named twice: a dict keeps one of the two, so the run would read one
+    without a word (others may repeat: Excel's trailing empty columns are all named '')."""
+    twice = next((c for c in used if list(names).count(c) > 1), None)
+    if twice is not None:
+        raise DataError(f"{where}: {what} names column {twice!r} twice (only one of the two "
+                        "would be read)")
 
 
-class _RepeatedKey(Exception):
-    """A JSON object names a used key twice (``args[0]``)."""
+class _Object(dict):
+    """A JSON object that keeps its keys as given (``json.loads``' hook), repeats included."""
 
-
-def _object_hook(used: Sequence[str]) -> Callable[[list[tuple[str, Any]]], dict]:
-    """``json.loads``' hook: a used key given twice is an error, not its last value."""
-    def hook(pairs: list[tuple[str, Any]]) -> dict:
-        key = _repeated([k for k, _ in pairs], used)
-        if key is not None:
-            raise _RepeatedKey(key)
-        return dict(pairs)
-    return hook
+    def __init__(self, pairs: list[tuple[str, Any]]):
+        super().__init__(pairs)
+        self.given = [k for k, _ in pairs]
 
 
 def _rows(path: str, used: Sequence[str]) -> Any:
     """``(where, row dict, columns)`` of every example of a local file, whose ``used`` columns
-    must not repeat. ``utf-8-sig``: Excel's
-    "CSV UTF-8" (and Notepad) start the file with a byte-order mark, which plain ``utf-8`` would
-    glue to the first column's name."""
+    must not repeat. ``utf-8-sig``: Excel's "CSV UTF-8" (and Notepad) start the file with a
+    byte-order mark, which plain ``utf-8`` would glue to the first column's name."""
     fmt = _format(path)
     with open(path, encoding="utf-8-sig", newline="" if fmt != "jsonl" else None) as f:
         if fmt == "jsonl":
-            hook = _object_hook(used)
             for n, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line, object_pairs_hook=hook)
-                except _RepeatedKey as e:
-                    raise DataError(f"{path}:{n}: column {e.args[0]!r} appears twice in this "
-                                    "object (only one of the two would be read)") from None
+                    row = json.loads(line, object_pairs_hook=_Object)
                 except ValueError as e:
                     raise DataError(f"{path}:{n}: not a JSON object ({first_line(e)})") from None
                 if not isinstance(row, dict):
                     raise DataError(f"{path}:{n}: not a JSON object (a {type(row).__name__})")
+                _check_twice(row.given, used, f"{path}:{n}", "this object")
                 yield f"{path}:{n}", row, list(row)
             return
         reader = (csv.DictReader(f) if fmt == "csv"
                   else csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
         columns = reader.fieldnames or []
-        repeated = _repeated(columns, used)
-        if repeated is not None:
-            raise DataError(f"{path}:1: the header names column {repeated!r} twice (only one of "
-                            "the two would be read): rename one")
+        _check_twice(columns, used, f"{path}:1", "the header")
         for row in reader:
             yield f"{path}:{reader.line_num}", row, columns
 
