@@ -47,6 +47,11 @@ from skyjax.names import EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_PEER_LOST
 
 EXIT_TIMEOUT = 124
 GRACE_S = 5.0
+# After a process exits reporting a lost peer (75, or JAX's abort when the coordinator goes),
+# the process that failed on its own (e.g. process 0 with a config error, 64) may still be
+# exiting: the launcher waits this long for it, so that its status, not the report's, is the
+# launcher's (and a bad input is not restarted as a lost process).
+SETTLE_S = 5.0
 MAX_PROCESSES_PER_CORE = 4  # more would only time-slice: the emulation needs some core time each
 # Exit statuses of a failure that is not a lost process: bad input or a diverged run would fail
 # the same way on the survivors, so --max_restarts does not restart them.
@@ -153,9 +158,15 @@ def _lost(codes: list[int | None]) -> list[int]:
     """The processes to give up after the first failure seen: those that failed on their own
     (not with ``EXIT_PEER_LOST`` or JAX's abort when the coordinator goes); if only peers'
     reports are in, the processes still running (hung, not beating)."""
-    failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
-    own = [k for k in failed if codes[k] not in (EXIT_PEER_LOST, -signal.SIGABRT)]
+    own = _own_failures(codes)
     return own or [k for k, c in enumerate(codes) if c is None]
+
+
+def _own_failures(codes: list[int | None], gone: set[int] = frozenset()) -> list[int]:
+    """The processes that failed on their own: not running, not ended with 0, not a report of a
+    lost peer (``EXIT_PEER_LOST``, or JAX's abort when the coordinator goes)."""
+    return [k for k, c in enumerate(codes) if c not in (None, 0, EXIT_PEER_LOST, -signal.SIGABRT)
+            and k not in gone]
 
 
 def check_args(num_processes: int, timeout_s: float | None, max_restarts: int,
@@ -175,6 +186,31 @@ def check_args(num_processes: int, timeout_s: float | None, max_restarts: int,
     if not grace_s >= 0:
         return f"--grace {grace_s}: must be 0 or more seconds"
     return None
+
+
+_FIND_MODULE = r"""
+import importlib.util, sys
+try:
+    found = importlib.util.find_spec(sys.argv[1]) is not None
+except ImportError:  # a parent package that does not exist
+    found = False
+sys.exit(0 if found else 3)
+"""
+
+
+def check_module(module: str, env: Mapping[str, str] | None = None) -> str | None:
+    """What is wrong with ``--module``, in one line (None: the children can import it): looked
+    up by a Python with the children's path (their ``PYTHONPATH`` and working directory), so a
+    missing module is one line of the launcher's, not a traceback from every child."""
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child_env = dict(os.environ, **(env or {}))
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (repo_root, child_env.get("PYTHONPATH", "")) if p)
+    r = subprocess.run([sys.executable, "-c", _FIND_MODULE, module], env=child_env,
+                       stdin=subprocess.DEVNULL, capture_output=True)
+    if r.returncode == 3:
+        return f"--module {module}: no module named {module!r} on the children's path"
+    return None  # found, or it fails when imported: the child says why
 
 
 def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | None = None,
@@ -257,6 +293,7 @@ def _launch_once(module_args: Sequence[str], num_processes: int, timeout_s: floa
             old_handlers[sig] = signal.signal(sig, _note)
     rc, lost = 0, []
     gone: set[int] = set()  # survive_losses: processes the others went on without
+    settle: float | None = None  # until when reports of a lost peer wait for their cause
     try:
         for k in range(num_processes):
             child_env = dict(base_env, **{env_vars.PROCESS_ID: str(k)})
@@ -284,6 +321,12 @@ def _launch_once(module_args: Sequence[str], num_processes: int, timeout_s: floa
                     gone.add(k)
                     log(f"process {k} exited with {c}; the others go on without it")
             failed = [(k, c) for k, c in failed if k not in gone]
+            if failed and not _own_failures(codes, gone) and None in codes:
+                # only reports of a lost peer so far: wait a little for the cause
+                settle = settle if settle is not None else time.monotonic() + SETTLE_S
+                if time.monotonic() < settle:
+                    time.sleep(0.05)
+                    continue
             if failed:
                 lost = _lost(codes)
                 k, c = next(((k, c) for k, c in failed if k in lost), failed[0])
@@ -338,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(as SLURM's --cpu-bind=cores): they stop sharing cores")
     args = parser.parse_args(own)
     with failures.one_line_errors("skyjax.launch"):
+        problem = check_module(args.module)
+        if problem:
+            raise failures.BadInput(problem)
         return launch(rest, args.num_processes, args.timeout, module=args.module,
                       grace_s=args.grace, max_restarts=args.max_restarts,
                       bind_cores=args.bind_cores, survive_losses=args.survive_losses)

@@ -31,7 +31,8 @@ def _launch(mode: str, n: int, timeout_s: float | None = 60, **kw) -> tuple[int,
 
     out = io.BytesIO()
     t = time.monotonic()
-    rc = launch([mode], n, timeout_s, env=_env(), module="test_launch", stdout=out, **kw)
+    rc = launch([mode], n, timeout_s, env=kw.pop("env", _env()), module="test_launch", stdout=out,
+                **kw)
     return rc, out.getvalue().decode(), time.monotonic() - t
 
 
@@ -196,6 +197,30 @@ def test_restarts_are_bounded():
     assert text.count("restart 1/1") == 1 and "restart 2/" not in text, text
 
 
+def test_the_launcher_exits_with_the_cause_not_the_report_of_a_lost_peer(tmp_path):
+    """Process 1 aborts at once (as JAX aborts a survivor when the coordinator goes) and only
+    then process 0 exits with 64 (its config error): the launcher's status is the cause's, 64,
+    and a bad input is not restarted."""
+    rc, out, _ = _launch("late_cause", 2, env=dict(_env(), TEST_LAUNCH_DIR=str(tmp_path)),
+                         max_restarts=1)
+    assert rc == 64, out
+    assert "[p0] process 1 is gone" in out, out
+    assert "restart" not in out, out
+
+
+def test_a_missing_module_is_one_line():
+    for module in ("no_such_module_53", "skyjax.no_such_module_53"):
+        r = subprocess.run(
+            [sys.executable, "-m", "skyjax.launch", "--num_processes", "2", "--module", module,
+             "--", "x"], cwd=REPO, env=dict(os.environ, **_env()), capture_output=True,
+            text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode == 64, r.stderr
+        assert r.stderr.splitlines() == [f"skyjax.launch: --module {module}: no module named "
+                                         f"'{module}' on the children's path"], r.stderr
+        assert r.stdout == "", r.stdout  # no child started
+    assert _launch("echo", 1)[0] == 0  # a module on the children's path only (tests/) is found
+
+
 def test_bind_cores_gives_each_process_its_own_cores():
     from skyjax.launch import core_slices
 
@@ -243,6 +268,21 @@ def _child(mode: str) -> None:
             time.sleep(1.5)
             sys.exit(75)  # skyjax.names.EXIT_PEER_LOST: "a peer was lost"
         print(f"attempt 2 of {n} args {' '.join(sys.argv[2:])}", flush=True)
+    elif mode == "late_cause":
+        marker = os.path.join(os.environ["TEST_LAUNCH_DIR"], "p1.pid")
+        if k == 1:
+            with open(marker + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(marker + ".tmp", marker)
+            os.abort()
+        while not os.path.exists(marker):
+            time.sleep(0.01)
+        with open(marker) as f:
+            pid = int(f.read())
+        while os.path.exists(f"/proc/{pid}"):  # until the launcher has reaped it
+            time.sleep(0.01)
+        print("process 1 is gone", flush=True)
+        sys.exit(64)  # skyjax.names.EXIT_BAD_INPUT
     elif mode == "cores":
         print(f"cores of {k}: {sorted(os.sched_getaffinity(0))}", flush=True)
     elif mode == "exit7":
