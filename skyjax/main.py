@@ -61,17 +61,28 @@ def check_launch(config) -> None:
 
 
 def check_profile_path(config) -> None:
-    """``config.profile.path``, read and checked against the cluster before anything starts
-    (its unit count is checked against the model once the model's chain is known)."""
+    """``config.profile.path``, read and checked against the cluster and, when it records them,
+    the model and micro-batch it was measured for, before anything starts (its unit count, and
+    an ``auto`` compute dtype, are checked once JAX knows the model's chain and devices)."""
     if not config.profile.path:
         return
-    from skyjax.profile.format import load_profile  # JSON only, no JAX
+    from skyjax.models import hf_config  # JSON only, no JAX
+    from skyjax.profile import format as profile_format
 
-    profile = load_profile(config.profile.path)
+    profile = profile_format.load_profile(config.profile.path)
     if profile.num_devices != config.cluster.num_devices:
         raise ValueError(f"config.profile.path={config.profile.path!r} has "
                          f"{profile.num_devices} devices; config.cluster.num_devices="
                          f"{config.cluster.num_devices}")
+    m, dtype = config.model, config.train.compute_dtype
+    record = profile_format.model_record(
+        hf_config.read(m.pretrained) if m.pretrained else m, attention=m.attention,
+        compute_dtype=dtype, granularity=config.allocation.granularity)
+    if dtype == "auto":  # resolved from the devices, once JAX starts (train.profile_phase)
+        del record["compute_dtype"]
+    profile_format.check_measured_for(profile, record, profile_format.run_microbatch(config),
+                                      f"config.profile.path={config.profile.path!r}",
+                                      profile_format.config_keys(config))
 
 
 def start_jax(config) -> None:

@@ -33,7 +33,7 @@ from skyjax.report.compare import step_boundary_s
 from skyjax.models import bert, build
 from skyjax.plan.extension import ExtraCost
 from skyjax.profile import profiler
-from skyjax.profile.chain import Workload
+from skyjax.profile.chain import Workload, check_given
 from skyjax.profile.format import Profile, load_profile
 from skyjax.profile.options import Options
 from skyjax.relax import Relaxation
@@ -74,19 +74,12 @@ def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], wor
     ``workdir/profiles/<key>.json`` or a new measurement (:func:`profiler.profile_or_load`)."""
     if config.profile.path:
         profile = load_profile(config.profile.path)
+        check_given(profile, config, chain[0].compute_dtype, logging.warning)
         if profile.num_units != len(chain) or profile.num_devices != cluster.num_devices:
             raise ValueError(
                 f"config.profile.path={config.profile.path!r} has {profile.num_units} units and "
                 f"{profile.num_devices} devices; this run has {len(chain)} units "
                 f"({config.allocation.granularity}) and {cluster.num_devices} devices")
-        measured = profile.extra.get("profiler", {})
-        measured = measured.get("dtype") if isinstance(measured, dict) else None
-        if measured and chain and measured != chain[0].compute_dtype:
-            raise ValueError(
-                f"config.profile.path={config.profile.path!r} was measured in {measured}; this "
-                f"run computes in {chain[0].compute_dtype} (config.train.compute_dtype="
-                f"{config.train.compute_dtype!r}), so its hand-off and activation bytes are not "
-                "this run's: profile again or set config.train.compute_dtype")
         return profile
     return profiler.profile_or_load(
         workdir, Workload.from_config(config), cluster, optim.make_optimizer(config.train),

@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -123,3 +124,97 @@ def test_from_json_does_not_alias_input():
     d2 = copy.deepcopy(d)
     p.devices[0]["name"] = "changed"
     assert d == d2
+
+
+# --------------------------------------------------------------------------------------------
+# The model record: what a profile was measured for.
+
+RECORD = {"vocab_size": 30522, "hidden_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "intermediate_size": 256, "max_position_embeddings": 512,
+          "type_vocab_size": 2, "hidden_act": "gelu", "attention": "exact",
+          "compute_dtype": "float32", "granularity": "layer"}
+
+
+def test_the_model_record_round_trips_and_is_checked():
+    d = dict(good(), model=dict(RECORD, newer_key=[1]))
+    p = Profile.from_json(d)
+    assert p.model == dict(RECORD, newer_key=[1]) and "model" not in p.extra
+    assert p.to_json()["model"] == d["model"]  # unknown keys of the record kept
+    assert Profile.from_json(good()).model is None and "model" not in Profile.from_json(
+        good()).to_json()
+    with pytest.raises(ProfileError, match=r"^profile\.model\.hidden_size: expected a positive "
+                                           r"integer, got '64'$"):
+        Profile.from_json(dict(good(), model=dict(RECORD, hidden_size="64")))
+    with pytest.raises(ProfileError, match=r"^profile\.model: expected an object, got list$"):
+        Profile.from_json(dict(good(), model=[]))
+
+
+def _config(hidden=64, batch=16, microbatches=2, seq_len=128):
+    from skyjax.config import defaults as config_defaults
+
+    c = config_defaults.base_config()
+    for k in ("vocab_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "max_position_embeddings", "type_vocab_size", "hidden_act", "attention"):
+        c.model[k] = RECORD[k]
+    c.model.hidden_size = hidden
+    c.data.batch_size, c.pipeline.microbatches, c.data.seq_len = batch, microbatches, seq_len
+    c.cluster.num_devices = 2
+    return c
+
+
+def _saved(tmp_path, **changes) -> str:
+    path = str(tmp_path / "profile.json")
+    d = good()
+    if changes.pop("record", True):
+        d["model"] = dict(RECORD, **changes)
+    save_profile(Profile.from_json(d), path)
+    return path
+
+
+def test_a_run_given_a_profile_of_another_model_or_micro_batch_is_refused(tmp_path):
+    """Same unit and device counts are not enough: the times are another model's."""
+    from skyjax import main
+
+    config = _config()
+    config.profile.path = _saved(tmp_path)
+    main.check_profile_path(config)  # measured for this model and micro-batch (8 x 128)
+    where = re.escape(f"config.profile.path={config.profile.path!r}")
+    config.model.hidden_size = 128
+    with pytest.raises(ProfileError, match=rf"^{where} was measured for hidden_size=64; this "
+                                           r"run has hidden_size=128 \(config\.model\."
+                                           r"hidden_size\): profile again"):
+        main.check_profile_path(config)
+    config = _config(microbatches=4)
+    config.profile.path = _saved(tmp_path)
+    with pytest.raises(ProfileError, match=r"was measured with micro-batches of 8 x 128 \(size x "
+                                           r"seq_len\); this run's are 4 x 128 \(config\.data\."
+                                           r"batch_size / config\.pipeline\.microbatches x "
+                                           r"config\.data\.seq_len\)"):
+        main.check_profile_path(config)
+    config = _config()
+    config.train.compute_dtype = "bfloat16"
+    config.profile.path = _saved(tmp_path)
+    with pytest.raises(ProfileError, match=r"compute_dtype='float32'; this run has "
+                                           r"compute_dtype='bfloat16' \(config\.train\."):
+        main.check_profile_path(config)
+    config.train.compute_dtype = "auto"  # known once JAX sees the devices: checked then
+    main.check_profile_path(config)
+    # A record's key that this run does not know, or a record without a key, is not compared.
+    config = _config()
+    config.profile.path = _saved(tmp_path, future_key="x")
+    older = json.load(open(config.profile.path))
+    del older["model"]["granularity"]
+    json.dump(older, open(config.profile.path, "w"))
+    config.allocation.granularity = "sublayer"
+    main.check_profile_path(config)
+
+
+def test_a_profile_without_a_record_is_still_accepted(tmp_path):
+    """Older files and hand-built (FLOP-model) profiles have no record: read as before."""
+    from skyjax import main
+    from skyjax.profile.format import check_measured_for
+
+    config = _config(hidden=1024, batch=4, microbatches=1, seq_len=16)
+    config.profile.path = _saved(tmp_path, record=False)
+    main.check_profile_path(config)
+    assert check_measured_for(load_profile(config.profile.path), RECORD, (1, 1), "p", {}) is False

@@ -222,6 +222,54 @@ def test_profile_cache_reused_and_invalidated(tmp_path, monkeypatch):
     assert load_profile(path).to_json() == p4.to_json()
 
 
+def test_a_measured_profile_records_its_model_and_a_run_of_another_is_refused(tmp_path,
+                                                                              monkeypatch):
+    """A profile of another hidden size has as many units and devices: without the record a run
+    would plan from the other model's times."""
+    from skyjax import names, train
+    from skyjax.models.build import abstract_chain
+    from skyjax.profile.format import save_profile
+    from tests.helpers import TINY, make_profile, run_main
+
+    c = tiny_config(1)
+    prof = cached(c, str(tmp_path))  # measured here, or cached before records existed: stamped
+    assert prof.model == Workload.from_config(c).record()
+    assert (prof.model["hidden_size"], prof.model["intermediate_size"],
+            prof.model["granularity"], prof.model["compute_dtype"]) == (32, 128, "layer",
+                                                                         "float32")
+    path = str(tmp_path / "p.json")
+    save_profile(prof, path)
+    assert load_profile(path).model == prof.model
+    c.profile.path = path
+    c.train.compute_dtype = "auto"  # float32 on CPU: the profile's
+    cluster = cl.cluster_from_config(c, jax.devices()[:1])
+    chain = abstract_chain(c.model, 0, "layer")
+    assert train.profile_phase(c, chain, str(tmp_path), cluster).model == prof.model
+    other = tiny_config(1, hidden=64)
+    other.model.intermediate_size = 128
+    other.profile.path = path
+    with pytest.raises(ValueError, match=r"config\.profile\.path=.* was measured for "
+                                         r"hidden_size=32; this run has hidden_size=64"):
+        train.profile_phase(other, abstract_chain(other.model, 0, "layer"), str(tmp_path),
+                            cluster)
+    # skyjax.main refuses it before JAX starts: one line, exit 64, the workdir untouched
+    proc = run_main(tmp_path / "run", *TINY, "--config.model.hidden_size=64",
+                    "--config.model.intermediate_size=128", "--config.pipeline.microbatches=1",
+                    "--config.data.seq_len=16", f"--config.profile.path={path}")
+    assert proc.returncode == names.EXIT_BAD_INPUT, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("skyjax.main: ") and "was measured for hidden_size=32; this run has " \
+        "hidden_size=64 (config.model.hidden_size)" in last, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+    # a profile without the record (hand-built, or older) is accepted, with a warning line
+    warned = []
+    monkeypatch.setattr(train.logging, "warning", warned.append)
+    save_profile(make_profile(np.full((4, 1), 1e-3)), path)
+    assert train.profile_phase(other, abstract_chain(other.model, 0, "layer"), str(tmp_path),
+                               cluster).model is None
+    assert len(warned) == 1 and "has no model record" in warned[0]
+
+
 def test_fit_link():
     lat, bw = links.fit_link((1000, 1_001_000), (0.001 + 1000 / 1e8, 0.001 + 1_001_000 / 1e8))
     assert lat == pytest.approx(0.001) and bw == pytest.approx(1e8)

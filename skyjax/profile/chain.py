@@ -10,12 +10,14 @@ layer (:func:`skeleton_chain`), so BERT-large with 160 layers costs no more than
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from skyjax.models import bert
 from skyjax.models.build import model_config, resolve_compute_dtype
+from skyjax.profile.format import (Profile, check_measured_for, config_keys, model_record,
+                                   run_microbatch)
 from skyjax.tree import tree_nbytes
 
 
@@ -41,12 +43,40 @@ class Workload:
         optimizer description of ``config``, computing in its resolved
         ``train.compute_dtype``."""
         dtype = resolve_compute_dtype(config.train.compute_dtype)
-        size = int(config.data.batch_size) // max(int(config.pipeline.microbatches), 1)
         clip = float(getattr(config.train, "grad_clip_norm", 0.0) or 0.0)
         return cls(model=model_config(config.model, dtype), dtype=dtype,
-                   microbatch=(max(size, 1), int(config.data.seq_len)),
+                   microbatch=run_microbatch(config),
                    granularity=str(config.allocation.granularity),
                    optimizer={"name": "adamw", "clip": clip > 0})
+
+    def record(self) -> dict:
+        """profile.json's ``model`` record of this workload (:func:`format.model_record`), so that
+        a run given the profile can check it was measured for its model."""
+        return model_record(dataclasses.asdict(self.model), attention=self.model.attention,
+                            compute_dtype=self.dtype, granularity=self.granularity)
+
+
+def check_given(profile: Profile, config: Any, dtype: str, warn: Callable[[str], None]
+                ) -> None:
+    """A profile given to a run (``config.profile.path``) must have been measured for the run's
+    model and micro-batch (:func:`format.check_measured_for`; ``dtype``: the run's resolved
+    compute dtype, its chain's); one without the record cannot be checked and is used with a ``warn`` line, unless the
+    profiler's options name another compute dtype (its hand-off and activation bytes are 2x
+    off)."""
+    where = f"config.profile.path={config.profile.path!r}"
+    workload = dataclasses.replace(Workload.from_config(config), dtype=dtype)
+    if check_measured_for(profile, workload.record(), workload.microbatch, where,
+                          config_keys(config)):
+        return
+    measured = profile.extra.get("profiler", {})
+    measured = measured.get("dtype") if isinstance(measured, dict) else None
+    if measured and measured != workload.dtype:
+        raise ValueError(f"{where} was measured in {measured}; this run computes in "
+                         f"{workload.dtype} (config.train.compute_dtype="
+                         f"{config.train.compute_dtype!r}), so its hand-off and activation bytes "
+                         "are not this run's: profile again or set config.train.compute_dtype")
+    warn(f"{where} has no model record (written before profiles had one, or not by the "
+         "profiler): its model and micro-batch are not checked against this run's")
 
 
 @dataclasses.dataclass

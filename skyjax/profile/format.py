@@ -10,6 +10,13 @@ field, e.g. ``profile.forward_s[3][1]: negative time -0.2``; unknown keys are
 kept in ``Profile.extra`` (unknown keys of ``links`` under ``extra["links"]``)
 and written back by ``to_json``; other keys of ``overheads`` (``batch_s`` in older files) are
 ignored.
+
+``model`` (optional) records what the unit times were measured for besides the micro-batch:
+the model's shape, attention path, compute dtype and granularity (:data:`MODEL_KEYS`). The
+profiler writes it; :func:`check_measured_for` refuses a profile given to a run of another model
+or micro-batch (same unit and device counts would otherwise plan from another model's times).
+Profiles without it (older files, hand-built or FLOP-model ones) cannot be checked and are read
+as before.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,11 +36,18 @@ from skyjax.relax import EXACT, Relaxation
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 _TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward_s", "links",
-             "update_s", "overheads", "codecs")
+             "update_s", "overheads", "codecs", "model")
 OVERHEAD_KEYS = ("forward_call_s", "backward_call_s", "update_call_s", "message_s", "input_s")
 _UNIT_FIELDS = ("state_bytes", "activation_bytes", "output_bytes")
 _OPTIONAL_UNIT_FIELDS = ("temp_bytes",)  # 0 where absent (profiles made before it existed)
 _LINK_KEYS = ("latency_s", "bandwidth_Bps")
+# The model record: integers (the shape, Hugging Face's names) and strings (how it computes and
+# how it is cut into units). num_labels is left out: the head's size barely moves a time, and a
+# profile serves every task of one model.
+MODEL_INT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "intermediate_size", "max_position_embeddings", "type_vocab_size")
+MODEL_STR_KEYS = ("hidden_act", "attention", "compute_dtype", "granularity")
+MODEL_KEYS = MODEL_INT_KEYS + MODEL_STR_KEYS
 
 
 class ProfileError(ValueError):
@@ -72,6 +87,8 @@ class Profile:
     # the relaxation the planner may choose within (skyjax.relax; not part of the file: plan()
     # sets it from its argument)
     relax: Relaxation = EXACT
+    # what the times were measured for (MODEL_KEYS, :func:`model_record`); None: not recorded
+    model: dict | None = None
 
     def __post_init__(self):
         u, d = np.shape(self.forward_s)
@@ -118,6 +135,8 @@ class Profile:
                 "overheads": {**{k: getattr(self, k).tolist() for k in OVERHEAD_KEYS},
                               "sync_s": float(self.sync_s)},
         }
+        if self.model is not None:
+            out["model"] = dict(self.model)
         if self.codecs:
             out["codecs"] = {name: {"output_bytes": [int(x) for x in c["output_bytes"]],
                                     "seconds_per_byte": [float(x) for x in
@@ -255,7 +274,19 @@ def _parse(d: Any) -> Profile:
     return Profile(version=VERSION, microbatch=dict(mb), units=units, devices=devices,
                    forward_s=fwd, backward_s=bwd, latency_s=lat, bandwidth_Bps=bw, extra=extra,
                    update_s=upd, sync_s=sync, codecs=_codecs(d.get("codecs", {}), n_u, n_d),
-                   **fixed)
+                   model=_model(d["model"]) if "model" in d else None, **fixed)
+
+
+def _model(x: Any) -> dict:
+    if not isinstance(x, dict):
+        _fail("model", f"expected an object, got {type(x).__name__}")
+    for k in MODEL_INT_KEYS:
+        if k in x and (isinstance(x[k], bool) or not isinstance(x[k], int) or x[k] < 1):
+            _fail(f"model.{k}", f"expected a positive integer, got {x[k]!r}")
+    for k in MODEL_STR_KEYS:
+        if k in x and not isinstance(x[k], str):
+            _fail(f"model.{k}", f"expected a string, got {x[k]!r}")
+    return dict(x)  # unknown keys kept (a newer profiler's)
 
 
 def _codecs(x: Any, n_u: int, n_d: int) -> dict:
@@ -279,3 +310,57 @@ def _codecs(x: Any, n_u: int, n_d: int) -> dict:
                     _get(c, "seconds_per_byte", f"codecs.{name}.seconds_per_byte"),
                     f"codecs.{name}.seconds_per_byte", n_d, "entries (one per device)"))])}
     return out
+
+
+# ---------------------------------------------------------------- what it was measured for
+
+
+def model_record(shape: Mapping[str, Any], *, attention: str, compute_dtype: str,
+                 granularity: str) -> dict:
+    """The ``model`` record of a workload: :data:`MODEL_INT_KEYS` and ``hidden_act`` from
+    ``shape`` (a ``BertConfig`` as a dict, ``config.model`` or a pretrained ``config.json``;
+    keys it lacks are left out and so not compared), and how the model computes and is cut."""
+    out = {k: shape[k] for k in (*MODEL_INT_KEYS, "hidden_act") if k in shape}
+    out.update(attention=attention, compute_dtype=compute_dtype, granularity=granularity)
+    return out
+
+
+def check_measured_for(profile: Profile, record: Mapping[str, Any], microbatch: tuple[int, int],
+                       where: str, keys: Mapping[str, str]) -> bool:
+    """Raises :class:`ProfileError` when ``profile`` (given as ``where``, e.g.
+    ``config.profile.path='p.json'``) was measured for another model or micro-batch than the
+    run's ``record`` and ``microbatch`` (size, seq_len); ``keys`` names the config key setting
+    each value, for the message. Keys missing on either side are not compared (an older record,
+    or a value not known yet). Returns False when the profile has no record (not checked)."""
+    if profile.model is None:
+        return False
+    fix = "profile again (leave config.profile.path empty) or give a profile of this run's model"
+    for k in MODEL_KEYS:
+        if k in profile.model and k in record and profile.model[k] != record[k]:
+            raise ProfileError(f"{where} was measured for {k}={profile.model[k]!r}; this run has "
+                               f"{k}={record[k]!r} ({keys.get(k, k)}): {fix}")
+    theirs = (profile.microbatch["size"], profile.microbatch["seq_len"])
+    if theirs != tuple(microbatch):
+        raise ProfileError(f"{where} was measured with micro-batches of {theirs[0]} x {theirs[1]} "
+                           f"(size x seq_len); this run's are {microbatch[0]} x {microbatch[1]} "
+                           f"({keys.get('microbatch', 'micro-batch')}): {fix}")
+    return True
+
+
+def config_keys(config: Any) -> dict[str, str]:
+    """For :func:`check_measured_for`: the config key that sets each value of a run."""
+    shape = (f"config.json of config.model.pretrained={config.model.pretrained!r}"
+             if config.model.pretrained else None)
+    out = {k: shape or f"config.model.{k}" for k in (*MODEL_INT_KEYS, "hidden_act")}
+    out.update(attention="config.model.attention", compute_dtype="config.train.compute_dtype",
+               granularity="config.allocation.granularity",
+               microbatch="config.data.batch_size / config.pipeline.microbatches x "
+                          "config.data.seq_len")
+    return out
+
+
+def run_microbatch(config: Any) -> tuple[int, int]:
+    """A run's micro-batch (size, seq_len): ``data.batch_size / pipeline.microbatches`` x
+    ``data.seq_len`` (what :class:`skyjax.profile.chain.Workload` profiles; here without JAX)."""
+    size = int(config.data.batch_size) // max(int(config.pipeline.microbatches), 1)
+    return max(size, 1), int(config.data.seq_len)

@@ -84,6 +84,7 @@ def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options,
     d = {
         "version": 2,
         "microbatch": {"size": size, "seq_len": seq_len},
+        "model": workload.record(),
         "units": units_rec,
         "devices": measured.get("devices") or device_records(cluster),
         "forward_s": measured["forward_s"].tolist(),

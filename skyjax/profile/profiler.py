@@ -48,9 +48,10 @@ def profile_or_load(workdir: str, workload: Workload, cluster: cluster_lib.Clust
     log = log or logging.info
     key = cache_key(workload, cluster, options)
     if jax.process_count() == 1:
-        return load_or_measure(
+        return _recorded(load_or_measure(
             workdir, key, lambda: measure.profile(workload, cluster, optimizer, options,
-                                                  chain=chain, log=log), reprofile, log)
+                                                  chain=chain, log=log), reprofile, log),
+            workload)
     if not namespace:
         raise ValueError("profiling under jax.distributed needs a key-value namespace per call")
 
@@ -62,5 +63,14 @@ def profile_or_load(workdir: str, workload: Workload, cluster: cluster_lib.Clust
                                                jax.process_index(), chain=chain,
                                                log=ProfileProgress(log, names))
 
-    return distributed.load_or_measure_shared(workdir, key, measure_all, reprofile, namespace,
-                                              log)
+    return _recorded(distributed.load_or_measure_shared(workdir, key, measure_all, reprofile,
+                                                        namespace, log), workload)
+
+
+def _recorded(prof: Profile, workload: Workload) -> Profile:
+    """``prof`` with its ``model`` record: a cached profile written before the record existed
+    was measured for this very workload (the cache key hashes it), so the run's copy
+    (``WORKDIR/profile.json``) can be checked when it is given to another run."""
+    if prof.model is None:
+        prof.model = workload.record()
+    return prof
