@@ -38,7 +38,8 @@ from skyjax.profile.format import Profile, load_profile
 from skyjax.profile.options import Options
 from skyjax.relax import Relaxation
 from skyjax.runtime.distributed_executor import DistributedExecutor
-from skyjax.runtime import memory, placement
+from skyjax.runtime import memory, placement, rehearsal
+from skyjax.plan.declared import fit_config
 from skyjax.runtime.local_executor import LocalExecutor
 from skyjax.runtime.recovery import Recovery
 from skyjax.runtime.replanner import Replanner, calibration_plan
@@ -117,11 +118,12 @@ def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0,
 
 
 def make_executor(config: ml_collections.ConfigDict, chain: list[bert.Unit], plan: plan_lib.Plan,
-                  cluster: cluster_lib.Cluster, transport: Any = None, unit_states: Any = None):
+                  cluster: cluster_lib.Cluster, transport: Any = None, unit_states: Any = None,
+                  declared: Any = None):
     """The executor for this process: all stages here, or this process's stage (from restored
-    ``unit_states`` when resuming)."""
+    ``unit_states`` when resuming); ``declared``: a rehearsal's declared times of the plan."""
     kwargs = dict(batch_size=config.data.batch_size, seq_len=config.data.seq_len,
-                  unit_states=unit_states,
+                  unit_states=unit_states, declared=declared,
                   optimizer=optim.make_optimizer(config.train, clip=False),
                   max_grad_norm=config.train.grad_clip_norm or None,
                   rng=lambda step, first, count: bert.example_keys(config.train.seed, step,
@@ -145,21 +147,6 @@ def own_units(plan: plan_lib.Plan, num_units: int) -> list[int]:
     if jax.process_count() == 1:
         return list(range(num_units))
     return placement.device_units(plan, jax.process_index())
-
-
-def memory_report(config: ml_collections.ConfigDict, chain: list[bert.Unit], mine: list[int],
-                  rss_start: int) -> dict | None:
-    """Peak host RSS and training-state bytes of every process, against the whole model's
-    training state (``summary.json`` ``memory``); None on processes other than 0."""
-    optimizer = optim.make_optimizer(config.train, clip=False)
-    record = {"process": jax.process_index(), "units": [min(mine), max(mine) + 1] if mine else [],
-              "state_bytes": memory.state_bytes(chain, mine, optimizer),
-              "rss_start_bytes": rss_start, "peak_rss_bytes": memory.peak_rss_bytes()}
-    processes = memory.gather_to_chief(record, "skyjax/memory")
-    if processes is None:
-        return None
-    total = memory.state_bytes(chain, range(len(chain)), optimizer)
-    return {"model_state_bytes": total, "processes": processes}
 
 
 def evaluate_splits(executor, eval_sets: dict[str, list[Batch]], step: int,
@@ -316,6 +303,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     (other processes return the same summary without writing)."""
     wall_start = time.perf_counter()
     rss_start = memory.current_rss_bytes()
+    fit_config(config)  # a rehearsal's devices and layers follow its profile
     validate_config(config)
     claim = workdir_lib.Claim(workdir) if jax.process_index() == 0 else None  # one run at a time
     try:
@@ -339,11 +327,17 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
     num_params = tree_size([u.params for u in chain])
     logging.info("model: %d units at %s granularity, %d parameters, computing in %s",
                  len(chain), config.allocation.granularity, num_params, compute_dtype)
-    cluster = cluster_lib.cluster_from_config(config)
+    target = fit_config(config)  # a rehearsal: the profile of the cluster it declares
+    scale = float(config.rehearse.time_scale)
+    cluster = (rehearsal.cluster(target, scale, config.cluster.mode) if target
+               else cluster_lib.cluster_from_config(config))
     transport = make_transport(cluster, config.cluster.peer_timeout_s,
                                ServerOptions.from_config(config.cluster))
-    profile = profile_phase(config, chain, workdir, cluster, transport, probes)
+    profile = target or profile_phase(config, chain, workdir, cluster, transport, probes)
     plan = plan_phase(config, profile, extra)
+    declared = None
+    if target:  # the same plan in the rehearsal's time base, each call's declared time
+        plan, profile, declared = rehearsal.prepare(plan, profile, scale, cluster)
     start_step = resume.step if resume else 0
     calibrate = calibration_steps(config, start_step)
     if calibrate:  # the first steps run on every device; then the plan of the measured times
@@ -368,7 +362,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
     optimizer = optim.make_optimizer(config.train, clip=False)
     states = checkpoint.restored_states(resume, chain, mine, optimizer)
     executor = make_executor(config, chain if states else build.materialize(init, chain, mine),
-                             plan, cluster, transport, states)
+                             plan, cluster, transport, states, declared)
     saver = checkpoint.make_manager(config, workdir, chain, optimizer)
     # the units are on their devices now: no host copy (restored arrays, random blocks) stays
     del states
@@ -401,7 +395,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
     summary = outputs.make_summary(config, plan.to_json(), result, final_evals,
                                    len(profile.units), num_params,
                                    time.perf_counter() - wall_start)
-    summary["memory"] = memory_report(config, chain, mine, rss_start)
+    summary["memory"] = memory.run_report(optim.make_optimizer(config.train, clip=False),
+                                           chain, mine, rss_start)
+    if target:
+        calls = memory.gather_to_chief(rehearsal.ledger(), "skyjax/rehearsal")
+        summary["rehearsal"] = rehearsal.report(config.rehearse.profile, scale, plan, profile,
+                                                result["step_times"], calls)
+        outputs.log_rehearsal(summary["rehearsal"])
     summary["stage_comparison"] = outputs.stage_report(plan, profile, result["last_step"],
                                                        result["boundaries"],
                                                        result["recent_spans"], extra)

@@ -211,6 +211,21 @@ def _checkpoint() -> ml_collections.ConfigDict:
     return c
 
 
+def _rehearse() -> ml_collections.ConfigDict:
+    """Rehearse another cluster on this host (docs/design.md, "Rehearsal"): the plan of a
+    profile.json of that cluster runs on this host's devices, every call and message taking the
+    time the profile declares; a small model of the profile's unit count computes inside."""
+    r = ml_collections.ConfigDict()
+    # the target cluster's profile.json ("" = off: devices and links take what they take); the
+    # run then has that profile's devices and units (cluster.num_devices and
+    # model.num_hidden_layers follow it)
+    r.profile = ""
+    # every declared time x this factor (> 1 makes this host's own overheads small beside it;
+    # summary.json's rehearsal.calls reports them per call)
+    r.time_scale = 1.0
+    return r
+
+
 def base_config() -> ml_collections.ConfigDict:
     """Returns the full schema with the local-demo defaults (unlocked)."""
     config = ml_collections.ConfigDict()
@@ -223,4 +238,5 @@ def base_config() -> ml_collections.ConfigDict:
     config.cluster = _cluster()
     config.profile = _profile()
     config.checkpoint = _checkpoint()
+    config.rehearse = _rehearse()
     return config

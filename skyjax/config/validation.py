@@ -97,7 +97,23 @@ def _probability(name: str, value: float) -> None:
         _fail(f"{name}={value!r} must be in [0, 1)")
 
 
+def _unparsed(name: str, text: str) -> None:
+    """A numeric tuple flag that is no Python literal (``(1,nan)``: ``nan`` is a name, not a
+    number) reaches the config as one string: name the entry that is not a number, not the
+    count of one."""
+    for item in text.strip("()[] ").split(","):
+        try:
+            ok = math.isfinite(float(item))
+        except ValueError:
+            ok = False
+        if not ok:
+            _fail(f"{name}: {item.strip()!r} in {text!r} is not a finite number")
+    _fail(f"{name}={text!r} is not a tuple of numbers")
+
+
 def _per_device(name: str, values: Sequence[Any], num_devices: int, kind: type | tuple) -> None:
+    if kind is not str and len(values) == 1 and isinstance(values[0], str):
+        _unparsed(name, values[0])
     if len(values) not in (0, num_devices):
         _fail(f"{name} has {len(values)} entries but config.cluster.num_devices={num_devices} "
               "(give one per device, or () for none)")
@@ -319,6 +335,39 @@ def _check_transfer_server(c: Any) -> None:
     _at_least("config.cluster.transfer_parallel_copies", c.transfer_parallel_copies, 1)
 
 
+def _check_rehearse(config: Any) -> None:
+    """A rehearsal takes its devices, links and plan from its profile: keys that would set them
+    otherwise, or re-plan from this host's times, are refused by name."""
+    r = config.rehearse
+    if not (isinstance(r.time_scale, _NUMBER) and math.isfinite(r.time_scale)
+            and r.time_scale > 0):
+        _fail(f"config.rehearse.time_scale={r.time_scale!r}: expected a positive number")
+    if not r.profile:
+        return
+    if not os.path.isfile(r.profile):
+        _fail(f"config.rehearse.profile={r.profile!r}: "
+              + ("is a directory, not a profile.json" if os.path.isdir(r.profile)
+                 else "file not found"))
+    c, a = config.cluster, config.allocation
+    clash = [("config.profile.path", config.profile.path),
+             ("config.cluster.slowdowns", tuple(c.slowdowns)),
+             ("config.cluster.memory_caps_bytes", tuple(c.memory_caps_bytes)),
+             ("config.cluster.regions", tuple(c.regions)),
+             ("config.cluster.link_latency_s", c.link_latency_s),
+             ("config.cluster.link_bandwidth_Bps", c.link_bandwidth_Bps),
+             ("config.cluster.shared_host", c.shared_host),
+             ("config.allocation.calibrate_steps", a.calibrate_steps)]
+    for key, value in clash:
+        if value:
+            _fail(f"{key}={value!r} cannot be combined with config.rehearse.profile="
+                  f"{r.profile!r}: the rehearsed profile declares every device, link and time "
+                  "(leave the key at its default)")
+    if a.strategy == "dynamic":
+        _fail(f"config.allocation.strategy='dynamic' cannot be combined with "
+              f"config.rehearse.profile={r.profile!r}: a rehearsal runs the profile's plan "
+              "(re-planning would plan from this host's times)")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
     """Raises ``ValueError`` naming the first bad key; returns None when the config is usable."""
     _check_schema(config, defaults.base_config(), "config")
@@ -336,5 +385,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
               f"True (several passes serve a host whose speed moves; real devices take one)")
     _at_least("config.checkpoint.every", config.checkpoint.every, 0)
     _at_least("config.checkpoint.keep", config.checkpoint.keep, 0)
+    _check_rehearse(config)
     if config.profile.path and not os.path.isfile(config.profile.path):
         _fail(f"config.profile.path={config.profile.path!r}: file not found")

@@ -211,3 +211,17 @@ def log_summary(summary: dict) -> None:
                  "%.4f s), wall %.1f s%s", scores or "no eval", summary["final_loss"],
                  summary["step_time_s"], summary["predicted_step_time_s"],
                  summary["wall_time_s"], f"; {measured}" if measured else "")
+
+
+def log_rehearsal(record: dict) -> None:
+    """The rehearsal's line: measured against simulated step, and what this host added."""
+    calls = record.get("calls") or {}
+    logging.info(
+        "rehearsal: %d of %d declared devices, %d pipeline(s), median step %.4f s against "
+        "simulated %.4f s (%+.1f%%; cost model %.4f s; time scale %g); per call %.2f ms real "
+        "compute, %.2f ms host overhead, %d overrun(s) (largest %.2f ms)",
+        record["devices_used"], record["devices"], record["pipelines"],
+        record["measured_step_s"], record["simulated_step_s"], 100 * (record["error"] or 0.0),
+        record["model_step_s"], record["time_scale"], 1e3 * calls.get("real_mean_s", 0.0),
+        1e3 * calls.get("overhead_mean_s", 0.0), calls.get("overruns", 0),
+        1e3 * calls.get("overrun_max_s", 0.0))

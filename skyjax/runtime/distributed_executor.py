@@ -65,7 +65,7 @@ class DistributedExecutor:
                  optimizer: optax.GradientTransformation, max_grad_norm: float | None,
                  rng: Callable[[int, int, int], jax.Array], slowdown: float = 1.0,
                  sync_actions: bool = True,
-                 unit_states: dict[int, UnitState] | None = None):
+                 unit_states: dict[int, UnitState] | None = None, declared: Any = None):
         self.plan = plan
         self.chain = abstract_units(chain)
         self.optimizer = optimizer
@@ -108,6 +108,7 @@ class DistributedExecutor:
             self.stage.peers = replica_peers(self.places, k, [q.device for q in self.places])
             self.stage.replica_link = transport
             self.stage.averaging = make_averaging(plan, self.stage)
+            self.stage.declared = declared.stages[k] if declared is not None else None
             self.actions = actions(self.schedule, sizes[i], shares[i])
         self._gathers = 0
         # (batch, StepInputs) of the next step, put ahead during this one (train_step)

@@ -34,7 +34,8 @@ class LocalExecutor:
     index) and ``links`` (a ``LinkEmulation`` by device index) emulate heterogeneous devices;
     ``sync_actions`` (by device index; () = all): whether a stage's calls block
     (``skyjax.cluster.actions_block``); ``unit_states`` continues from another executor's
-    (``rebuild``).
+    (``rebuild``); ``declared`` (``skyjax.plan.declared.Declared`` of ``plan``): a rehearsal's
+    declared time of every stage's calls.
     """
 
     needs_batch = True  # its first and last stages read every step's batch
@@ -44,7 +45,7 @@ class LocalExecutor:
                  max_grad_norm: float | None, rng: Callable[[int, int, int], jax.Array],
                  slowdowns: Sequence[float] = (), links: Any = None,
                  sync_actions: Sequence[bool] = (),
-                 unit_states: dict[int, UnitState] | None = None):
+                 unit_states: dict[int, UnitState] | None = None, declared: Any = None):
         self.plan = plan
         self.chain = abstract_units(chain)
         self._args = dict(devices=devices, batch_size=batch_size, seq_len=seq_len,
@@ -74,6 +75,7 @@ class LocalExecutor:
             stage.peers = replica_peers(self.places, k, range(len(self.places)))
             stage.replica_link = transport.for_stage(k)
             stage.averaging = make_averaging(plan, stage)
+            stage.declared = declared.stages[k] if declared is not None else None
             self.stages.append(stage)
         self.transport = transport
         self.actions = [actions(self.schedule, sizes[i], shares[i]) for i in range(len(shares))]

@@ -62,3 +62,18 @@ def gather_to_chief(record: dict, key: str, timeout_s: float = 600.0) -> list[di
     gone = gone_processes()
     return [json.loads(client.blocking_key_value_get(f"{key}/{p}", int(timeout_s * 1000)))
             for p in range(jax.process_count()) if p not in gone]
+
+
+def run_report(optimizer: optax.GradientTransformation, chain: Sequence[Any], mine: list[int],
+               rss_start: int) -> dict | None:
+    """Peak host RSS and training-state bytes of every process (``mine``: this process's
+    units), against the whole model's training state (``summary.json`` ``memory``); None on
+    processes other than 0."""
+    record = {"process": jax.process_index(), "units": [min(mine), max(mine) + 1] if mine else [],
+              "state_bytes": state_bytes(chain, mine, optimizer),
+              "rss_start_bytes": rss_start, "peak_rss_bytes": peak_rss_bytes()}
+    processes = gather_to_chief(record, "skyjax/memory")
+    if processes is None:
+        return None
+    return {"model_state_bytes": state_bytes(chain, range(len(chain)), optimizer),
+            "processes": processes}

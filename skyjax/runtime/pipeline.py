@@ -40,6 +40,7 @@ import numpy as np
 
 from skyjax import codecs
 from skyjax.cluster import block, timed_call
+from skyjax.cluster.declared import declared_call, wait_declared
 from skyjax.optim import clip_scale, global_sq_norm
 from skyjax.plan.schedules import Action
 from skyjax.transport import tags
@@ -149,6 +150,9 @@ class PipelineStage:
     replica_link: Any = None
     # a relaxed averaging across pipelines (runtime.averaging); None: the exact sum
     averaging: Any = None
+    # a rehearsal's declared times of this stage (skyjax.plan.declared.StageTimes): each call
+    # then takes its declared seconds (skyjax.cluster.declared); None: calls take what they take
+    declared: Any = None
     _posted: int = dataclasses.field(default=0, init=False, repr=False)  # see _pull_ahead
     # the global squared gradient norm of the last update (None: clipping off, not computed)
     last_sq_norm: float | None = dataclasses.field(default=None, init=False, repr=False)
@@ -268,11 +272,10 @@ class PipelineStage:
             self._pull_ahead(step, actions, i + 1)
             if action.kind == "F":
                 t0 = time.perf_counter()
-                (out, residuals[mb]), seconds = timed_call(
-                    self.program.forward, self.state.params,
+                (out, residuals[mb]), seconds = self._call(
+                    "forward_s", self.program.forward, self.state.params,
                     inputs.carries[mb] if self.is_first else received, inputs.keys[mb],
-                    inputs.labels[mb] if self.is_last else None, slowdown=self.slowdown,
-                    sync=blocking)
+                    inputs.labels[mb] if self.is_last else None, sync=blocking)
                 if self.is_last:
                     losses.append(out[0])
                     accuracies.append(out[1])
@@ -281,9 +284,9 @@ class PipelineStage:
                                    self.index + 1)
             else:
                 t0 = time.perf_counter()
-                (self.state.grads, d_carry), seconds = timed_call(
-                    self.program.backward, self.state.params, residuals.pop(mb), received,
-                    self.state.grads, slowdown=self.slowdown, sync=blocking)
+                (self.state.grads, d_carry), seconds = self._call(
+                    "backward_s", self.program.backward, self.state.params, residuals.pop(mb),
+                    received, self.state.grads, sync=blocking)
                 if not self.is_first:
                     self.link.send(message_tag(step, action, self.program.microbatches), d_carry,
                                    self.index - 1)
@@ -297,6 +300,13 @@ class PipelineStage:
                                   for xs in jax.device_get((losses, accuracies)))
         return StepResult(losses, accuracies, spans, time.perf_counter() - start,
                           measured=blocking)
+
+    def _call(self, what: str, fn: Callable, *args: Any, sync: bool) -> tuple[Any, float]:
+        """One call of the stage: emulated (``timed_call``: this host's time, slowed down), or
+        under a rehearsal the declared ``what`` seconds of :attr:`declared`."""
+        if self.declared is not None:
+            return declared_call(fn, *args, seconds=getattr(self.declared, what))
+        return timed_call(fn, *args, slowdown=self.slowdown, sync=sync)
 
     @property
     def span_id(self) -> int:
@@ -366,11 +376,13 @@ class PipelineStage:
         local = float(jax.device_get(global_sq_norm(self.state.grads))) if counts else 0.0
         total = norm_allreduce(self.link, step, local, max_grad_norm, self.pipeline,
                                self.num_pipelines, own)
+        if self.declared is not None:  # the step's synchronisation as the profile declares it
+            wait_declared(self.declared.sync_s)
         self.last_sq_norm = float(total) if max_grad_norm else None
         scale = clip_scale(total * grad_scale ** 2, max_grad_norm) * grad_scale
-        (self.state.params, self.state.opt_state, self.state.grads), _ = timed_call(
-            self.program.update, self.state.params, self.state.opt_state, self.state.grads,
-            np.float32(scale), slowdown=self.slowdown, sync=self._blocking)
+        (self.state.params, self.state.opt_state, self.state.grads), _ = self._call(
+            "update_s", self.program.update, self.state.params, self.state.opt_state,
+            self.state.grads, np.float32(scale), sync=self._blocking)
         return local if max_grad_norm else None
 
     def run_eval(self, batches: Iterable[Batch]) -> list[tuple[np.ndarray, ...]]:

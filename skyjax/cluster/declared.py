@@ -1,0 +1,157 @@
+"""Declared timing on the real execution path: calls and messages that take the times a profile
+of another cluster declares (``config.rehearse``; the figures come from
+``skyjax.plan.declared``).
+
+* :func:`declared_call` runs a call to completion, then waits until ``seconds`` after its start:
+  the real model computes inside the declared time and the call waits out the rest. A call
+  whose real compute is longer (an *overrun*) is not cut short; the :class:`Ledger` counts it,
+  so the run can say by how much the host fell behind the declared cluster.
+* :class:`DeclaredLinks` is a ``LinkEmulation`` whose messages weigh the bytes the profiled
+  model sends on that link, not the rehearsing model's, so a small BERT's hand-offs take
+  BERT-large's time; the transports' link clock waits it out as for any emulated link.
+
+Unlike ``cluster.slowdowns`` (which multiplies this host's measured compute, contention
+included), nothing here depends on how fast this host is, as long as it keeps up: that is what
+lets one host rehearse 64 devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from skyjax.cluster.emulation import LinkEmulation, block
+
+
+@dataclasses.dataclass
+class Ledger:
+    """What declared calls of this process did: per call the real compute and how late it ended
+    against its declared end (its host overhead: a wake-up's overshoot, a thread waiting for the
+    interpreter); overruns (real compute over the declared time) by count, total and largest."""
+
+    calls: int = 0
+    real_s: float = 0.0
+    real_max_s: float = 0.0
+    late_s: float = 0.0
+    late_max_s: float = 0.0
+    overruns: int = 0
+    overrun_s: float = 0.0
+    overrun_max_s: float = 0.0
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+    def record(self, real_s: float, declared_s: float, total_s: float) -> None:
+        late = max(0.0, total_s - max(real_s, declared_s))
+        with self._lock:
+            self.calls += 1
+            self.real_s += real_s
+            self.real_max_s = max(self.real_max_s, real_s)
+            self.late_s += late
+            self.late_max_s = max(self.late_max_s, late)
+            if real_s > declared_s:
+                self.overruns += 1
+                self.overrun_s += real_s - declared_s
+                self.overrun_max_s = max(self.overrun_max_s, real_s - declared_s)
+
+    def reset(self) -> None:
+        with self._lock:
+            for f in dataclasses.fields(self):
+                if not f.name.startswith("_"):
+                    setattr(self, f.name, 0 if f.type == "int" else 0.0)
+
+    def to_json(self) -> dict:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                    if not f.name.startswith("_")}
+
+
+LEDGER = Ledger()  # this process's declared calls (every stage thread of it)
+# programs called before: a program's first call compiles, which no ledger entry should hold
+_SEEN: "weakref.WeakSet[Callable]" = weakref.WeakSet()
+
+
+def merge(records: list[dict]) -> dict:
+    """One summary of several processes' :meth:`Ledger.to_json` records: the totals, the
+    largest, and per call the mean real compute and lateness (the host overhead per action)."""
+    calls = sum(r["calls"] for r in records)
+    out = {
+        "calls": calls,
+        "real_mean_s": sum(r["real_s"] for r in records) / calls if calls else 0.0,
+        "real_max_s": max((r["real_max_s"] for r in records), default=0.0),
+        "overhead_mean_s": sum(r["late_s"] for r in records) / calls if calls else 0.0,
+        "overhead_max_s": max((r["late_max_s"] for r in records), default=0.0),
+        "overruns": sum(r["overruns"] for r in records),
+        "overrun_total_s": sum(r["overrun_s"] for r in records),
+        "overrun_max_s": max((r["overrun_max_s"] for r in records), default=0.0),
+    }
+    return out
+
+
+def declared_call(fn: Callable, *args: Any, seconds: float, ledger: Ledger = LEDGER,
+                  **kwargs: Any) -> tuple[Any, float]:
+    """Runs ``fn(*args, **kwargs)`` to completion, then waits until ``seconds`` after its start;
+    returns ``(result, wall seconds)``. A program's first call (it compiles) is not recorded in
+    ``ledger``. The wait is one ``time.sleep`` (no spin): many stage
+    threads share the host, and a spin would take their cores; its overshoot is recorded as
+    overhead."""
+    start = time.perf_counter()
+    result = block(fn(*args, **kwargs))
+    real = time.perf_counter() - start
+    if seconds > real:
+        time.sleep(seconds - real)
+    total = time.perf_counter() - start
+    try:
+        first = fn not in _SEEN
+        _SEEN.add(fn)
+    except TypeError:  # not weakly referenceable: every call counts
+        first = False
+    if not first:
+        ledger.record(real, seconds, total)
+    return result, total
+
+
+def wait_declared(seconds: float) -> None:
+    """A declared span with no call in it (the step's synchronisation)."""
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+class DeclaredLinks(LinkEmulation):
+    """Links of a declared cluster: a message from ``src`` to ``dst`` takes ``latency +
+    wire_bytes / bandwidth + coding_s`` whatever it really carries (``nbytes`` 0 asks for the
+    latency alone, as the link clock does). Pairs with no declared bytes (none planned between
+    them) carry what they really carry."""
+
+    def __init__(self, latency_s: Any, bandwidth_Bps: Any, wire_bytes: Any = None,
+                 coding_s: Any = None):
+        super().__init__(latency_s, bandwidth_Bps)
+        n = self.latency_s.shape[0]
+        self.wire_bytes = np.zeros((n, n)) if wire_bytes is None else np.asarray(wire_bytes,
+                                                                                 float)
+        self.coding_s = np.zeros((n, n)) if coding_s is None else np.asarray(coding_s, float)
+
+    def declare(self, wire_bytes: Any, coding_s: Any) -> None:
+        """The plan's bytes per pair (known once planned; the transport exists before)."""
+        self.wire_bytes = np.asarray(wire_bytes, float)
+        self.coding_s = np.asarray(coding_s, float)
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def delay(self, src: int, dst: int, nbytes: int) -> float:
+        if src == dst:
+            return 0.0
+        seconds = float(self.latency_s[src, dst])
+        if nbytes <= 0:
+            return seconds
+        declared = float(self.wire_bytes[src, dst])
+        bw = float(self.bandwidth_Bps[src, dst])
+        if math.isfinite(bw) and bw > 0:
+            seconds += (declared if declared > 0 else nbytes) / bw
+        return seconds + float(self.coding_s[src, dst])

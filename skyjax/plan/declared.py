@@ -1,0 +1,138 @@
+"""Declared timing: what every action of a plan takes on the cluster a profile describes, so
+that the real runtime can rehearse that cluster on any host (``config.rehearse``).
+
+A rehearsal runs the plan's stages with a small model of the profile's unit count; each call
+then waits out the time the profile declares for its block on its device, and each message the
+time its link declares for the bytes the *profiled* model sends. This module turns (plan,
+profile) into those figures, with the cost model's own terms (:func:`stage_actions_s`, the
+gradient exchange of :mod:`skyjax.plan.pipelines`), so a rehearsed step measures the runtime
+against the very numbers the simulator replays. Pure numpy, like the rest of ``plan``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from skyjax.plan.pipelines import INT8_WIRE, grad_prefix
+from skyjax.plan.stage_times import stage_actions_s
+from skyjax.plan.types import Plan
+from skyjax.profile.format import Profile, load_profile
+
+
+@dataclasses.dataclass(frozen=True)
+class StageTimes:
+    """One stage's declared seconds: a forward and a backward action (unit times, call cost,
+    message calls and its share of the codec's coding), its update at the step boundary
+    (``update_k``) and the step's synchronisation after its last action."""
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+    sync_s: float
+
+
+@dataclasses.dataclass
+class Declared:
+    """Per stage of a plan (its flat order) its :class:`StageTimes`; per directed device pair
+    the bytes a message declares on the wire (hand-offs in the link's codec, replicated
+    gradients in the averaging's) and the seconds of coding it adds (the int8 exchange's, which
+    the cost model charges per message), with the profile's latency and bandwidth."""
+
+    stages: list[StageTimes]
+    wire_bytes: np.ndarray  # [D, D]
+    coding_s: np.ndarray  # [D, D]
+    latency_s: np.ndarray  # [D, D]
+    bandwidth_Bps: np.ndarray  # [D, D]
+
+
+def scale_profile(profile: Profile, k: float) -> Profile:
+    """``profile`` with every time multiplied by ``k`` (unit and call times, updates, inputs,
+    messages, synchronisation, codec rates, latencies) and every bandwidth divided by it, so
+    that every cost-model term, and the simulator's step, scales by exactly ``k``."""
+    if k == 1.0:
+        return profile
+    codecs = {name: {**c, "seconds_per_byte": [float(x) * k for x in c["seconds_per_byte"]]}
+              for name, c in profile.codecs.items()}
+    return dataclasses.replace(
+        profile, forward_s=profile.forward_s * k, backward_s=profile.backward_s * k,
+        latency_s=profile.latency_s * k, bandwidth_Bps=profile.bandwidth_Bps / k,
+        update_s=profile.update_s * k, forward_call_s=profile.forward_call_s * k,
+        backward_call_s=profile.backward_call_s * k, update_call_s=profile.update_call_s * k,
+        message_s=profile.message_s * k, sync_s=float(profile.sync_s) * k,
+        input_s=None if profile.input_s is None else profile.input_s * k, codecs=codecs)
+
+
+def scale_plan(plan: Plan, k: float) -> Plan:
+    """``plan``'s predicted times multiplied by ``k`` (its stages and cuts unchanged): the plan
+    of :func:`scale_profile`'s profile, priced there."""
+    if k == 1.0:
+        return plan
+    stages = [dataclasses.replace(s, compute_s=s.compute_s * k, comm_s=s.comm_s * k,
+                                  update_s=s.update_s * k) for s in plan.stages]
+    return dataclasses.replace(
+        plan, stages=stages, step_time_s=plan.step_time_s * k, bottleneck_s=plan.bottleneck_s * k,
+        lower_bound_s=None if plan.lower_bound_s is None else plan.lower_bound_s * k,
+        extra_s=plan.extra_s * k, allreduce_s=plan.allreduce_s * k,
+        pipeline_step_s=None if plan.pipeline_step_s is None
+        else [t * k for t in plan.pipeline_step_s])
+
+
+def declare(plan: Plan, profile: Profile) -> Declared:
+    """The declared times of ``plan``'s actions and messages on ``profile`` (already scaled)."""
+    n = profile.num_devices
+    wire = np.zeros((n, n))
+    times: dict[int, StageTimes] = {}
+    sync = float(profile.sync_s)
+    for i in range(plan.num_pipelines):
+        sub = plan.pipeline(i)
+        fwd, bwd, _ = stage_actions_s(sub, profile)
+        for k, (g, s) in enumerate(zip(plan.stage_ids(i), sub.stages)):
+            times[g] = StageTimes(fwd[k], bwd[k], float(s.update_s), sync)
+            if k + 1 < len(sub.stages):
+                d, e = s.device, sub.stages[k + 1].device
+                end = s.units[1] - 1
+                nbytes = (float(profile.codecs[s.codec]["output_bytes"][end])
+                          if s.codec != "none" else float(profile.units[end]["output_bytes"]))
+                wire[d, e] = wire[e, d] = nbytes  # activations one way, cotangents back
+    gprefix = grad_prefix(profile)
+    coded = plan.averaging == "int8"
+    rate = np.asarray(profile.codecs["int8"]["seconds_per_byte"], float) if coded else None
+    coding = np.zeros((n, n))
+    for s in plan.stages:
+        for q in plan.stages:
+            lo, hi = max(s.units[0], q.units[0]), min(s.units[1], q.units[1])
+            if q.pipeline != s.pipeline and lo < hi:  # pipelines.exchange_s's terms
+                g = float(gprefix[hi] - gprefix[lo])
+                wire[s.device, q.device] = g * (INT8_WIRE if coded else 1.0)
+                coding[s.device, q.device] = float(rate[s.device]) * g if coded else 0.0
+    return Declared([times[g] for g in range(len(plan.stages))], wire, coding,
+                    np.asarray(profile.latency_s, float), np.asarray(profile.bandwidth_Bps, float))
+
+
+def fit_config(config) -> Profile | None:
+    """Loads ``config.rehearse.profile`` (None when off) and makes the run its shape: one
+    device per profiled device (``cluster.num_devices``) and the profile's unit count
+    (``model.num_hidden_layers`` at ``allocation.granularity``: L + 2 units per layer, 3L + 2
+    per sub-layer), the other model keys as the config has them. Raises ``ValueError`` naming
+    the key or the profile's field. Idempotent, JSON only (called before JAX starts)."""
+    path = config.rehearse.profile
+    if not path:
+        return None
+    profile = load_profile(path)
+    units, granularity = profile.num_units, config.allocation.granularity
+    per_layer = 1 if granularity == "layer" else 3
+    layers, rest = divmod(units - 2, per_layer)
+    if layers < 1 or rest:
+        raise ValueError(
+            f"config.rehearse.profile={path!r} has {units} units; a BERT at "
+            f"config.allocation.granularity={granularity!r} has {per_layer}L + 2 (embeddings, "
+            f"{'layers' if per_layer == 1 else 'three sub-layers per layer'}, the head)")
+    if config.model.pretrained:
+        raise ValueError(f"config.model.pretrained={config.model.pretrained!r} cannot be "
+                         f"combined with config.rehearse.profile={path!r}: the rehearsal's "
+                         "model takes its layer count from the profile")
+    config.model.num_hidden_layers = layers
+    config.cluster.num_devices = profile.num_devices
+    return profile
