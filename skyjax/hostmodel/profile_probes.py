@@ -1,4 +1,5 @@
-"""The profiler's extra probes on a shared host (``Options.host``; :mod:`skyjax.profile`).
+"""The profiler's extra probes on a shared host: the :class:`~skyjax.profile.extension.ExtraProbes`
+the orchestrators hand the profiler as ``Options.host`` (:mod:`skyjax.profile`).
 
 * which cores each process may use (``host``, ``host_cores``, ``cpus`` per device) and how many
   one of its calls keeps busy (``cpu_cores``): what the contention model needs;
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from typing import Any
@@ -37,7 +39,7 @@ def host_cores() -> int:
 
 
 class HostProbes:
-    """``skyjax.profile.options.Options.host`` for processes that share a host's cores."""
+    """:class:`~skyjax.profile.extension.ExtraProbes` for processes that share a host's cores."""
 
     one_at_a_time = True  # devices take turns: each one timed while the others wait
     rounds_per_repeat = messages.ROUNDS_PER_REPEAT
@@ -48,7 +50,8 @@ class HostProbes:
         return {"host": socket.gethostname(), "host_cores": host_cores(), "cpus": host_cpus()}
 
     @staticmethod
-    def pass_order(num_devices: int, p: int) -> list[int]:
+    def turns(rank: int, num_devices: int, p: int) -> list[int]:
+        """Every device in turn, the order reversed each pass (:func:`.passes.pass_order`)."""
         return passes.pass_order(num_devices, p)
 
     @staticmethod
@@ -59,6 +62,21 @@ class HostProbes:
     @staticmethod
     def wake_records(*args, **kwargs) -> list[dict]:
         return wake.wake_records(*args, **kwargs)
+
+    @classmethod
+    def record_devices(cls, devices: list[dict], measured: dict) -> None:
+        """``cpu_cores`` (cores one of its calls keeps busy), the calls after idle (``wake_s``,
+        ``wake_light_s``, ``wake_work_s``) and, where absent, this process's
+        :meth:`device_fields`."""
+        for dv, cores in zip(devices, measured.get("cpu_cores") or []):
+            if cores is not None and math.isfinite(cores):
+                dv["cpu_cores"] = float(cores)
+        for dv, after_idle in zip(devices, measured.get("wake") or []):
+            if after_idle is not None:
+                dv.update(after_idle)
+        fields = cls.device_fields()
+        for dv in devices:
+            dv.update({k: v for k, v in fields.items() if k not in dv})
 
     @staticmethod
     def message_costs(transport: Any, rank: int, cluster: Any, message_bytes: int,

@@ -1,7 +1,7 @@
 """Profiling with one process per device (``jax.distributed``, or threads sharing a transport).
 
 Each process measures its own device for every unit kind (:mod:`skyjax.profile.units`), all at
-once; under the shared-host model (``Options.host``) one process at a time instead (processes
+once, or one process at a time where the extra probes ask for it (``Options.host``: processes
 sharing a host's cores would time each other's load), in ``Options.passes`` rounds of turns;
 the results are gathered to process 0 through the runtime's transport, links are probed pairwise through the
 same transport (:func:`skyjax.profile.links.probe_links_across`), and process 0 assembles the
@@ -28,7 +28,7 @@ from skyjax.profile import links, units
 from skyjax.profile.cache import cache_key, cache_path, try_load
 from skyjax.profile.chain import Workload, chain_spec, sample_microbatch
 from skyjax.profile.format import Profile, save_profile
-from skyjax.profile.measure import assemble, combine_passes, device_records
+from skyjax.profile.measure import assemble, device_records
 from skyjax.profile.options import Log, Options
 from skyjax.transport import tags
 from skyjax.transport.group import broadcast_json
@@ -69,12 +69,12 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     if not options.concurrent:
         with _patient(transport):
             transport.barrier(tag_base)
-    # Under the shared-host model every pass times each device once, in turns whose order
-    # reverses each pass, and per unit the median pass is kept (skyjax.hostmodel.passes).
+    # Each pass times this device in its turn (one at a time: every device once, in the probes'
+    # order), and the probes combine the passes.
+    probes = options.probes
     timed: list[dict] = []
     for p in range(options.passes):
-        for turn in ([rank] if options.concurrent else options.host.pass_order(
-                cluster.num_devices, p)):
+        for turn in probes.turns(rank, cluster.num_devices, p):
             if turn == rank:
                 if options.passes > 1:
                     log(f"[profile] pass {p + 1}/{options.passes}")
@@ -85,8 +85,8 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
             if not options.concurrent:
                 with _patient(transport):  # a turn may outlast the transport's usual timeout
                     transport.barrier(tag_base)  # the n-th barrier of a tag pairs with the n-th
-    mine = combine_passes(timed, options)
-    host = options.host.device_fields() if options.host is not None else {}
+    mine = probes.combine_passes(timed)
+    host = probes.device_fields()
     unit_s = time.perf_counter() - start
     gathered = transport.gather_to_first(
         {"rank": rank, "forward_s": mine["forward_s"][:, rank].tolist(),
@@ -97,12 +97,10 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
          "host": host, "cpu_cores": mine["cpu_cores"][rank], "wake": mine["wake"][rank],
          "pass_work_s": (mine.get("pass_work_s") or [None] * (rank + 1))[rank]}, tag_base)
     mine_links, tag = links.probe_links_across(transport, rank, cluster, options, tag_base + 1)
-    # shared host: what a message costs a stage computing beside it (the largest activation)
+    # extra probes: what a message costs a stage computing beside it (the largest activation)
     message_bytes = max(int(u["output_bytes"]) for u in mine["units"])
-    message = None
-    if options.host is not None:
-        message, tag = options.host.message_costs(transport, rank, cluster, message_bytes,
-                                                  options.link_repeats, tag)
+    message, tag = probes.message_costs(transport, rank, cluster, message_bytes,
+                                        options.link_repeats, tag)
     gathered_links = transport.gather_to_first({"rank": rank, "one_way": mine_links,
                                                 "message": message}, tag)
     transport.barrier(tag + 1)
@@ -127,7 +125,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         compile_s = max(compile_s, g["compile_s"])
         # Each process knows its own device's memory.
         devices[g["rank"]]["memory_bytes"], devices[g["rank"]]["memory_source"] = g["memory"]
-        devices[g["rank"]].update(g["host"])  # shared host: which processes share its cores
+        devices[g["rank"]].update(g["host"])  # the extra probes' keys (which processes share)
         cpu_cores[g["rank"]] = g["cpu_cores"]
         wake[g["rank"]] = g["wake"]
         pass_work[g["rank"]] = g["pass_work_s"]
@@ -138,10 +136,8 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         message_costs[g["rank"]] = g["message"]
     lat, bw = links.link_matrices(n, options.link_sizes, one_way)
     idle_lat = lat.copy()
-    if options.host is not None:
-        message_costs, lat = options.host.loaded_links(message_costs, devices, lat, bw,
-                                                       message_bytes)
-        over["message_s"] = [c["message_s"] if c else 0.0 for c in message_costs]
+    message_costs, lat = probes.loaded_links(message_costs, devices, lat, bw, message_bytes)
+    over["message_s"] = [c["message_s"] if c else 0.0 for c in message_costs]  # 0: not probed
     measured = {"units": gathered[0]["units"], "forward_s": fwd, "backward_s": bwd,
                 "compile_s": compile_s, "devices": devices, "update_s": upd, "overheads": over,
                 "cpu_cores": cpu_cores, "wake": wake}

@@ -10,7 +10,6 @@ this process's devices. Its inputs are built once by the orchestrator (``skyjax.
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 
@@ -40,16 +39,6 @@ def device_records(cluster: cluster_lib.Cluster) -> list[dict]:
                     "slowdown": spec.slowdown, "region": spec.region,
                     "process_index": spec.process_index, "memory_source": source})
     return out
-
-
-def combine_passes(timed: list[dict], options: Options) -> dict:
-    """One pass's measurements, or the shared-host model's median of several."""
-    if options.host is not None:
-        return options.host.combine_passes(timed)
-    if len(timed) != 1:
-        raise ValueError("several profiling passes need the shared-host model "
-                         "(config.cluster.shared_host)")
-    return timed[0]
 
 
 def fixed_costs(measured: dict, meta: dict, n_units: int, n_devices: int) -> dict:
@@ -100,15 +89,7 @@ def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options,
                      "dedup_units": options.dedup_units, "dedup_devices": options.dedup_devices,
                      "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **meta},
     }
-    if options.host is not None:  # the shared-host model's device fields
-        for dv, cores in zip(d["devices"], measured.get("cpu_cores") or []):
-            if cores is not None and math.isfinite(cores):
-                dv["cpu_cores"] = float(cores)  # cores one of its calls keeps busy
-        for dv, wake in zip(d["devices"], measured.get("wake") or []):
-            if wake is not None:  # per action after idle: wake_s, wake_light_s, wake_work_s
-                dv.update(wake)
-        for dv in d["devices"]:
-            dv.update({k: v for k, v in options.host.device_fields().items() if k not in dv})
+    options.probes.record_devices(d["devices"], measured)  # extra probes' device keys
     return Profile.from_json(d)
 
 
@@ -131,12 +112,12 @@ def profile(workload: Workload, cluster: cluster_lib.Cluster,
         warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
         sample = sample_microbatch(workload.model, size, seq_len)
         timed = []
-        for p in range(options.passes):  # several only under the shared-host model
+        for p in range(options.passes):  # several only with extra probes that combine them
             if options.passes > 1:
                 log(f"[profile] pass {p + 1}/{options.passes}")
             timed.append(units.measure_units(spec, sample, cluster, options, optimizer, log,
                                              wake=p == 0))
-        measured = combine_passes(timed, options)
+        measured = options.probes.combine_passes(timed)
         unit_s = time.perf_counter() - start
         lat, bw, raw = links.probe_links(cluster, options, log)
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,

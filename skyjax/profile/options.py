@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from skyjax.profile.extension import CORE, ExtraProbes
 from skyjax.relax import Relaxation
 
 Log = Callable[[str], None]
@@ -24,11 +25,11 @@ class Options:
     units down to ``min_repeats``; ``dedup_units`` / ``dedup_devices``: measure identical units /
     devices once; ``link_sizes``: the two message sizes of the link probes (bytes);
     ``link_repeats``: timed round trips per size; ``memory_analysis``: record the compiled
-    programs' ``memory_analysis()``; ``host``: the shared-host model's extra probes
-    (``skyjax.hostmodel.probes()``; None on real accelerators): with it, processes time their
-    devices one after another (they would time each other's load) in ``passes`` passes, the
-    median pass kept per unit, and record their cores, calls after idle and message costs;
-    without it every process times its own device at once, in one pass."""
+    programs' ``memory_analysis()``; ``host``: extra probes (:mod:`skyjax.profile.extension`;
+    the shared-host model's, ``skyjax.hostmodel.probes()``, on an emulated cluster sharing a
+    host's cores; None on real accelerators), which may have processes time their devices one
+    after another in ``passes`` passes and record more per device; without them every process
+    times its own device at once, in one pass."""
 
     repeats: int = 5
     min_repeats: int = 3
@@ -39,13 +40,18 @@ class Options:
     link_repeats: int = 5
     memory_analysis: bool = True
     passes: int = 1
-    host: Any = None
+    host: ExtraProbes | None = None
     codecs: tuple[str, ...] = ()  # hand-off codecs to time (skyjax.codecs; the relaxation's)
 
     @property
+    def probes(self) -> ExtraProbes:
+        """The probes the profiler calls: ``host``, or the core profiler's (no extra probes)."""
+        return CORE if self.host is None else self.host
+
+    @property
     def concurrent(self) -> bool:
-        """Every process times its own device at the same time (no shared-host probes)."""
-        return self.host is None
+        """Every process times its own device at the same time."""
+        return not self.probes.one_at_a_time
 
     @classmethod
     def from_config(cls, config: Any, **overrides: Any) -> "Options":

@@ -53,7 +53,7 @@ class _UnitResult:
     compile_s: float
     update_s: dict = dataclasses.field(default_factory=dict)  # device class -> seconds
     # device class -> [process CPU seconds, wall seconds] of the untimed (unslowed) calls: how
-    # many of the host's cores one of its calls keeps busy (skyjax.hostmodel.sharing)
+    # many of the host's cores one of its calls keeps busy (kept by extra probes that use it)
     cpu_wall: dict = dataclasses.field(default_factory=dict)
 
 
@@ -292,8 +292,8 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     ``sample``: ``(first unit's carry, labels)`` of one micro-batch; ``optimizer``: the training
     optimizer (only its state's size is used). Returns ``units`` (profile records),
     ``forward_s`` / ``backward_s`` ``[U, D]`` (NaN for devices not measured) and ``compile_s``;
-    ``wake=False`` leaves out the calls after idle (measured only under the shared-host model,
-    ``options.host``, in its first pass).
+    ``wake=False`` leaves out the calls after idle (measured only by extra probes that time them,
+    ``options.host``, in their first pass).
     """
     reps, cls = measured_classes(cluster, options.dedup_devices, only_devices)
     targets = [(cluster.jax_devices[d], cluster.devices[d].slowdown) for d in reps]
@@ -367,11 +367,10 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     for _, result in measured.values():
         cpu_wall += np.array([result.cpu_wall[k] for k in range(len(reps))])
     cores = [float(c / w) if w > 0 else float("nan") for c, w in cpu_wall]
-    # shared host: calls after idle, on the longest and the shortest unit (skyjax.hostmodel.wake)
-    after_idle = options.host.wake_records(
+    # extra probes: calls after idle (the shared-host model's: the longest and the shortest unit)
+    after_idle = options.probes.wake_records(
         spec.chain, list(measured.values()), inputs, labels, targets,
-        lambda unit, dev: device_params(unit.params, dev)) if wake and options.host is not None \
-        else [None] * len(targets)
+        lambda unit, dev: device_params(unit.params, dev)) if wake else [None] * len(targets)
     return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s,
             "update_s": upd, "overheads": overheads,
             "cpu_cores": [cores[k] if k >= 0 else float("nan") for k in cls],
