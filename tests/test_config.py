@@ -137,6 +137,11 @@ def test_tuple_override_from_command_line():
      "config.cluster.slowdowns[0]=0.5 must be >= 1"),
     ("--config.cluster.slowdowns=(1, 2)", "config.cluster.slowdowns has 2 entries but "
                                           "config.cluster.num_devices=4"),
+    # not a Python literal: config_flags keeps the text as one entry, which is not "1 entries"
+    ("--config.cluster.slowdowns=(1,nan)",
+     "config.cluster.slowdowns: 'nan' in '(1,nan)' is not a finite number"),
+    ("--config.cluster.memory_caps_bytes=(0, 0, lots, 0)",
+     "config.cluster.memory_caps_bytes: 'lots' in '(0, 0, lots, 0)' is not a finite number"),
     ("--config.cluster.regions=('eu', 'us')", "config.cluster.regions has 2 entries"),
     ("--config.cluster.memory_caps_bytes=(-1, 0, 0, 0)",
      "config.cluster.memory_caps_bytes[0]=-1"),

@@ -200,6 +200,24 @@ def test_a_codec_the_profile_has_not_timed_is_named():
     assert plan_lib.plan(prof, "optimal", "1f1b", 4, relax=Relaxation(16))
 
 
+def test_averaging_without_the_int8_timings_names_the_bound_that_allows_int8():
+    """diloco allows every mode up to it, int8 included: a profile without the int8 codec is
+    refused for that, not as if the user had asked for int8."""
+    import dataclasses
+
+    slow = dataclasses.replace(two_regions(0.04, 12.5e6, param_bytes=1e6), codecs={})
+    with pytest.raises(ValueError, match=r"^relax\.averaging=diloco also allows the int8 "
+                                         r"exchange \(every mode up to the one named\): pricing "
+                                         r"it needs the int8 codec's timings \(profile\.codecs"
+                                         r"\.int8\), which this profile lacks"):
+        plan_lib.plan(slow, "optimal", "1f1b", 4, max_pipelines=4,
+                      relax=Relaxation(averaging="diloco"))
+    with pytest.raises(ValueError, match=r"^relax\.averaging=int8: pricing the int8 exchange "
+                                         r"needs the int8 codec's timings"):
+        plan_lib.plan(slow, "optimal", "1f1b", 4, max_pipelines=4,
+                      relax=Relaxation(averaging="int8"))
+
+
 def test_the_simulator_charges_the_codec():
     """A coded link: the simulated actions carry the coding time and the link the codec's bytes;
     their sums are the cost model's stage times."""

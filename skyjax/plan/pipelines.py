@@ -295,9 +295,13 @@ def relaxed_exchange(chains: Sequence[Chain], gprefix: np.ndarray,
         if mode == "int8":
             rate = np.asarray(profile.codecs["int8"]["seconds_per_byte"], float) \
                 if "int8" in profile.codecs else None
-            if rate is None:
-                raise ValueError("relax.averaging=int8 needs the int8 codec's timings in the "
-                                 "profile (profile.codecs.int8): profile again with this bound")
+            if rate is None:  # the bound allows every mode up to the one it names
+                named = profile.relax.averaging
+                why = (": pricing the int8 exchange" if named == "int8" else " also allows the "
+                       "int8 exchange (every mode up to the one named): pricing it")
+                raise ValueError(f"relax.averaging={named}{why} needs the int8 codec's timings "
+                                 "(profile.codecs.int8), which this profile lacks: profile again "
+                                 "with this bound")
             ar = exchange_s(chains, gprefix, lat, bw, INT8_WIRE, rate)[0]
         else:
             ar = exact / profile.relax.outer_every
