@@ -1,13 +1,16 @@
 """The package layout keeps its promises (docs/design.md, "Layout"): packages import one way, in
-the order of ``LAYERS`` (every import, lazy ones inside functions too), no import cycle between
-modules, nothing imports the orchestration or the entry points, the optional shared-host model
-and the reporting package are imported by none of the core, the planner and the config checks
-import no JAX, no module grows past ~400 lines, and nothing edits ``sys.path``."""
+the order of the rows of design.md's layout table (read from that file, its one home; every
+import, lazy ones inside functions too), no import cycle between modules, nothing imports the
+orchestration or the entry points, the optional shared-host model and the reporting package are
+imported by none of the core, the planner and the config checks import no JAX, no module grows
+past ~400 lines, nothing edits ``sys.path``, and each package's docstring lists exactly its
+modules."""
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -15,6 +18,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "skyjax")
+DESIGN = os.path.join(ROOT, "docs", "design.md")
 MAX_LINES = 420  # "~400": a little slack for a docstring, not for a second job
 
 
@@ -98,32 +102,46 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-# Lowest first: a module may import its own package and the packages of lower rows only.
-LAYERS: list[set[str]] = [
-    {"names", "env_vars", "jsonio", "tree", "metrics", "scores", "optim", "spans", "guard"},
-    {"codecs", "relax"},  # what crosses slow links: the codecs (JAX), the user's bound (none)
-    {"models", "cluster", "failures", "workdir"},
-    {"data"},  # reads the pretrained model's config.json through models.hf_config
-    {"config"},  # checks values against what models, data and cluster accept
-    {"programs", "transport", "baseline"},
-    {"profile"},
-    {"plan"},
-    {"runtime"},
-    {"hostmodel"},  # optional: the shared-host model, handed to the core through plan.extension
-    {"checkpoint"},
-    {"report"},
-    {"train", "watch", "survivors"},
-    {"main", "launch", "entry"},
-]
+def _layout_table() -> list[tuple[str, list[str]]]:
+    """design.md's layout table, lowest row first: (row, the names in its packages column)."""
+    with open(DESIGN) as f:
+        section = f.read().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 3 and cells[0] not in ("row", "---"):
+            rows.append((cells[0], re.findall(r"`([^`]+)`", cells[1])))
+    assert rows, f"no layout table under '## Layout' in {DESIGN}"
+    return rows
+
+
+def _layers() -> tuple[list[set[str]], dict[str, str]]:
+    """LAYERS (lowest first: a module may import its own package and the packages of lower rows
+    only) and the modules named by path (``plan/cli``), which sit in their row apart from their
+    package, each mapped to its row's group ``"row <row>"``."""
+    layers, by_path = [], {}
+    for row, names in _layout_table():
+        group = set()
+        for name in names:
+            if "/" in name:
+                by_path["skyjax." + name.replace("/", ".")] = f"row {row}"
+                group.add(f"row {row}")
+            else:
+                group.add(name)
+        layers.append(group)
+    return layers, by_path
+
+
+LAYERS, BY_PATH = _layers()
 # Command-line entry points: they parse flags and wire layers together, so they sit at the top.
-ENTRY_POINTS = {"skyjax.plan.cli", "skyjax.plan.__main__", "skyjax.profile.cli",
-                "skyjax.profile.__main__"}
+ENTRY_POINTS = {m for m, g in BY_PATH.items() if g in LAYERS[-1]}
 
 
 def _group(module: str) -> str:
-    """The package (first name under skyjax) a module belongs to, or "entry"."""
-    if module in ENTRY_POINTS:
-        return "entry"
+    """The package (first name under skyjax) a module belongs to, or its row's group when the
+    table names it by path."""
+    if module in BY_PATH:
+        return BY_PATH[module]
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "skyjax"
 
@@ -159,6 +177,64 @@ def test_every_package_has_a_row():
     for module in _graph():
         if module != "skyjax":
             _row(_group(module))
+
+
+def test_layout_table_names_only_modules_that_exist():
+    modules = _modules()
+    tops = {m.split(".")[1] for m in modules if m != "skyjax"}
+    named = [n for _, names in _layout_table() for n in names]
+    missing = [n for n in named if ("skyjax." + n.replace("/", ".") not in modules
+                                    if "/" in n else n not in tops)]
+    assert not missing, f"docs/design.md's layout table names no such module: {missing}"
+    assert len(named) == len(set(named)), "a name in two rows of the layout table"
+    assert {"skyjax.plan.cli", "skyjax.profile.cli"} <= ENTRY_POINTS
+
+
+def _bullet_names(doc: str) -> list[str]:
+    """The modules a package docstring lists: one ``* ``name``: what it does`` line each."""
+    return re.findall(r"^[*-] ``(\w+)``", doc, re.MULTILINE)
+
+
+def test_docstring_module_list_parser():
+    doc = "Intro ``x``.\n\n* ``a``: one;\n* ``b`` (GPipe): two,\n  ``c`` wraps;\n- ``d``: three."
+    assert _bullet_names(doc) == ["a", "b", "d"]
+
+
+def test_package_docstrings_list_exactly_their_modules():
+    """Each package's docstring lists its modules and subpackages, one line each, and nothing
+    else (``__main__`` only calls the package's ``cli``)."""
+    problems = {}
+    for folder, dirs, files in os.walk(PACKAGE):
+        if folder == PACKAGE or "__init__.py" not in files:
+            continue
+        have = {f[:-3] for f in files if f.endswith(".py") and f not in ("__init__.py",
+                                                                         "__main__.py")}
+        have |= {d for d in dirs if os.path.exists(os.path.join(folder, d, "__init__.py"))}
+        with open(os.path.join(folder, "__init__.py")) as f:
+            named = _bullet_names(ast.get_docstring(ast.parse(f.read())) or "")
+        wrong = {"not listed": sorted(have - set(named)), "no such module": sorted(set(named) - have),
+                 "listed twice": sorted({n for n in named if named.count(n) > 1})}
+        if any(wrong.values()):
+            problems[os.path.relpath(folder, ROOT)] = {k: v for k, v in wrong.items() if v}
+    assert not problems, problems
+
+
+def test_module_references_exist():
+    """Every :mod:`...` in skyjax's source names a module that exists (relative ones from the
+    referring module's package; ``experiments.x`` a file under experiments/)."""
+    modules = _modules()
+    missing = []
+    for name, path in modules.items():
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        with open(path) as f:
+            refs = re.findall(r":mod:`~?([\w.]+)`", f.read())
+        for ref in refs:
+            full = package + ref if ref.startswith(".") else ref
+            exists = (full in modules if full.startswith("skyjax") else
+                      os.path.exists(os.path.join(ROOT, *full.split(".")) + ".py"))
+            if not exists:
+                missing.append((name, ref))
+    assert not missing, f"references to modules that do not exist: {missing}"
 
 
 def test_packages_import_one_way():

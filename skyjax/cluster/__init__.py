@@ -1,8 +1,12 @@
 """The devices a run plans over, and the emulation that makes one host look heterogeneous.
+Importing this package does not import JAX, so :func:`ensure_host_device_count` can run before
+JAX starts.
 
-``devices``: :class:`Cluster` (devices, memory, links) built from ``config.cluster``;
-``emulation``: slow calls (:func:`timed_call`) and slow links (:class:`LinkEmulation`). Importing
-this package does not import JAX, so :func:`ensure_host_device_count` can run before JAX starts.
+* ``devices``: :class:`Cluster` (devices, memory, links) built from ``config.cluster``;
+* ``emulation``: slow calls (:func:`timed_call`) and slow links (:class:`LinkEmulation`);
+* ``declared``: calls and links that take the times a profile declares (``config.rehearse``);
+* ``network``: the transfer server's address and port range (no JAX: the config checks parse
+  them).
 """
 
 from skyjax.cluster.devices import (Cluster, DeviceSpec, cluster_from_config, device_kind,

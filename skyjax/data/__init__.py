@@ -14,6 +14,13 @@ prepared, label count) are raised when the data is built: by :func:`train_batche
 :func:`eval_batches` or :func:`eval_splits` themselves, not at the first batch.
 
 Importing this package imports neither TensorFlow nor transformers nor JAX.
+
+* ``synthetic``: the offline sentence-pair task with a learnable rule;
+* ``glue``: the GLUE task table and its splits from TensorFlow Datasets;
+* ``tables``: your own ``.csv`` / ``.tsv`` / ``.jsonl`` files or Hugging Face ``datasets``;
+* ``text``: what every text source shares: tokenizer, encoding, epoch order, batches;
+* ``prefetch``: batches built ahead by a background thread (``Prefetcher``, ``StepBatches``);
+* ``prepare``: ``python -m skyjax.data.prepare``, a GLUE task downloaded and written for TFDS.
 """
 
 from __future__ import annotations

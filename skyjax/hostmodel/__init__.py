@@ -1,14 +1,21 @@
 """The shared-host model: optional cost terms and profile probes for emulated clusters whose
 devices are processes sharing one host's CPU cores (``config.cluster.shared_host = True``).
 
-On such a host, what the core cost model (:mod:`skyjax.plan.cost`) leaves out dominates: stages
-computing at once slow each other (:mod:`.sharing`), a call after idle costs more
-(:mod:`.wake_cost`, measured by :mod:`.wake`), a CPU receive wakes late (``poll``), a message
-costs the stages computing beside it (:mod:`.messages`), and the host's speed moves during
-profiling (:mod:`.passes`). A GPU or TPU cluster sees none of these, so none of this runs or is
-imported unless a caller asks: :class:`SharedHostModel` is the planner's, simulator's and
-re-planner's :class:`~skyjax.plan.extension.ExtraCost`; :class:`HostProbes` the profiler's
-extra probes (``skyjax.profile.options.Options.host``); :func:`activate` prepares a process.
+On such a host, what the core cost model (:mod:`skyjax.plan.cost`) leaves out dominates; a GPU
+or TPU cluster sees none of it, so none of this runs or is imported unless a caller asks:
+:class:`SharedHostModel` is the planner's, simulator's and re-planner's
+:class:`~skyjax.plan.extension.ExtraCost`; :func:`probes` the profiler's
+:class:`~skyjax.profile.extension.ExtraProbes` (``skyjax.profile.options.Options.host``);
+:func:`activate` prepares a process.
+
+* ``sharing``: stages computing at once slow each other: the event replay of a plan's step;
+* ``wake_cost``: what a call after idle costs, the replay's term;
+* ``wake``: measuring calls after idle (a profile probe);
+* ``messages``: what a message costs the stages computing beside it (a profile probe);
+* ``passes``: several profiling passes, the median kept (the host's speed moves);
+* ``profile_probes``: the profiler's hook (:class:`HostProbes`), built on the three above;
+* ``contention``: ``stage_comparison.contention``, a stage's own cost against contention;
+* ``malloc``: glibc's malloc thresholds fixed, so freed host memory stays mapped.
 """
 
 from __future__ import annotations

@@ -1,16 +1,26 @@
 """Profiling: what the planner needs, measured on the devices that will run the plan.
 
-``format``: profile.json (:class:`Profile`, load / save; no JAX). The measuring modules import
-JAX and are imported by name, so that the planner can read a profile without importing JAX:
+``format``, ``flops`` and ``compose`` need no JAX; the measuring modules import JAX and are
+imported by name, so that the planner can read a profile without importing JAX:
 
+* ``format``: profile.json (:class:`Profile`, load / save; no JAX);
+* ``flops``: a profile from a FLOP model of BERT's units (no JAX);
+* ``compose``: a whole cluster's profile from one profile per device kind, regions and the
+  links between them, ``python -m skyjax.profile.compose`` (no JAX);
 * ``chain``: what is measured (:class:`~skyjax.profile.chain.Workload`, the units, a sample
-  micro-batch); ``options``: how hard (:class:`~skyjax.profile.options.Options`);
-* ``units``: unit times and bytes on devices; ``links``: link latency and bandwidth by ping-pong;
-  ``wake``: what a call costs after idle; ``messages``: what a message costs the stages computing
-  beside it (across processes);
-* ``measure``: a profile measured in this process; ``distributed``: by one process per device;
-* ``cache``: the cache key and load-or-measure; ``profiler``: :func:`profile_or_load`, the
-  entry point of a run; ``report``: the text table; ``cli``: ``python -m skyjax.profile``.
+  micro-batch);
+* ``options``: how hard (:class:`~skyjax.profile.options.Options`), robust times, cache eviction;
+* ``extension``: the extra probes a caller may hand in (``Options.host``; ``ExtraProbes``);
+* ``units``: unit times, call costs and bytes on devices;
+* ``inputs``: what putting a step's inputs on a device costs;
+* ``codec_times``: each hand-off codec's bytes and coding time;
+* ``links``: link latency and bandwidth by ping-pong;
+* ``measure``: a profile measured in this process, and its assembly from parts;
+* ``distributed``: a profile measured by one process per device;
+* ``cache``: the cache key and load-or-measure;
+* ``profiler``: :func:`profile_or_load`, the entry point of a run;
+* ``eta``: the progress lines' device count and ETA;
+* ``cli``: ``python -m skyjax.profile`` (``__main__`` only calls it).
 """
 
 from skyjax.profile.format import Profile, ProfileError, load_profile, save_profile

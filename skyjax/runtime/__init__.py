@@ -1,15 +1,17 @@
 """The pipeline runtime: a :class:`~skyjax.plan.Plan` in, training steps out. Import the
-submodules (this package imports nothing, so ``distributed`` can start before any backend):
+submodules (this package imports nothing, so a process can start ``jax.distributed`` before any
+backend):
 
-* ``stage``: one stage's jitted forward / backward / update / evaluate (``StageProgram``);
-* ``pipeline``: the per-stage loop over schedule actions (``PipelineStage``), step results;
+* ``pipeline``: the per-stage loop over schedule actions (``PipelineStage``);
+* ``steps``: a step's records: a stage's inputs (``StepInputs``), its results (``StepResult``);
 * ``placement``: a plan's stages, the shapes crossing each cut, ``build_stage``;
 * ``batches``: micro-batch slicing and shapes;
-* ``local_executor``: every stage here, one thread each (``LocalExecutor``);
+* ``local_executor``: every stage in this process, one thread each (``LocalExecutor``);
 * ``distributed_executor``: this process's stage under ``jax.distributed``
   (``DistributedExecutor``);
+* ``averaging``: relaxed averaging across pipelines (int8 with error feedback, DiLoCo);
 * ``recovery``: several pipelines going on without a lost process's pipeline (``Recovery``);
-* ``transport``: moving arrays between stages (``LocalTransport``, ``TransferServerTransport``);
-* ``tags``: every message tag range, in one table;
-* ``distributed``: ``jax.distributed`` start-up, key-value store, shutdown.
+* ``replanner``: the ``dynamic`` strategy during training (observe, decide, rebuild);
+* ``rehearsal``: another cluster rehearsed on this host from its profile (``config.rehearse``);
+* ``memory``: host memory per process (``summary.json``'s ``memory``).
 """

@@ -1,19 +1,20 @@
 """Moving activations and gradients between pipeline stages.
 
-One small interface (:class:`Transport`, in :mod:`.base` with the errors and the link-emulation
-clock), two implementations:
+One small interface, :class:`Transport`, two implementations: :class:`LocalTransport` (every
+stage a thread of one process; ``send`` is an asynchronous ``jax.device_put`` onto the
+receiver's device) and :class:`TransferServerTransport` (one process per stage under
+``jax.distributed``; arrays move point to point with ``jax.experimental.transfer``, host scalars
+through the key-value store). Messages are matched by (src, dst, tag, n).
 
-- :class:`LocalTransport` (:mod:`.local`): every stage is a thread of one process; ``send`` is an
-  asynchronous ``jax.device_put`` onto the receiver's device.
-- :class:`TransferServerTransport` (:mod:`.transfer`): one process per stage under
-  ``jax.distributed``; arrays move point to point with ``jax.experimental.transfer``, host
-  scalars through the key-value store; its server's address, ports and buffers:
-  :class:`ServerOptions` (:mod:`.server`); hand-off speed between two processes:
-  :mod:`.handoff_speed`.
-
-Messages are matched by (src, dst, tag, n); which tags mean what: ``skyjax.transport.tags``.
-A lost peer process is noticed by :class:`PeerWatchdog` (:mod:`.watchdog`): waits then raise
-:class:`PeerLost` naming the process and its stage.
+* ``base``: the :class:`Transport` protocol, its errors, the link-emulation clock;
+* ``local``: :class:`LocalTransport`;
+* ``transfer``: :class:`TransferServerTransport`;
+* ``server``: the transfer server's start, address, ports and buffers (:class:`ServerOptions`);
+* ``group``: ``jax.distributed`` start-up, the key-value store, shutdown;
+* ``watchdog``: heartbeats; a lost peer makes waits raise :class:`PeerLost` naming it;
+* ``polling``: how a waiting receive looks for its message, and what that costs in lateness;
+* ``tags``: every message tag range, in one table;
+* ``handoff_speed``: hand-off speed between two processes, GB/s per message size.
 """
 
 from skyjax.transport.base import (DEFAULT_TIMEOUT_S, LinkClock, Transport,

@@ -3,8 +3,9 @@
 ``python -m skyjax.plan --certify``): at the paper's scale they take seconds.
 
 * ``region_bound`` (1F1B): each region of devices visited in one run;
-* ``chain_bound`` (GPipe): device kinds priced along an exact chain of blocks, with
-  ``once_bound`` (each kind used once) and ``master_lp`` (the master problem's prices).
+* ``chain_bound`` (GPipe): device kinds priced along an exact chain of blocks;
+* ``once_bound`` (GPipe): ``chain_bound``'s sum term over plans visiting every region once;
+* ``master_lp``: the master problem's prices for ``chain_bound``'s column generation.
 """
 
 from __future__ import annotations
