@@ -77,6 +77,13 @@ _STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT") if hasat
 _stop_signal: int | None = None  # the first stop signal received; None until one comes
 _installed = False
 _redelivers = False  # SIGALRM is ours (it was at its default when the handlers were installed)
+_ending: int | None = None  # the status of a failure whose one line is printed (one_line_errors)
+
+
+def ending_status() -> int | None:
+    """The exit status this process is ending with, once its one line is printed (None before):
+    a later loss of process 0 (which ends the JAX runtime) exits with it, silently."""
+    return _ending
 
 
 def check_stop() -> None:
@@ -164,16 +171,19 @@ def one_line_errors(command: str, debug: bool = False) -> Iterator[None]:
     """Runs the block; any exception ends the process with one line on stderr
     (``<command>: Type: message``) and :func:`exit_status`'s status; Ctrl-C / SIGTERM with
     ``<command>: interrupted`` and status 130. ``SystemExit`` passes through."""
+    global _ending
     if debug or debugging():
         yield
         return
     try:
         yield
     except KeyboardInterrupt:
+        _ending = EXIT_INTERRUPTED
         _stopping(command)
         print(f"{command}: interrupted; stopped (committed checkpoints are kept)",
               file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
     except Exception as e:  # noqa: BLE001 - the one place that turns failures into a line
         print(f"{command}: {describe(e)}", file=sys.stderr, flush=True)
-        sys.exit(exit_status(e))
+        _ending = exit_status(e)
+        sys.exit(_ending)

@@ -233,6 +233,52 @@ def test_a_missing_peer_is_named():
         in _message(proc)
 
 
+_LOSES_PROCESS_0 = """
+import os, sys, time
+from skyjax import failures
+from skyjax.transport import group
+k, port = int(sys.argv[1]), sys.argv[2]
+with failures.one_line_errors("loss-test"):
+    group.initialize(f"127.0.0.1:{port}", 2, k, timeout_s=60)
+    group.start_watchdog(10)
+    print("up", flush=True)
+    if k == 0:
+        sys.stdin.read()  # until the test has seen process 1 up
+        os.kill(os.getpid(), 9)
+    time.sleep(60)
+    print("process 1 went on", flush=True)
+"""
+
+
+def test_losing_process_0_ends_another_process_in_one_line():
+    """Process 0, which hosts JAX's coordination service, SIGKILLed: process 1 ends with one
+    line naming the loss, not JAX's C++ fatal error, stack dump and Python's thread dumps."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+    env.pop("SKYJAX_DEBUG", None)
+    procs = [subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", _LOSES_PROCESS_0,
+                               str(k), str(port)], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(2)]
+    try:
+        assert procs[1].stdout.readline() == "up\n"
+        procs[0].stdin.close()  # process 0 kills itself now
+        out, err = procs[1].communicate(timeout=FAST_TIMEOUT)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            for f in (p.stdin, p.stdout, p.stderr):
+                f.close()
+    assert "went on" not in out
+    assert procs[1].returncode in (EXIT_PEER_LOST, 128 + signal.SIGABRT, -signal.SIGABRT), err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("skyjax: process 1: process 0") and "lost" in err, err
+
+
 @pytest.mark.slow
 def test_a_stopped_run_ends_in_one_line_and_keeps_its_checkpoints(tmp_path):
     """SIGTERM (what the launcher and SLURM send; Ctrl-C's SIGINT takes the same path) mid-

@@ -101,6 +101,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         jax.config.update("jax_enable_recoverability", True)
     except (AttributeError, KeyError, ValueError) as e:
         log.warning("could not enable jax_enable_recoverability: %s", e)
+    if process_id not in (None, 0) and (num_processes or 0) > 1:
+        _quiet_coordinator_loss(process_id)
     # JAX aborts the process (a C++ fatal error and a stack dump) when a peer never connects;
     # this timer ends it first with one line naming what is missing.
     kwargs["initialization_timeout"] = int(max(1, timeout_s)) + 30
@@ -129,6 +131,52 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     _info = DistributedInfo(int(state.process_id), int(state.num_processes),
                             state.coordinator_address)
     return _info
+
+
+# A process other than 0 when process 0 (the coordination service) dies: JAX's error poll logs
+# a C++ fatal error with a stack dump and aborts (Python's faulthandler adds every thread's
+# stack), ~140 lines, before skyjax's watchdog can say which process went. So this process's
+# stderr goes through a filter process that, from JAX's first line about the lost service,
+# passes only skyjax's own lines ("skyjax..."), and at the end, if none came, says in one line
+# what happened. A separate process, not a thread: it drains everything written before any
+# exit, os._exit, abort and SIGKILL included. The status stays JAX's abort (134), which the
+# launcher reads as a report of a lost peer, as 75.
+_COORDINATOR_GONE = (b"Polled an error from coordination service",
+                     b"Terminating process because the JAX distributed service",
+                     b"Failed to retrieve preemption notice from coordination service")
+_FILTER = r"""
+import signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # drain until the process it serves has ended
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signs, out, quiet, said = {signs!r}, sys.stdout.buffer, False, False
+for line in sys.stdin.buffer:
+    quiet = quiet or any(s in line for s in signs)
+    if not quiet or line.startswith(b"skyjax"):
+        said = said or quiet
+        out.write(line)
+        out.flush()
+if quiet and not said:
+    out.write(("skyjax: process %s: process 0 lost: the coordination service is gone (JAX's "
+               "abort that followed is left out)\n" % sys.argv[1]).encode())
+""".format(signs=_COORDINATOR_GONE)
+
+
+def _quiet_coordinator_loss(process_id: int) -> None:
+    """This process's stderr through :data:`_FILTER` (the comment above)."""
+    if os.environ.get("SKYJAX_DEBUG", "") not in ("", "0"):
+        return  # --debug shows everything
+    import subprocess
+
+    try:
+        sys.stderr.flush()
+        read, write = os.pipe()
+        subprocess.Popen([sys.executable, "-S", "-c", _FILTER, str(process_id)], stdin=read,
+                         stdout=2, stderr=subprocess.DEVNULL, close_fds=True)
+        os.close(read)
+        os.dup2(write, 2)
+        os.close(write)
+    except OSError as e:  # e.g. no process left to start: the abort's output as before
+        log.warning("no stderr filter for a lost coordinator: %s", e)
 
 
 def _missing_peers(coordinator: str | None, n: int | None, me: int | None,

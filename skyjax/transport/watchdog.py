@@ -47,6 +47,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from skyjax import failures
 from skyjax.names import EXIT_PEER_LOST
 from skyjax.transport.base import TransportError
 
@@ -242,16 +243,30 @@ class PeerWatchdog:
                                   f"{self.timeout_s:g})", p)
                     break
         if self.lost is not None and not self._stop.is_set():
+            if self.lost_process == 0 and self.me != 0:
+                self._coordinator_gone()
             if not self._stop.wait(self.grace_s):
                 log.error("exiting: %s", self.lost)
                 self._leave()
+
+    def _coordinator_gone(self) -> None:
+        """Process 0, and the coordination service with it, is gone: nothing here can go on,
+        and JAX's own error poll aborts the process (its output filtered by ``group``) if
+        this does not come first: exit now, with one line (none when this process was
+        already ending with its own one line, whose status it keeps)."""
+        ending = failures.ending_status()
+        sys.stdout.flush()
+        if ending is None:
+            print(f"skyjax: process {self.me}: {self.lost}", file=sys.stderr, flush=True)
+        self._exit(EXIT_PEER_LOST if ending is None else ending)
 
     def _declare(self, message: str, process: int, publish: bool = True) -> None:
         with self._declaring:
             if self.lost is not None:
                 return
             self.lost, self.lost_at, self.lost_process = message, time.monotonic(), process
-            log.error("process %d: %s", self.me, message)
+            if process != 0 or self.me == 0:  # (process 0 lost: _coordinator_gone's line)
+                log.error("process %d: %s", self.me, message)
             if publish and process != 0:  # (process 0 lost: no service to publish through)
                 try:
                     self.client.key_value_set(
