@@ -211,6 +211,26 @@ def test_config_file_with_unknown_key(tmp_path):
         validate_config(load(str(path)))
 
 
+@pytest.mark.parametrize("returns, what", [("None", "None"), ("{'train': {'steps': 3}}", "a dict"),
+                                           ("5", "an int")])
+@pytest.mark.parametrize("override", [[], ["--config.train.steps=3"]])
+def test_a_config_file_returning_no_config_is_one_line_naming_it(tmp_path, returns, what,
+                                                                  override):
+    """absl would say '--config must have a value other than None', config_flags that None has
+    no attribute 'train', validation that a dict misses 'config.allocation'."""
+    from skyjax.names import EXIT_BAD_INPUT
+    from tests.helpers import run_module
+
+    path = tmp_path / "mine.py"
+    path.write_text(f"def get_config():\n    return {returns}\n")
+    proc = run_module("skyjax.main", f"--config={path}", f"--workdir={tmp_path / 'run'}",
+                      *override, timeout=120)
+    assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"Invalid config: --config {path}: get_config() returned {what}, not an "
+        "ml_collections.ConfigDict (return skyjax.config.base_config() with your changes)"]
+
+
 def test_config_file_with_missing_key():
     config = config_defaults.base_config()
     del config.train["eval_every"]

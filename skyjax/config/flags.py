@@ -4,10 +4,12 @@ an unknown ``--config.*`` key, or a config file that is missing, does not parse 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 from absl import flags
+from absl import logging as absl_logging
 
 from skyjax import failures
 from skyjax.config import defaults as config_defaults
@@ -39,20 +41,76 @@ def _config_path(argv: list[str]) -> str:
     return "?"
 
 
+def _what(value: object) -> str:
+    name = type(value).__name__
+    return "None" if value is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+class _NoNoneWarning(logging.Filter):
+    """Drops config_flags' own warning about a ``get_config`` that returned None: our line says
+    it (and names the fix), and a failure is one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "did you forget a return statement" not in record.getMessage()
+
+
+_NO_NONE_WARNING = _NoNoneWarning()
+
+
+def _not_a_config(argv: list[str]) -> str | None:
+    """The line for a config file whose ``get_config`` returns no ``ConfigDict`` (None, a dict):
+    absl and config_flags would report it as a flag without a value or a missing attribute.
+    Runs the file's ``get_config`` again, so only once parsing failed; None when it does
+    return a ``ConfigDict`` (or fails on its own, which the caller reports)."""
+    import importlib.util
+
+    import ml_collections
+
+    path, *args = _config_path(argv).split(":", 1)
+    if not os.path.isfile(path):
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location("_skyjax_config_check", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        value = module.get_config(*args)
+    except Exception:  # noqa: BLE001 - the caller's message names the file's own failure
+        return None
+    return None if isinstance(value, ml_collections.ConfigDict) else _returned(path, value)
+
+
+def _returned(path: str, value: object) -> str:
+    return (f"Invalid config: --config {path}: get_config() returned {_what(value)}, not an "
+            "ml_collections.ConfigDict (return skyjax.config.base_config() with your changes)")
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's ``FLAGS(argv)`` (an ``app.run`` ``flags_parser``), failures in one line."""
+    import ml_collections
+
+    absl_logging.get_absl_logger().addFilter(_NO_NONE_WARNING)  # once, however many calls
     try:
         rest = FLAGS(argv)
         if "config" in FLAGS and FLAGS["config"].present:
             FLAGS.config.keys()  # a file that failed to load raises at its first use: here
+            if not isinstance(FLAGS.config, ml_collections.ConfigDict):  # a dict
+                print(_returned(_config_path(argv).split(":", 1)[0], FLAGS.config),
+                      file=sys.stderr)
+                sys.exit(EXIT_BAD_INPUT)
         return rest
     except flags.Error as e:
+        if (line := _not_a_config(argv)) is not None:  # get_config() returned None
+            print(line, file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
         print(f"FATAL Flags parsing error: {failures.describe(e)} (--helpshort for help)",
               file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except Exception as e:  # noqa: BLE001 - the config file runs user code
         bad = _unknown_override(argv) if isinstance(e, (AttributeError, KeyError)) else None
-        if bad is not None:
+        line = _not_a_config(argv) if isinstance(e, (AttributeError, KeyError)) else None
+        if line is not None:  # overrides of a None or an int: no such attribute
+            print(line, file=sys.stderr)
+        elif bad is not None:
             key = bad.split("=", 1)[0][2:]
             print(f"Invalid config: {key}: unknown config key (from {bad})", file=sys.stderr)
         else:
