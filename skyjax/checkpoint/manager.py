@@ -29,12 +29,9 @@ from absl import logging
 from skyjax.checkpoint import layout, store
 from skyjax.checkpoint.names import state_entries
 from skyjax.guard import NonFiniteError
+from skyjax.models.hf_loading import CheckpointError  # also a save that cannot be committed
 
 UnitState = tuple[Any, Any]
-
-
-class CheckpointError(RuntimeError):
-    """A save that cannot be committed (a unit missing, a process failed)."""
 
 
 def unit_like(unit: Any, optimizer: Any) -> tuple[Any, Any]:

@@ -35,7 +35,11 @@ _LEAF = {"weight": "kernel", "bias": "bias", "gamma": "scale", "beta": "bias"}
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that does not fit the model; the message names the file or tensor."""
+    """A checkpoint that cannot be used or written: a pretrained one that does not fit the model
+    (here), or a save of skyjax's own that cannot be committed (``skyjax.checkpoint``); the
+    message names the file, tensor, unit or process. Defined once, in the lowest package that
+    raises it, so that one ``except CheckpointError`` catches both. A ``ValueError``: a restart
+    would fail the same way, so a command ends with exit 64 and the launcher does not retry."""
 
 
 def hf_to_path(name: str) -> tuple[tuple[Any, ...], bool] | None:
