@@ -5,8 +5,9 @@
 Processes write into ``<step>.partial-<attempt>/``; process 0 renames that directory to ``<step>``
 only after every process has written and fsynced its files and the union of their tensors covers
 every unit (orbax's commit protocol: a temporary directory, a barrier, an atomic rename by the
-primary host). A directory whose name is not a plain step number, or that has no ``meta.json``,
-is never restored: a save killed half-way leaves the previous checkpoint the latest.
+primary host). A directory whose name is not a plain step number is never restored: a save
+killed half-way leaves the previous checkpoint the latest. A ``<step>/`` without ``meta.json`` is
+damaged (a commit renames it into place with one), never restored and never silently overwritten.
 ``meta.json`` carries the size and CRC-32 of every other file and its own checksum
 (:func:`meta_checksum`); ``restore.find_resume`` skips a checkpoint that fails them.
 """
@@ -54,6 +55,25 @@ def committed_steps(directory: str) -> list[int]:
     steps = [int(name) for name in os.listdir(directory)
              if name.isdigit() and os.path.isfile(os.path.join(directory, name, META))]
     return sorted(steps)
+
+
+def step_dirs(directory: str) -> list[int]:
+    """Steps with a checkpoint directory (``<step>/``, committed or not), ascending. A committed
+    directory always has ``meta.json`` (it is renamed into place with it), so one without is a
+    damaged checkpoint: counted here, so that it is refused or replaced by name rather than
+    silently overwritten."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory)
+                  if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
+
+
+def check_directory(directory: str) -> None:
+    """Raises ``NotADirectoryError`` naming ``directory`` when something other than a directory
+    holds its name (a file called ``checkpoints``): neither resumed from nor written into."""
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise NotADirectoryError(f"{directory} is a file, not a directory of checkpoints: move it "
+                                 f"aside or use another --workdir")
 
 
 def latest_step(directory: str) -> int | None:

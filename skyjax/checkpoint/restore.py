@@ -7,15 +7,20 @@ its own units' tensors, from whichever process file holds them. A checkpoint of 
 (seed, dataset, model shape, optimizer) is refused before anything is written, naming the first
 difference.
 
-A checkpoint is verified before it is used (:func:`verify`): ``meta.json`` must parse and match its
-own checksum, every file it lists its size and CRC-32. One that fails, or cannot be read, is named
-in one warning line and the latest earlier one that verifies is used instead. A checkpoint
-written before checksums existed is accepted unverified, with a line saying so.
+A checkpoint is verified before it is used (:func:`verify`): ``meta.json`` must exist, parse, match
+its own checksum and record the step its directory is named after (a copied or renamed directory
+would resume at the wrong step: wrong data position and schedule), and every file it lists must
+match its size and CRC-32. One that fails, or cannot be read, is named in one warning line and
+the latest earlier one that verifies is used instead; when checkpoint directories exist but none
+verifies, the run is refused (starting afresh would overwrite them) unless
+``config.checkpoint.replace``. A checkpoint written before checksums existed is accepted
+unverified, with a line saying so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -43,11 +48,14 @@ class Resume:
         return [tuple(u["path"]) for u in self.meta["units"]]
 
 
-def verify(path: str) -> dict:
-    """``meta.json`` of the checkpoint directory ``path`` once its own checksum and every file's
-    size and CRC-32 check out; raises ``ValueError`` (``store.ChecksumError`` for a file that
-    differs) naming what failed. A checkpoint without checksums (written by an older skyjax) is
-    returned as it is, with ``meta["verified"] = False``."""
+def verify(path: str, step: int | None = None) -> dict:
+    """``meta.json`` of the checkpoint directory ``path`` once its own checksum, its recorded
+    ``step`` (when ``step``, the directory's, is given) and every file's size and CRC-32 check
+    out; raises ``ValueError`` (``store.ChecksumError`` for a file that differs) naming what
+    failed. A checkpoint without checksums (written by an older skyjax) is returned as it is,
+    with ``meta["verified"] = False``."""
+    if not os.path.isfile(os.path.join(path, layout.META)):
+        raise ValueError(f"{path}/{layout.META} is missing")
     try:
         meta = layout.read_meta(path)
     except (OSError, ValueError, AttributeError) as e:  # truncated, not JSON, other format
@@ -55,6 +63,9 @@ def verify(path: str) -> dict:
     if not isinstance(meta, dict) or not isinstance(meta.get("tensors"), dict) \
             or not isinstance(meta.get("units"), list):
         raise ValueError(f"{path}/{layout.META} lacks its tensors or units")
+    if step is not None and meta.get("step") != step:
+        raise ValueError(f"{path}/{layout.META} records step {meta.get('step')!r}, its directory "
+                         f"is step {step} (copied or renamed?)")
     if "files" not in meta and "checksum" not in meta:
         meta["verified"] = False
         return meta
@@ -67,17 +78,19 @@ def verify(path: str) -> dict:
     return meta
 
 
-def find_resume(directory: str) -> Resume | None:
-    """The latest committed checkpoint under ``directory`` that verifies (None: there is none,
-    start fresh). Each later one that fails is named in a warning line; when every committed
-    checkpoint fails, :class:`CheckpointMismatch` names the latest (starting afresh would prune
-    them)."""
-    steps = layout.committed_steps(directory)
+def find_resume(directory: str, replace: bool = False) -> Resume | None:
+    """The latest checkpoint under ``directory`` that verifies (None: there is none, start
+    fresh). Each later one that fails is named in a warning line. When checkpoint directories
+    exist but none verifies, :class:`CheckpointMismatch` names the directory and the latest
+    (starting afresh would overwrite or prune them), unless ``replace`` (then a warning line,
+    and None: the caller deletes them)."""
+    layout.check_directory(directory)
+    steps = layout.step_dirs(directory)
     failed = []
     for step in reversed(steps):
         path = layout.step_dir(directory, step)
         try:
-            meta = verify(path)
+            meta = verify(path, step)
         except ValueError as e:
             logging.warning("checkpoint %d skipped, it does not verify: %s", step, e)
             failed.append((step, e))
@@ -89,10 +102,15 @@ def find_resume(directory: str) -> Resume | None:
             logging.warning("checkpoint %d has no checksums (written by an older skyjax): "
                             "accepted unverified", step)
         return Resume(step, path, meta)
+    if failed and replace:
+        logging.warning("no checkpoint under %s verifies; config.checkpoint.replace: starting "
+                        "afresh, replacing them", directory)
+        return None
     if failed:
         step, e = failed[0]
         raise CheckpointMismatch(f"no checkpoint under {directory} verifies (latest, {step}: "
-                                 f"{e}); move the directory aside to start afresh")
+                                 f"{e}); move the directory aside, or set "
+                                 f"--config.checkpoint.replace=True, to start afresh")
     return None
 
 

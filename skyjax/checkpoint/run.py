@@ -29,17 +29,21 @@ def run_identity(config: Any) -> dict:
 
 def prepare(config: Any, workdir: str) -> Resume | None:
     """The checkpoint this run resumes from (None: fresh, or ``config.checkpoint.resume`` off);
-    raises ``CheckpointMismatch`` naming the first difference (seed, dataset, a unit's tensor)
-    before anything is written to the workdir."""
+    raises ``CheckpointMismatch`` naming the first difference (seed, dataset, a unit's tensor),
+    or the directory when checkpoints are there but none verifies or resuming is off (unless
+    ``config.checkpoint.replace``: starting afresh over them would overwrite them), before
+    anything is written to the workdir."""
+    directory = layout.checkpoints_dir(workdir)
+    layout.check_directory(directory)
     if not config.checkpoint.resume:
-        steps = layout.committed_steps(layout.checkpoints_dir(workdir))
+        steps = layout.step_dirs(directory)
         if steps and not config.checkpoint.replace:
             raise CheckpointMismatch(
-                f"{layout.checkpoints_dir(workdir)} holds the checkpoints of an earlier run "
+                f"{directory} holds the checkpoints of an earlier run "
                 f"(steps {', '.join(map(str, steps))}) and config.checkpoint.resume=False: set "
                 f"--config.checkpoint.replace=True to delete them, or use another workdir")
         return None
-    resume = find_resume(layout.checkpoints_dir(workdir))
+    resume = find_resume(directory, replace=bool(config.checkpoint.replace))
     if resume is None:
         return None
     from skyjax import optim
@@ -57,13 +61,14 @@ def prepare(config: Any, workdir: str) -> Resume | None:
 
 
 def replace_earlier(config: Any, workdir: str) -> list[int]:
-    """With ``config.checkpoint.resume`` off and ``config.checkpoint.replace`` on, deletes the
-    earlier run's checkpoints (once this run's checks and plan have succeeded), so that they
-    cannot mix with this run's; returns the steps deleted."""
-    if config.checkpoint.resume or not config.checkpoint.replace:
+    """With ``config.checkpoint.replace`` on, in a run that starts afresh (resuming off, or no
+    checkpoint verified), deletes the earlier checkpoints (once this run's checks and plan have
+    succeeded; damaged ones too), so that they cannot mix with this run's; returns the steps
+    deleted."""
+    if not config.checkpoint.replace:
         return []
     directory = layout.checkpoints_dir(workdir)
-    steps = layout.committed_steps(directory)
+    steps = layout.step_dirs(directory)
     for step in steps:
         layout.delete_step(directory, step)
     if steps:

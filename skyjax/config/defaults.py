@@ -206,7 +206,8 @@ def _checkpoint() -> ml_collections.ConfigDict:
     c.every = 0  # save every N optimizer steps; 0 = never
     c.keep = 3  # committed checkpoints kept (the latest N); 0 = all
     c.resume = True  # continue from the latest committed checkpoint in the workdir, if any
-    # with resume=False: delete an earlier run's checkpoints in the workdir (else refused)
+    # with resume=False, or when no checkpoint in the workdir verifies: delete the earlier
+    # checkpoints there (else the run is refused)
     c.replace = False
     return c
 
