@@ -300,6 +300,9 @@ def test_key_errors(tmp_path, vocab_dir):
                  r"config.model.num_labels=3", vocab_dir, good, metric="pearson_spearman")
     expect_error(r"config.data.eval_files=.* is for local files", vocab_dir,
                  "hf:" + str(tmp_path), eval_files=(good,))
+    for name in ("hf:", "hf: "):  # datasets would say 'list index out of range'
+        expect_error(rf"^config.data.name={name!r} names no dataset: hf:DIR or hf:NAME$",
+                     vocab_dir, name)
 
 
 # --------------------------------------------------------------------------------------------

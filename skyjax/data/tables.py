@@ -117,9 +117,8 @@ class _Object(dict):
 
 
 def _rows(path: str, used: Sequence[str]) -> Any:
-    """``(where, row dict, columns)`` of every example of a local file, whose ``used`` columns
-    must not repeat. ``utf-8-sig``: Excel's "CSV UTF-8" (and Notepad) start the file with a
-    byte-order mark, which plain ``utf-8`` would glue to the first column's name."""
+    """``(where, row dict, columns)`` of every example of a local file (``used`` columns named
+    once); ``utf-8-sig`` drops the byte-order mark of Excel's "CSV UTF-8" from the header."""
     fmt = _format(path)
     with open(path, encoding="utf-8-sig", newline="" if fmt != "jsonl" else None) as f:
         if fmt == "jsonl":
@@ -354,8 +353,10 @@ def metric_of(config: Any) -> str:
 
 
 def check_keys(config: Any) -> None:
-    """The column keys, before any file is read."""
+    """The name and column keys, before any file is read (or ``datasets`` imported)."""
     d = config.data
+    if is_hf(d.name) and not d.name[len(HF_PREFIX):].strip():
+        raise DataError(f"config.data.name={d.name!r} names no dataset: hf:DIR or hf:NAME")
     columns = tuple(d.text_columns)
     if len(columns) not in (1, 2) or not all(isinstance(c, str) and c for c in columns):
         raise DataError(f"config.data.text_columns={columns!r} must name one column (single "
