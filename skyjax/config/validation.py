@@ -371,6 +371,7 @@ def _check_rehearse(config: Any) -> None:
 def validate_config(config: ml_collections.ConfigDict) -> None:
     """Raises ``ValueError`` naming the first bad key; returns None when the config is usable."""
     _check_schema(config, defaults.base_config(), "config")
+    _check_rehearse(config)  # first: it says which keys a rehearsal's profile sets
     max_positions = _check_model(config.model)
     _check_data(config, max_positions)
     _check_train(config.train)
@@ -385,6 +386,5 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
               f"True (several passes serve a host whose speed moves; real devices take one)")
     _at_least("config.checkpoint.every", config.checkpoint.every, 0)
     _at_least("config.checkpoint.keep", config.checkpoint.keep, 0)
-    _check_rehearse(config)
     if config.profile.path and not os.path.isfile(config.profile.path):
         _fail(f"config.profile.path={config.profile.path!r}: file not found")
