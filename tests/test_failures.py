@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -292,10 +293,17 @@ def test_a_stopped_run_ends_in_one_line_and_keeps_its_checkpoints(tmp_path):
         cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True)
     lines = []
-    for line in proc.stderr:  # until the second checkpoint is committed
-        lines.append(line)
-        if "checkpoint 2 committed" in line:
-            break
+    # a run stuck before its second checkpoint: SIGABRT, whose stack dump (-X faulthandler)
+    # ends the loop below and the test's message
+    stuck = threading.Timer(FAST_TIMEOUT * 2, proc.send_signal, (signal.SIGABRT,))
+    stuck.start()
+    try:
+        for line in proc.stderr:  # until the second checkpoint is committed
+            lines.append(line)
+            if "checkpoint 2 committed" in line:
+                break
+    finally:
+        stuck.cancel()
     proc.send_signal(signal.SIGTERM)
     try:
         _, rest = proc.communicate(timeout=60)
@@ -318,8 +326,9 @@ def test_a_stopped_run_ends_in_one_line_and_keeps_its_checkpoints(tmp_path):
 
 
 _SWALLOWED_STOP = '''
-import gc, os, signal, time
+import faulthandler, gc, os, signal, time
 from skyjax import failures
+faulthandler.dump_traceback_later(60, exit=True)  # a hang leaves its stacks in the message
 
 class Signals:  # sends SIGTERM from a finalizer: the handler runs there, Python discards its raise
     def __del__(self):

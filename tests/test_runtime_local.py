@@ -207,3 +207,41 @@ def test_distributed_executor_puts_the_next_steps_inputs_in_its_first_wait():
         assert events[k][:first_recv] == [("inputs", 0), ("inputs", 1)], events[k]
         assert events[k].count(("inputs", 1)) == 1 and events[k].count(("inputs", 2)) == 1
     assert [e for e in events[1] if e[0] == "inputs"] == [("inputs", s) for s in range(3)]
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_between_stage_submissions_does_not_hold_the_cleanup():
+    """A KeyboardInterrupt (Ctrl-C / SIGTERM) in the main thread after stage 0 was submitted
+    but before stage 1: stage 0 waits for stage 1's message; the executor's cleanup
+    (``close``, which joins the stage threads) must not wait for the transport's timeout."""
+    import concurrent.futures
+    import threading
+
+    from skyjax.runtime.local_executor import LocalExecutor
+    from skyjax.transport.base import TransportError
+    from skyjax.transport.local import LocalTransport
+
+    transport = LocalTransport(jax.devices()[:1] * 2, timeout_s=100_000)
+    waiting, errors = threading.Event(), []
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn, *args):
+            if args[0] == 1:
+                waiting.wait()
+                raise KeyboardInterrupt("signal 15")  # where a signal handler may raise
+            return super().submit(fn, *args)
+
+    def stage(k):
+        waiting.set()
+        try:
+            transport.for_stage(k).recv(0, None, 1)  # stage 1's message, never sent
+        except TransportError as e:
+            errors.append(e)
+            raise
+
+    ex = object.__new__(LocalExecutor)
+    ex._pool, ex.transport, ex.stages = Pool(max_workers=2), transport, [0, 1]
+    with pytest.raises(KeyboardInterrupt):
+        ex._all(stage)
+    ex.close()  # before the fix: stage 0 waited 100000 s, and this with it
+    assert len(errors) == 1 and "aborted" in str(errors[0]), errors

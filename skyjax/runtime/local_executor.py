@@ -94,8 +94,17 @@ class LocalExecutor:
                 self.transport.abort(e)
                 raise
 
-        futures = [self._pool.submit(guarded, stage) for stage in stages or self.stages]
-        return [f.result() for f in futures]
+        futures = []
+        try:
+            for stage in stages or self.stages:
+                futures.append(self._pool.submit(guarded, stage))
+            return [f.result() for f in futures]
+        except BaseException as e:
+            # e.g. Ctrl-C / SIGTERM's KeyboardInterrupt here, perhaps before every stage was
+            # submitted: the stages already running would wait for the others' messages until
+            # the transport's timeout, and close() (the run's cleanup) with them
+            self.transport.abort(e)
+            raise
 
     def train_step(self, step: int, batch: Batch, next_batch: Batch | None = None,
                    measure: bool = False) -> StepMetrics:
