@@ -53,6 +53,8 @@ GRACE_S = 5.0
 # launcher's (and a bad input is not restarted as a lost process).
 SETTLE_S = 5.0
 MAX_PROCESSES_PER_CORE = 4  # more would only time-slice: the emulation needs some core time each
+# a rehearsal's processes (--config.rehearse.profile=...) mostly wait out declared times
+REHEARSAL_PROCESSES_PER_CORE = 8
 # Exit statuses of a failure that is not a lost process: bad input or a diverged run would fail
 # the same way on the survivors, so --max_restarts does not restart them.
 NOT_RESTARTED = (EXIT_BAD_INPUT, EXIT_NON_FINITE)
@@ -169,16 +171,26 @@ def _own_failures(codes: list[int | None], gone: set[int] = frozenset()) -> list
             and k not in gone]
 
 
+def rehearses(module_args: Sequence[str]) -> bool:
+    """Whether the module's arguments set a rehearsal (``--config.rehearse.profile=PATH``)."""
+    return any(a.startswith("--config.rehearse.profile=") and a.split("=", 1)[1].strip("'\" ")
+               for a in module_args)
+
+
 def check_args(num_processes: int, timeout_s: float | None, max_restarts: int,
-               grace_s: float) -> str | None:
+               grace_s: float, module_args: Sequence[str] = ()) -> str | None:
     """What is wrong with the launcher's arguments, in one line (None: nothing)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    most = MAX_PROCESSES_PER_CORE * max(1, cores or 1)
+    per_core = REHEARSAL_PROCESSES_PER_CORE if rehearses(module_args) else MAX_PROCESSES_PER_CORE
+    most = per_core * max(1, cores or 1)
     if num_processes < 1:
         return f"--num_processes {num_processes}: must be at least 1"
     if num_processes > most:
         return (f"--num_processes {num_processes}: this host has {cores} core(s); at most "
-                f"{most} processes ({MAX_PROCESSES_PER_CORE} per core) are started on it")
+                f"{most} processes ({per_core} per core"
+                + ("" if per_core == REHEARSAL_PROCESSES_PER_CORE else
+                   f"; {REHEARSAL_PROCESSES_PER_CORE} for a rehearsal, whose processes mostly "
+                   "wait") + ") are started on it")
     if timeout_s is not None and not timeout_s > 0:
         return f"--timeout {timeout_s}: must be a positive number of seconds"
     if max_restarts < 0:
@@ -232,7 +244,7 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
     """
     if bind_cores:
         core_slices(num_processes)  # one clear line now, not from inside an attempt
-    problem = check_args(num_processes, timeout_s, max_restarts, grace_s)
+    problem = check_args(num_processes, timeout_s, max_restarts, grace_s, module_args)
     if problem:
         raise failures.BadInput(problem)
     out = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)

@@ -401,7 +401,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
         calls = memory.gather_to_chief(rehearsal.ledger(), "skyjax/rehearsal")
         summary["rehearsal"] = rehearsal.report(config.rehearse.profile, scale, plan, profile,
                                                 result["step_times"], calls)
-        outputs.log_rehearsal(summary["rehearsal"])
+        if out.is_chief:
+            outputs.log_rehearsal(summary["rehearsal"])
     summary["stage_comparison"] = outputs.stage_report(plan, profile, result["last_step"],
                                                        result["boundaries"],
                                                        result["recent_spans"], extra)
