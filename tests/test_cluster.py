@@ -139,3 +139,21 @@ def test_ensure_host_device_count_sets_flag_before_jax_starts():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
     assert out == ["True", "3", "False"]
+
+
+def test_region_links_give_each_pair_of_regions_its_own_link():
+    from skyjax.config import validate_config
+    from tests.helpers import tiny_config
+
+    c = tiny_config(n=4, regions=("eu", "eu", "us", "asia"), link_latency_s=0.05,
+                    link_bandwidth_Bps=1e8, region_links=(("us", "eu", 0.02, 1e9),))
+    validate_config(c)
+    got = cl.cluster_from_config(c)
+    assert got.link_latency_s[0, 2] == got.link_latency_s[2, 1] == 0.02  # eu-us, both ways
+    assert got.link_bandwidth_Bps[2, 0] == 1e9
+    assert got.link_latency_s[0, 3] == 0.05 and got.link_bandwidth_Bps[3, 2] == 1e8  # the rest
+    assert got.link_latency_s[0, 1] == 0.0 and got.emulate_links
+    c.cluster.region_links = (("us", "mars", 0.02, 1e9),)
+    with pytest.raises(ValueError, match=r"config.cluster.region_links\[0\]=.*two distinct "
+                                         r"regions of config.cluster.regions \(asia, eu, us\)"):
+        validate_config(c)

@@ -232,11 +232,14 @@ def cluster_from_config(config: Any, jax_devices: Sequence[Any] | None = None) -
                                 region=r, process_index=int(d.process_index)))
     lat = np.zeros((n, n))
     bw = np.full((n, n), np.inf)
-    latency, bandwidth = float(c.link_latency_s), float(c.link_bandwidth_Bps)
+    pairs = {frozenset((str(a), str(b))): (float(la), float(bb))
+             for a, b, la, bb in getattr(c, "region_links", ())}
+    default = (float(c.link_latency_s), float(c.link_bandwidth_Bps))
     for i in range(n):
         for j in range(n):
             if i != j and regions[i] != regions[j]:
+                latency, bandwidth = pairs.get(frozenset((regions[i], regions[j])), default)
                 lat[i, j] = latency
                 bw[i, j] = bandwidth if bandwidth > 0 else np.inf
-    emulate = bool(len(set(regions)) > 1 and (latency > 0 or bandwidth > 0))
+    emulate = bool(len(set(regions)) > 1 and (np.any(lat > 0) or np.any(np.isfinite(bw))))
     return Cluster(specs, devs, lat, bw, emulate, mode=str(c.mode))

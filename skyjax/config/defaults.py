@@ -164,6 +164,9 @@ def _cluster() -> ml_collections.ConfigDict:
     c.regions = ()  # region name per device, e.g. ("eu", "eu", "us", "us"); () = one region
     c.link_latency_s = 0.0  # emulated one-way latency between devices in different regions
     c.link_bandwidth_Bps = 0.0  # emulated bandwidth between regions (0 = not emulated)
+    # per pair of regions, ("eu", "us", latency_s, bandwidth_Bps) (both directions), in place of
+    # the two figures above for that pair; () = every pair takes them
+    c.region_links = ()
     c.coordinator_address = ""  # jax.distributed coordinator "host:port"; "" = auto / launcher
     # Distributed: the address this process's transfer server (stage hand-offs) binds and peers
     # reach it at; "" = $SKYJAX_TRANSFER_HOST, else the local address of the route to the

@@ -315,11 +315,29 @@ def _check_cluster(c: Any) -> None:
     _per_device("config.cluster.regions", c.regions, n, str)
     _at_least("config.cluster.link_latency_s", c.link_latency_s, 0.0)
     _at_least("config.cluster.link_bandwidth_Bps", c.link_bandwidth_Bps, 0.0)
+    _check_region_links(c)
     _positive("config.cluster.peer_timeout_s", c.peer_timeout_s)
     addr = c.coordinator_address
     if addr and (":" not in addr or not addr.rsplit(":", 1)[1].isdigit()):
         _fail(f"config.cluster.coordinator_address={addr!r} must be 'host:port' or ''")
     _check_transfer_server(c)
+
+
+def _check_region_links(c: Any) -> None:
+    """``cluster.region_links``: (region, region, latency_s, bandwidth_Bps) of named regions."""
+    names_ = set(c.regions)
+    for i, entry in enumerate(c.region_links):
+        key = f"config.cluster.region_links[{i}]={entry!r}"
+        if not (isinstance(entry, Sequence) and not isinstance(entry, str) and len(entry) == 4):
+            _fail(f"{key}: expected (region, region, latency_s, bandwidth_Bps)")
+        a, b, lat, bw = entry
+        if a not in names_ or b not in names_ or a == b:
+            _fail(f"{key}: expected two distinct regions of config.cluster.regions "
+                  f"({', '.join(sorted(names_)) or 'none set'})")
+        if not (isinstance(lat, _NUMBER) and math.isfinite(lat) and lat >= 0):
+            _fail(f"{key}: latency {lat!r} must be seconds >= 0")
+        if not (isinstance(bw, _NUMBER) and bw >= 0):
+            _fail(f"{key}: bandwidth {bw!r} must be bytes per second >= 0 (0 = not emulated)")
 
 
 def _check_transfer_server(c: Any) -> None:
@@ -355,6 +373,7 @@ def _check_rehearse(config: Any) -> None:
              ("config.cluster.regions", tuple(c.regions)),
              ("config.cluster.link_latency_s", c.link_latency_s),
              ("config.cluster.link_bandwidth_Bps", c.link_bandwidth_Bps),
+             ("config.cluster.region_links", tuple(c.region_links)),
              ("config.cluster.shared_host", c.shared_host),
              ("config.allocation.calibrate_steps", a.calibrate_steps)]
     for key, value in clash:
