@@ -1,9 +1,10 @@
 """Rehearse a cluster you do not have: the plan of its profile.json runs on this host, every call
 and message taking the time the profile declares (docs/design.md, "Rehearsal").
 
-    python -m skyjax.profile.compose --cluster experiments/clusters/two_regions.json --out /tmp/sky/p.json
+    python -m skyjax.profile.compose --cluster experiments/clusters/two_regions.json \\
+        --out /tmp/sky/cluster.json
     python -m skyjax.main --config configs/rehearse.py --workdir /tmp/sky \\
-        --config.rehearse.profile=/tmp/sky/p.json
+        --config.rehearse.profile=/tmp/sky/cluster.json
 
 The model that computes is a small BERT (hidden 32) with the profile's unit count, so the math
 is real and checkable at any scale; the times are the declared cluster's, times
@@ -31,10 +32,12 @@ def get_config():
     config.train.log_every = 4
     config.train.compute_dtype = "float32"
     config.pipeline.schedule = "1f1b"
-    config.pipeline.microbatches = 16
+    config.pipeline.microbatches = 8
     config.allocation.strategy = "optimal"
     config.allocation.max_pipelines = 4
     config.cluster.mode = "local"
-    config.rehearse.time_scale = 1.0
+    # declared times x 10: this host's ~0.2-2 ms per call (dispatch, wake-ups, a busy host's
+    # compute of the small model) stays small beside the declared calls of a GPU cluster
+    config.rehearse.time_scale = 10.0
     config.lock()
     return config
