@@ -19,7 +19,6 @@ setup(
         "jaxlib>=0.10.2,<0.11",
         "flax>=0.12.8",
         "optax>=0.2.4",
-        "orbax-checkpoint>=0.12",
         "transformers>=4.40",
         "safetensors>=0.4",
         "absl-py>=2.0",

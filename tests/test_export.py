@@ -1,0 +1,219 @@
+"""Export (skyjax/export/, ``python -m skyjax.export``): a run's checkpoint as a Hugging Face
+directory that ``transformers`` loads with no weight missing or unexpected, whose logits equal
+skyjax's on the same batch (PyTorch against the saved parameters, <= 1e-5), whose tokenizer
+encodes as the run's did, from checkpoints of one process and sublayer units, of 2 processes
+and 2 stages, and of 2 pipelines computing in bf16; a hub checkpoint's run goes back under the
+hub's names; bad input is one line and exit 64.
+
+The fast tests write their workdir here (config.json, labels.json and a checkpoint saved by
+``CheckpointManager`` from units with random parameters); the slow ones train with
+``python -m skyjax.main`` / ``skyjax.launch``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from skyjax.names import EXIT_BAD_INPUT
+from tests.helpers import REPO, make_profile, run_module, write_vocab
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+PAIRS = os.path.join(REPO, "configs", "data", "pairs")
+CSV = os.path.join(REPO, "configs", "csv_pairs.py")
+TINY_BERT = os.path.join(REPO, "tests", "fixtures", "tiny_bert")
+SEQ = 16
+LABELS = ["maybe", "no", "yes"]
+PREMISES = ["a b c", "abc hi j", "d e", "j j a b c d e f g h i j"]
+HYPOTHESES = ["hi", "a", "b c d e", "f"]
+
+
+def write_pairs(path, n=8, labels=LABELS) -> str:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["first", "second", "label"])
+        for i in range(n):
+            w.writerow([PREMISES[i % 4], HYPOTHESES[(i + 1) % 4], labels[i % len(labels)]])
+    return str(path)
+
+
+def tiny_config(tmp_path, num_labels=3, granularity="layer", pretrained="", dtype="float32"):
+    from skyjax.config import defaults
+
+    c = defaults.base_config()
+    m = c.model
+    m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.intermediate_size = 32, 2, 2, 48
+    m.num_labels, m.pretrained = num_labels, pretrained
+    c.data.name = write_pairs(tmp_path / "train.csv",
+                              labels=("0.5", "2.25") if num_labels == 1 else LABELS)
+    c.data.text_columns, c.data.label_column, c.data.seq_len = ("first", "second"), "label", SEQ
+    c.data.tokenizer = "" if pretrained else write_vocab(tmp_path / "vocab")
+    c.allocation.granularity = granularity
+    c.train.compute_dtype = dtype
+    return c
+
+
+def save_run(tmp_path, config, step=5) -> tuple[str, list]:
+    """A workdir as a run leaves it (config.json, labels.json, checkpoint ``step``) whose units
+    have random, not-small parameters; returns it and the units' parameters."""
+    import jax
+
+    from skyjax import optim
+    from skyjax.checkpoint import CheckpointManager
+    from skyjax.checkpoint.run import run_identity
+    from skyjax.models import build
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "config.json").write_text(json.dumps(config.to_dict()))
+    run = run_identity(config)
+    if "label_names" in run:
+        (workdir / "labels.json").write_text(json.dumps({"label_names": run["label_names"]}))
+    chain = build.abstract_chain(config.model, 0, config.allocation.granularity)
+    init = build.UnitInitializer(config.model, 0)
+    rng = np.random.default_rng(3)
+    params = [jax.tree.map(lambda x: np.asarray(x) + 0.2 * rng.standard_normal(x.shape)
+                           .astype(np.float32), init.params(u)) for u in chain]
+    optimizer = optim.make_optimizer(config.train, clip=False)
+    manager = CheckpointManager(str(workdir / "checkpoints"), 1, 0, chain, optimizer,
+                                {**run, "granularity": config.allocation.granularity})
+    manager.save(step, {u: (p, optimizer.init(p)) for u, p in enumerate(params)})
+    return str(workdir), params
+
+
+def texts():
+    return [PREMISES + ["the", ""], HYPOTHESES + ["hi hi", "j"]]
+
+
+def skyjax_logits(config, params, batch) -> np.ndarray:
+    """The run's own model (its chain at its granularity, the saved parameters) on ``batch``."""
+    from skyjax.models import bert, build
+
+    chain = build.abstract_chain(config.model, 0, config.allocation.granularity)
+    carry = bert.initial_carry(batch["input_ids"], batch["token_type_ids"],
+                               batch["attention_mask"])
+    return np.asarray(bert.apply_units(chain, params, carry, None, False)["logits"])
+
+
+def hf_logits(directory, batch) -> np.ndarray:
+    """``AutoModelForSequenceClassification`` of ``directory`` (PyTorch) on ``batch``; no weight
+    may be missing, unexpected or of another shape."""
+    model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+        directory, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    with torch.no_grad():
+        out = model.eval()(**{k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()})
+    return out.logits.numpy()
+
+
+def export(workdir, out, *args):
+    return run_module("skyjax.export", "--workdir", str(workdir), "--out", str(out), *args)
+
+
+def one_line(proc, *expected):
+    assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(e in lines[0] for e in expected), proc.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------ in process
+
+def test_tensor_names_are_hugging_faces_own():
+    """Every parameter's name is one that HF's BertForSequenceClassification has (and the
+    loader maps back, asserted by ``hf_name``), and every HF weight is named."""
+    from flax import nnx
+
+    from skyjax.export.hf_format import hf_tensors
+    from skyjax.models import bert
+
+    cfg = bert.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=3,
+                          num_attention_heads=2, intermediate_size=24, num_labels=4)
+    ours = hf_tensors(bert.model_params(bert.BertForSequenceClassification(cfg, nnx.Rngs(0))))
+    hf = transformers.BertForSequenceClassification(transformers.BertConfig(**cfg.to_hf()))
+    theirs = {k: tuple(v.shape) for k, v in hf.state_dict().items()
+              if not k.endswith("position_ids")}
+    assert {k: v.shape for k, v in ours.items()} == theirs
+
+
+@pytest.mark.parametrize("granularity,num_labels", [("sublayer", 3), ("layer", 1)])
+def test_export_loads_in_transformers_with_skyjax_logits(tmp_path, granularity, num_labels):
+    from skyjax.data import text
+    from skyjax.export import hf_format, trained
+
+    config = tiny_config(tmp_path, num_labels, granularity)
+    workdir, params = save_run(tmp_path, config)
+    out = tmp_path / "hf"
+    hf_format.write(trained.from_workdir(workdir), str(out))
+    hf_config = json.loads((out / "config.json").read_text())
+    assert hf_config["num_labels"] == num_labels
+    if num_labels == 1:
+        assert hf_config["problem_type"] == "regression"
+        assert hf_config["id2label"] == {"0": "LABEL_0"}
+    else:
+        assert hf_config["problem_type"] == "single_label_classification"
+        assert hf_config["id2label"] == {"0": "maybe", "1": "no", "2": "yes"}
+        assert hf_config["label2id"] == {"maybe": 0, "no": 1, "yes": 2}
+    # The exported tokenizer encodes as the run's (data.text's call) does.
+    task = trained.run_task(config)
+    batch = text.encode(text.load_tokenizer(config, task), texts(), SEQ)
+    exported = transformers.AutoTokenizer.from_pretrained(str(out))
+    again = exported(*texts(), truncation=True, max_length=SEQ, padding="max_length",
+                     return_tensors="np")
+    for key in batch:
+        np.testing.assert_array_equal(again[key], batch[key], err_msg=key)
+    want = skyjax_logits(config, params, batch)
+    got = hf_logits(str(out), batch)
+    assert np.abs(want).max() > 0.05  # not a degenerate model
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    meta = json.loads((out / "skyjax.json").read_text())
+    assert meta["text_columns"] == ["first", "second"] and meta["seq_len"] == SEQ
+    assert meta["step"] == 5
+
+
+def test_a_hub_checkpoints_run_exports_under_the_hubs_names(tmp_path):
+    from safetensors import safe_open
+
+    from skyjax.export import hf_format, trained
+
+    config = tiny_config(tmp_path, 3, pretrained=TINY_BERT)
+    config.data.tokenizer = write_vocab(tmp_path / "vocab")
+    workdir, params = save_run(tmp_path, config)
+    out = tmp_path / "hf"
+    hf_format.write(trained.from_workdir(workdir), str(out))
+    with safe_open(os.path.join(TINY_BERT, "model.safetensors"), "np") as f:
+        hub = {k for k in f.keys() if not k.endswith("position_ids")}
+    with safe_open(str(out / "model.safetensors"), "np") as f:
+        assert set(f.keys()) == hub
+    base = json.loads(open(os.path.join(TINY_BERT, "config.json")).read())
+    got = json.loads((out / "config.json").read_text())
+    assert got["architectures"] == ["BertForSequenceClassification"]
+    assert {k: got[k] for k in ("vocab_size", "intermediate_size", "max_position_embeddings")} \
+        == {k: base[k] for k in ("vocab_size", "intermediate_size", "max_position_embeddings")}
+    ids = np.array([[2, 5, 9, 3, 7, 0, 0, 0]], np.int32)
+    batch = {"input_ids": ids, "token_type_ids": np.zeros_like(ids),
+             "attention_mask": (ids > 0).astype(np.int32)}
+    np.testing.assert_allclose(hf_logits(str(out), batch), skyjax_logits(config, params, batch),
+                               atol=1e-5, rtol=0)
+
+
+def test_bad_input_is_one_line(tmp_path):
+    config = tiny_config(tmp_path)
+    workdir, _ = save_run(tmp_path, config)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text(json.dumps(config.to_dict()))
+    one_line(export(empty, tmp_path / "x"), f"{empty}/checkpoints: no checkpoint",
+             "--config.checkpoint.every")
+    one_line(export(tmp_path / "nowhere", tmp_path / "x"), "directory not found")
+    one_line(export(workdir, tmp_path), f"--out {tmp_path}: the directory exists")
+    one_line(export(workdir, tmp_path / "x", "--step", "4"), "--step 4: no checkpoint 4",
+             "(it has steps 5)")
+    assert not (tmp_path / "x").exists()
+    done = export(workdir, tmp_path / "x")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step 5 of" in done.stdout and "tokenizer from" in done.stdout, done.stdout
