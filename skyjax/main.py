@@ -37,6 +37,7 @@ def main(argv: list[str]) -> None:
             raise failures.BadInput(f"Invalid config: {e}") from e
         check_launch(config)
         check_profile_path(config)
+        fit_rehearsal(config)
         workdir_lib.check_writable(_WORKDIR.value)
         start_jax(config)
         failures.interrupt_on_sigterm()
@@ -83,6 +84,20 @@ def check_profile_path(config) -> None:
     profile_format.check_measured_for(profile, record, profile_format.run_microbatch(config),
                                       f"config.profile.path={config.profile.path!r}",
                                       profile_format.config_keys(config))
+
+
+def fit_rehearsal(config) -> None:
+    """A rehearsal (``config.rehearse.profile``): its profile read and checked, and the run given
+    its devices and unit count (``skyjax.plan.declared.fit_config``), before JAX starts."""
+    if not config.rehearse.profile:
+        return
+    from skyjax.plan.declared import fit_config  # JSON and numpy, no JAX
+
+    try:
+        fit_config(config)
+        validate_config(config)
+    except ValueError as e:
+        raise failures.BadInput(f"Invalid config: {e}") from e
 
 
 def start_jax(config) -> None:

@@ -251,3 +251,16 @@ def test_int8_on_the_cross_region_link_rehearses_within_15_percent(tmp_path):
     r = summary["rehearsal"]
     assert r["pipelines"] >= 2 and abs(r["error"]) < 0.15, r
     assert np.isfinite(summary["final_loss"])
+
+
+def test_a_bad_rehearsal_profile_is_one_line_before_jax_starts(tmp_path):
+    from tests.helpers import run_module
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 2}')
+    out = run_module("skyjax.main", "--config", "configs/rehearse.py", "--workdir",
+                     str(tmp_path / "w"), f"--config.rehearse.profile={bad}")
+    assert out.returncode == 64
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        f"skyjax.main: Invalid config: config.rehearse.profile='{bad}': profile.microbatch")
+    assert not (tmp_path / "w").exists()

@@ -15,6 +15,7 @@ import dataclasses
 
 import numpy as np
 
+from skyjax.plan.exchange import message_bytes, routing
 from skyjax.plan.pipelines import INT8_WIRE, grad_prefix
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
@@ -100,13 +101,15 @@ def declare(plan: Plan, profile: Profile) -> Declared:
     coded = plan.averaging == "int8"
     rate = np.asarray(profile.codecs["int8"]["seconds_per_byte"], float) if coded else None
     coding = np.zeros((n, n))
-    for s in plan.stages:
-        for q in plan.stages:
-            lo, hi = max(s.units[0], q.units[0]), min(s.units[1], q.units[1])
-            if q.pipeline != s.pipeline and lo < hi:  # pipelines.exchange_s's terms
-                g = float(gprefix[hi] - gprefix[lo])
-                wire[s.device, q.device] = g * (INT8_WIRE if coded else 1.0)
-                coding[s.device, q.device] = float(rate[s.device]) * g if coded else 0.0
+    chains = [[(s.device, *s.units) for s in plan.pipeline(i).stages]
+              for i in range(plan.num_pipelines)]
+    groups = plan.exchange_groups if plan.averaging == "exact" else None  # relaxed: direct
+    for (d, e), sizes in message_bytes(routing(chains, groups), gprefix).items():
+        # pipelines.exchange_s's messages; a pair with two (in a group: partial sums one way,
+        # totals back in a later phase) declares their mean, so the pair's total is the model's
+        g = sum(sizes) / len(sizes)
+        wire[d, e] = g * (INT8_WIRE if coded else 1.0)
+        coding[d, e] = float(rate[d]) * g if coded else 0.0
     return Declared([times[g] for g in range(len(plan.stages))], wire, coding,
                     np.asarray(profile.latency_s, float), np.asarray(profile.bandwidth_Bps, float))
 
@@ -120,7 +123,10 @@ def fit_config(config) -> Profile | None:
     path = config.rehearse.profile
     if not path:
         return None
-    profile = load_profile(path)
+    try:
+        profile = load_profile(path)
+    except ValueError as e:  # ProfileError: names the field
+        raise ValueError(f"config.rehearse.profile={path!r}: {e}") from None
     units, granularity = profile.num_units, config.allocation.granularity
     per_layer = 1 if granularity == "layer" else 3
     layers, rest = divmod(units - 2, per_layer)
