@@ -66,13 +66,16 @@ def prepare(plan: Plan, profile: Profile, time_scale: float,
 def report(path: str, time_scale: float, plan: Plan, profile: Profile,
            step_times: list[float], calls: list[dict] | None) -> dict:
     """summary.json's ``rehearsal``: the median measured step (the first, compiling step left
-    out) against the simulator's step and the cost model's ``T``, in the rehearsal's time base
+    out; the mean under DiLoCo, whose exchange every H steps the model amortises) against the simulator's step and the cost model's ``T``, in the rehearsal's time base
     and divided by ``time_scale`` (the declared cluster's seconds), the devices and pipelines
     used, and per call the real compute and this host's overhead (``calls``: every process's
     ledger; None on processes other than 0)."""
     simulated = simulate_plan(plan, profile).step_time_s
     steps = step_times[1:] or step_times
-    measured = statistics.median(steps) if steps else float("nan")
+    # DiLoCo exchanges every H steps and the model amortises it (AR / H): the mean, not the
+    # median, is what it predicts
+    average = statistics.mean if plan.averaging == "diloco" else statistics.median
+    measured = average(steps) if steps else float("nan")
     return {
         "profile": path, "time_scale": time_scale,
         "devices": profile.num_devices, "devices_used": len(plan.stages),
