@@ -4,7 +4,8 @@ Plain tuples, no imports: the config checks, the planner (which imports no JAX) 
 read them from here.
 """
 
-SCHEDULES = ("gpipe", "1f1b")  # pipeline schedules (skyjax.plan.schedules)
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")  # pipeline schedules (skyjax.plan.schedules)
+ZERO_BUBBLE = ("zb-h1", "zb-h2")  # schedules whose backward is split in B and W
 STRATEGIES = ("even", "optimal", "dynamic")  # allocation strategies (skyjax.plan)
 GRANULARITIES = ("layer", "sublayer")  # how the model is cut into units (skyjax.models.units)
 MODES = ("local", "distributed")  # one process for all stages, or one process per stage

@@ -1,5 +1,6 @@
 """Pipeline schedules as plain data: per stage, the order in which it runs forward (F) and
-backward (B) passes of micro-batches.
+backward (B) passes of micro-batches, and, under the zero-bubble schedules, the weight-gradient
+passes (W) split off the backward.
 
 ``actions(schedule, p, m)`` gives these lists:
 
@@ -7,6 +8,17 @@ backward (B) passes of micro-batches.
 * 1F1B (PipeDream-flush): stage k runs w = min(p - k - 1, m) warm-up forwards, then alternates
   one forward and one backward, then drains the remaining backwards. At most min(m, p - k)
   micro-batches are in flight on stage k (GPipe: m).
+* Zero bubble (Qi et al., ICLR 2024): B is the input cotangent only (what the previous stage
+  waits for) and W the stage's parameter gradients, which nothing waits for before the update.
+  Each stage keeps 1F1B's order of F and B (ZB-H2: ``2 (p - k) - 2`` warm-up forwards, not
+  ``p - k - 1``) and the Ws are filled in by replaying it (:func:`zero_bubble`): before an F or
+  B whose input arrives more than half a W after the stage is free, the stage runs its oldest
+  pending Ws, and before an F that would hold more than ``limit`` micro-batches between their
+  F and their W; what is left runs at the end, in the drain. ``limit``: ZB-H1 ``min(m, p)``,
+  1F1B's peak (its first stage's), on every stage; ZB-H2 ``min(m, 2p)``. By default every
+  stage's F, B and W take one time unit and links none (the paper's shapes); ``times`` (per
+  stage (f, b, w), per link its delay) fits the fill to unequal stages, which the planner
+  records in the plan (``Stage.passes_s``) so that the runtime runs the very same lists.
 
 The runtime executes them (``skyjax.runtime``) and the simulator replays them
 (:mod:`skyjax.plan.simulate`), so both follow the same order by construction.
@@ -17,27 +29,33 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from skyjax.names import SCHEDULES
+from skyjax.names import SCHEDULES, ZERO_BUBBLE
 
 
 @dataclasses.dataclass(frozen=True)
 class Action:
-    """One pass of one micro-batch on a stage."""
+    """One pass of one micro-batch on a stage: F, B (under zero bubble: input gradient only)
+    or W (weight gradient)."""
 
-    kind: str  # "F" or "B"
+    kind: str  # "F", "B" or "W"
     microbatch: int
 
     def __str__(self) -> str:
         return f"{self.kind}{self.microbatch}"
 
 
-def actions(schedule: str, num_stages: int, microbatches: int) -> list[list[Action]]:
-    """Per-stage action lists in execution order."""
+def actions(schedule: str, num_stages: int, microbatches: int,
+            times: tuple[Sequence[Sequence[float]], Sequence[float]] | None = None
+            ) -> list[list[Action]]:
+    """Per-stage action lists in execution order; ``times`` only for zero bubble
+    (:func:`zero_bubble`)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
     if num_stages < 1 or microbatches < 1:
         raise ValueError(f"need num_stages >= 1 and microbatches >= 1, got {num_stages}, "
                          f"{microbatches}")
+    if schedule in ZERO_BUBBLE:
+        return zero_bubble(schedule, num_stages, microbatches, times)
     m = microbatches
     out = []
     for k in range(num_stages):
@@ -54,13 +72,97 @@ def actions(schedule: str, num_stages: int, microbatches: int) -> list[list[Acti
     return out
 
 
+def inflight_limit(schedule: str, num_stages: int, microbatches: int) -> list[int]:
+    """Per stage the most micro-batches a schedule keeps between their F and their last
+    backward pass (B, or W under zero bubble): its activation memory in micro-batches."""
+    p, m = num_stages, microbatches
+    if schedule == "gpipe":
+        return [m] * p
+    if schedule == "zb-h1":
+        return [min(m, p)] * p
+    if schedule == "zb-h2":
+        return [min(m, 2 * p)] * p
+    return [min(m, p - k) for k in range(p)]
+
+
+def zero_bubble(schedule: str, p: int, m: int,
+                times: tuple[Sequence[Sequence[float]], Sequence[float]] | None = None
+                ) -> list[list[Action]]:
+    """The zero-bubble lists of the module doc: ``times`` = (per stage (f, b, w) seconds, per
+    link k -> k + 1 its delay); default all ones, links 0."""
+    stage_t = [tuple(map(float, t)) for t in times[0]] if times else [(1.0, 1.0, 1.0)] * p
+    link = [float(x) for x in times[1]] if times else [0.0] * max(p - 1, 0)
+    limit = inflight_limit(schedule, p, m)
+    order = []  # per stage its F and B order: 1F1B's after ``warm`` forwards
+    for k in range(p):
+        warm = min(m, p - k - 1 if schedule == "zb-h1" else 2 * (p - k) - 2)
+        acts = [Action("F", i) for i in range(warm)]
+        for i in range(m - warm):
+            acts += [Action("F", warm + i), Action("B", i)]
+        order.append(acts + [Action("B", i) for i in range(m - warm, m)])
+    out: list[list[Action]] = [[] for _ in range(p)]
+    end: dict[tuple[str, int, int], float] = {}
+    free, pos, held = [0.0] * p, [0] * p, [0] * p
+    pending: list[list[int]] = [[] for _ in range(p)]
+
+    def run(k: int, a: Action, start: float, seconds: float) -> None:
+        out[k].append(a)
+        free[k] = end[(a.kind, k, a.microbatch)] = start + seconds
+
+    progress = True
+    while progress:
+        progress = False
+        for k in range(p):
+            f, b, w = stage_t[k]
+            while pos[k] < len(order[k]):
+                a = order[k][pos[k]]
+                if a.kind == "F":
+                    dep = 0.0 if k == 0 else end.get(("F", k - 1, a.microbatch))
+                    dep = dep if dep is None or k == 0 else dep + link[k - 1]
+                else:
+                    dep = end.get(("F", k, a.microbatch)) if k == p - 1 else \
+                        end.get(("B", k + 1, a.microbatch))
+                    dep = dep if dep is None or k == p - 1 else dep + link[k]
+                if dep is None:
+                    break
+                # Ws the memory bound forces first, then Ws that fill the wait for ``a``'s input
+                while pending[k] and (a.kind == "F" and held[k] >= limit[k]
+                                      or dep - free[k] > w / 2):
+                    run(k, Action("W", pending[k].pop(0)), free[k], w)
+                    held[k] -= 1
+                run(k, a, max(free[k], dep), f if a.kind == "F" else b)
+                held[k] += a.kind == "F"
+                if a.kind == "B":
+                    pending[k].append(a.microbatch)
+                pos[k] += 1
+                progress = True
+    for k in range(p):
+        out[k] += [Action("W", i) for i in pending[k]]
+    return out
+
+
 def inflight_peaks(lists: Sequence[Sequence[Action]]) -> list[int]:
-    """Most micro-batches between their F and B on each stage."""
+    """Most micro-batches between their F and their last backward pass (B, or W where the
+    list has Ws) on each stage."""
     peaks = []
     for acts in lists:
+        last = "W" if any(a.kind == "W" for a in acts) else "B"
         cur = peak = 0
         for a in acts:
-            cur += 1 if a.kind == "F" else -1
+            cur += 1 if a.kind == "F" else -1 if a.kind == last else 0
             peak = max(peak, cur)
         peaks.append(peak)
     return peaks
+
+
+def plan_lists(plan, pipeline: int = 0) -> list[list[Action]]:
+    """The action lists of pipeline ``pipeline`` of ``plan`` (:class:`skyjax.plan.types.Plan`),
+    what the runtime runs and the simulator replays: under zero bubble the fill is built from
+    each stage's ``passes_s`` (its F, B and W seconds) and half its ``comm_s`` per link (one
+    way), where every stage has them; otherwise from unit times."""
+    sub = plan.pipeline(pipeline)
+    p, m = len(sub.stages), sub.microbatches
+    times = None
+    if plan.schedule in ZERO_BUBBLE and all(s.passes_s for s in sub.stages):
+        times = ([s.passes_s for s in sub.stages], [s.comm_s / 2 for s in sub.stages[:-1]])
+    return actions(plan.schedule, p, m, times)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from skyjax.plan.schedules import actions, inflight_peaks
+from skyjax.plan.schedules import Action, actions, inflight_peaks
 from skyjax.plan.extension import ExtraCost
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
@@ -67,7 +67,8 @@ def _durations(forward_s, backward_s, comm_s, overlap: bool):
 def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Sequence[float],
              schedule: str, microbatches: int, *, overlap_comm: bool = True,
              names: Sequence[str] | None = None, update_s: Sequence[float] | None = None,
-             sync_s: float = 0.0) -> SimResult:
+             sync_s: float = 0.0, weight_s: Sequence[float] | None = None,
+             lists: Sequence[Sequence[Action]] | None = None) -> SimResult:
     """Event simulation of the schedule's action lists (see module doc).
 
     forward_s / backward_s: seconds per micro-batch of each stage's whole block; comm_s[k]: one-way
@@ -80,7 +81,10 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
     if len(backward_s) != p or len(comm_s) != max(p - 1, 0):
         raise ValueError(f"need {p} backward times and {max(p - 1, 0)} link delays, got "
                          f"{len(backward_s)} and {len(comm_s)}")
-    lists = actions(schedule, p, m)
+    w = [float(x) for x in weight_s] if weight_s is not None else [0.0] * p
+    if lists is None:
+        lists = actions(schedule, p, m, ([(float(forward_s[k]), float(backward_s[k]), w[k])
+                                          for k in range(p)], [float(c) for c in comm_s]))
     fwd, bwd, delay = _durations(forward_s, backward_s, comm_s, overlap_comm)
     end: dict[tuple[str, int, int], float] = {}
     spans: list[list[Span]] = [[] for _ in range(p)]
@@ -92,7 +96,9 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
         for k in range(p):
             while pos[k] < len(lists[k]):
                 a = lists[k][pos[k]]
-                if a.kind == "F":
+                if a.kind == "W":  # its B ran earlier on this stage
+                    dep, dur = 0.0, w[k]
+                elif a.kind == "F":
                     dep = 0.0 if k == 0 else end.get(("F", k - 1, a.microbatch))
                     dep = dep if k == 0 or dep is None else dep + delay[k - 1]
                     dur = fwd[k]

@@ -36,6 +36,9 @@ class Stage:
     pipeline: int = 0  # which pipeline (several pipelines: ``Plan.shares``)
     # the codec of its hand-offs with the next stage of its pipeline (skyjax.codecs; both ways)
     codec: str = "none"
+    # zero-bubble schedules: seconds of one F, B (input gradient) and W (weight gradient) pass,
+    # what the schedule's fill is built from (skyjax.plan.schedules.plan_lists); None otherwise
+    passes_s: tuple[float, float, float] | None = None
 
     @property
     def time_s(self) -> float:
@@ -51,6 +54,8 @@ class Stage:
             out["pipeline"] = self.pipeline
         if self.codec != "none":
             out["codec"] = self.codec
+        if self.passes_s is not None:
+            out["passes_s"] = list(self.passes_s)
         return out
 
 
@@ -83,6 +88,9 @@ class Plan:
     outer_every: int = 0
     outer_lr: float = 0.0
     outer_momentum: float = 0.0
+    # the exact exchange's link groups (skyjax.plan.exchange): each reduces inside first, then
+    # one representative per group and unit exchanges; None (or a device in none): direct
+    exchange_groups: list[list[int]] | None = None
 
     @property
     def num_pipelines(self) -> int:
@@ -130,6 +138,8 @@ class Plan:
             out["allreduce_s"] = self.allreduce_s
             if self.pipeline_step_s is not None:
                 out["pipeline_step_s"] = list(self.pipeline_step_s)
+            if self.exchange_groups:
+                out["exchange_groups"] = [list(g) for g in self.exchange_groups]
             if self.averaging != "exact":
                 out["averaging"] = self.averaging
                 if self.outer_every:
@@ -147,7 +157,8 @@ class Plan:
         stages = [Stage(int(s["device"]), (int(s["units"][0]), int(s["units"][1])),
                         float(s["compute_s"]), float(s["comm_s"]), int(s["memory_bytes"]),
                         float(s.get("update_s", 0.0)), int(s.get("pipeline", 0)),
-                        str(s.get("codec", "none")))
+                        str(s.get("codec", "none")),
+                        tuple(float(x) for x in s["passes_s"]) if s.get("passes_s") else None)
                   for s in d["stages"]]
         shares = d.get("shares")
         return cls(d["strategy"], d["schedule"], int(d["microbatches"]), stages,
@@ -158,4 +169,6 @@ class Plan:
                    float(d.get("allreduce_s", 0.0)),
                    [float(x) for x in d["pipeline_step_s"]] if d.get("pipeline_step_s")
                    else None, str(d.get("averaging", "exact")), int(d.get("outer_every", 0)),
-                   float(d.get("outer_lr", 0.0)), float(d.get("outer_momentum", 0.0)))
+                   float(d.get("outer_lr", 0.0)), float(d.get("outer_momentum", 0.0)),
+                   [[int(x) for x in g] for g in d["exchange_groups"]]
+                   if d.get("exchange_groups") else None)

@@ -3,6 +3,8 @@ the runtime, so that a profile times the programs that run (docs/design.md, "Lay
 the submodules; this package imports nothing.
 
 * ``stage``: one block of units' jitted forward, backward, update and evaluate (``StageProgram``);
+* ``split``: a stage's backward cut in two for zero-bubble schedules, B (the input cotangent)
+  and W (the parameter gradients), each equation run once;
 * ``calls``: the inputs a timed stage call takes (carry, dropout keys, labels, cotangent), built
   one way for every profiler measurement.
 """

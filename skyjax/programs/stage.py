@@ -35,6 +35,7 @@ from skyjax import codecs
 from skyjax.metrics import classification_loss, eval_outputs
 from skyjax.models.bert import Carry, Params, Unit, apply_units
 from skyjax.models.units import in_compute_dtype
+from skyjax.programs.split import split_backward
 from skyjax.tree import tree_avals, tree_shapes
 
 Residuals = list[jax.Array]
@@ -72,10 +73,14 @@ class StageProgram:
         self.loss_microbatches = loss_microbatches or microbatches
         self.optimizer = optimizer
         self.train = train
-        self.compile_counts = {"forward": 0, "backward": 0, "update": 0}
+        self.compile_counts = {"forward": 0, "backward": 0, "update": 0}  # (+ B and W's)
         self._pullbacks: dict[tuple, tuple[jax.tree_util.PyTreeDef, list, Any]] = {}
+        self._splits: dict[tuple, Any] = {}  # the backward's B / W split per residual shapes
         self.forward = jax.jit(self._forward)
         self.backward = jax.jit(self._backward, donate_argnums=(3,))
+        # zero-bubble schedules: the backward in two programs (skyjax.programs.split)
+        self.backward_input = jax.jit(self._backward_input)
+        self.backward_weight = jax.jit(self._backward_weight, donate_argnums=(2,))
         self.update = jax.jit(self._update, donate_argnums=(0, 1, 2))
         self.evaluate = jax.jit(self._evaluate)
 
@@ -109,6 +114,33 @@ class StageProgram:
     def _backward(self, params: list[Params], residuals: Residuals, cotangent,
                   grads: list[Params]):
         self.compile_counts["backward"] += 1
+        d_params, d_carry = self._gradients(params, residuals, cotangent)
+        return _accumulate(grads, d_params), d_carry
+
+    def _backward_input(self, params: list[Params], residuals: Residuals, cotangent):
+        """B: the cotangent for the previous stage (encoded) and what W needs of this
+        micro-batch (``pending``); the residuals W does not read are freed with the call."""
+        self.compile_counts["backward_input"] = self.compile_counts.get("backward_input", 0) + 1
+        key = tree_avals(residuals)
+        if key not in self._splits:
+            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                  (params, residuals, cotangent))
+            self._splits[key] = split_backward(self._gradients, *shapes)
+        d_carry, pending = self._splits[key].input_grad(jax.tree.leaves(
+            (params, residuals, cotangent)))
+        self._splits[tree_avals(pending)] = self._splits[key]
+        return d_carry, pending
+
+    def _backward_weight(self, params: list[Params], pending: list, grads: list[Params]):
+        """W: adds this micro-batch's parameter gradients to ``grads``."""
+        self.compile_counts["backward_weight"] = self.compile_counts.get("backward_weight",
+                                                                         0) + 1
+        split = self._splits[tree_avals(pending)]
+        return _accumulate(grads, split.weight_grad(jax.tree.leaves(params), pending))
+
+    def _gradients(self, params: list[Params], residuals: Residuals, cotangent):
+        """The pullback of a forward: (parameter gradients in the compute dtype, the encoded
+        cotangent for the previous stage)."""
         treedef, slots, out_like = self._pullbacks[tree_avals(residuals)]
         param_leaves, kept = jax.tree.leaves(self._computing(params)), iter(residuals)
         leaves = [next(kept) if j is None else param_leaves[j] for j in slots]
@@ -120,8 +152,7 @@ class StageProgram:
             cotangent = {k: cotangent[k] if k in cotangent else np.zeros(v.shape, jax.dtypes.float0)
                          for k, v in out_like.items()}
         d_params, d_carry = pullback(cotangent)  # in the compute dtype; summed in float32
-        return (jax.tree.map(lambda g, d: jnp.add(g, d.astype(g.dtype)), grads, d_params),
-                codecs.encode(self.in_codec, float_entries(d_carry)))
+        return d_params, codecs.encode(self.in_codec, float_entries(d_carry))
 
     def _computing(self, params: list[Params]) -> list[Params]:
         """Per unit, ``params`` in the dtype the unit computes in (``skyjax.models.units``)."""
@@ -160,6 +191,11 @@ class StageProgram:
             device = next(iter(leaves[0].devices()))
             opt_state, grads = jax.device_put((opt_state, grads), device)
         return StageState(params, opt_state, grads)
+
+
+def _accumulate(grads: list[Params], d_params: list[Params]) -> list[Params]:
+    """``grads + d_params``, summed in the gradients' dtype (float32)."""
+    return jax.tree.map(lambda g, d: jnp.add(g, d.astype(g.dtype)), grads, d_params)
 
 
 def float_entries(tree: Carry) -> Carry:

@@ -15,11 +15,12 @@ import optax
 from skyjax import scores
 from skyjax.models.bert import Unit
 from skyjax.plan import Plan
-from skyjax.plan.schedules import actions
+from skyjax.plan.schedules import plan_lists
 from skyjax.transport import group as distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
 from skyjax.runtime.averaging import make_averaging
+from skyjax.runtime.exchange import stage_routes
 from skyjax.runtime.pipeline import PipelineStage, norm_allreduce, sq_to_norm
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       pipeline_sizes, placements, replica_peers, unit_owners)
@@ -107,9 +108,10 @@ class DistributedExecutor:
             self.stage.first_microbatch = plan.first_microbatch(i)
             self.stage.peers = replica_peers(self.places, k, [q.device for q in self.places])
             self.stage.replica_link = transport
+            self.stage.routes = stage_routes(plan, k, [q.device for q in self.places])
             self.stage.averaging = make_averaging(plan, self.stage)
             self.stage.declared = declared.stages[k] if declared is not None else None
-            self.actions = actions(self.schedule, sizes[i], shares[i])
+            self.actions = plan_lists(plan, i)
         self._gathers = 0
         # (batch, StepInputs) of the next step, put ahead during this one (train_step)
         self._prepared: tuple[Batch | None, StepInputs] | None = None

@@ -15,10 +15,11 @@ import optax
 from skyjax import scores
 from skyjax.models.bert import Unit
 from skyjax.plan import Plan
-from skyjax.plan.schedules import actions
+from skyjax.plan.schedules import plan_lists
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
 from skyjax.runtime.averaging import make_averaging
+from skyjax.runtime.exchange import stage_routes
 from skyjax.runtime.pipeline import PipelineStage, sq_to_norm
 from skyjax.runtime.placement import (PipelineLink, UnitState, abstract_units, boundary_shapes,
                                       build_stage, pipeline_sizes, placements, replica_peers)
@@ -74,11 +75,12 @@ class LocalExecutor:
             stage.first_microbatch = plan.first_microbatch(i)
             stage.peers = replica_peers(self.places, k, range(len(self.places)))
             stage.replica_link = transport.for_stage(k)
+            stage.routes = stage_routes(plan, k, range(len(self.places)))
             stage.averaging = make_averaging(plan, stage)
             stage.declared = declared.stages[k] if declared is not None else None
             self.stages.append(stage)
         self.transport = transport
-        self.actions = [actions(self.schedule, sizes[i], shares[i]) for i in range(len(shares))]
+        self.actions = [plan_lists(plan, i) for i in range(len(shares))]
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self.places),
                                                            thread_name_prefix="stage")
 

@@ -1,9 +1,10 @@
 """The per-stage pipeline loop, shared by the local (threads) and distributed (processes) executors.
 
-Each stage walks its own action list from ``skyjax.plan.schedules.actions`` (GPipe or 1F1B): a forward
+Each stage walks its own action list from ``skyjax.plan.schedules`` (GPipe, 1F1B, zero bubble): a forward
 receives its input from the previous stage (or the batch, at stage 0), runs the jitted forward and
 sends the output on; a backward receives the cotangent from the next stage (none at the last,
-whose forward ends in the loss), runs the jitted backward and sends the input cotangent back.
+whose forward ends in the loss), runs the jitted backward and sends the input cotangent back
+(zero bubble: B sends it, and a later W adds the parameter gradients).
 After the step's actions the stages agree on the global gradient norm (for clipping) and apply
 optax. Sends never block and receives block only on data the stage needs, so any schedule whose
 action lists are consistent runs without deadlock, for any number of stages and micro-batches.
@@ -148,8 +149,10 @@ class PipelineStage:
     first_unit: int = 0
     peers: tuple[ReplicaPeer, ...] = ()
     replica_link: Any = None
-    # a relaxed averaging across pipelines (runtime.averaging); None: the exact sum
+    # a relaxed averaging across pipelines (runtime.averaging); None: the exact sum, routed
+    # through the link groups by ``routes`` (runtime.exchange.Routes; None: directly to peers)
     averaging: Any = None
+    routes: Any = None
     # a rehearsal's declared times of this stage (skyjax.plan.declared.StageTimes): each call
     # then takes its declared seconds (skyjax.cluster.declared); None: calls take what they take
     declared: Any = None
@@ -200,6 +203,8 @@ class PipelineStage:
     def _source(self, step: int, action: Action) -> tuple[int, Any, int] | None:
         """(tag, like, src) of the message ``action`` receives; None if it receives none."""
         tag = message_tag(step, action, self.program.microbatches)
+        if action.kind == "W":
+            return None
         if action.kind == "F":
             return None if self.is_first else (tag, self.wire_in, self.index - 1)
         return None if self.is_last else (tag, self.wire_cotangent, self.index + 1)
@@ -255,6 +260,8 @@ class PipelineStage:
             raise ValueError(f"stage {self.index}: inputs of step {inputs.step} given to step "
                              f"{step}")
         residuals: dict[int, Any] = {}
+        pending: dict[int, Any] = {}  # zero bubble (Ws in the list): what each W needs
+        split = any(a.kind == "W" for a in actions)
         losses, accuracies, spans = [], [], []  # the last stage's losses: device scalars
         blocking = self._blocking = self.sync_actions or measure
         start, wall_start = time.perf_counter(), time.time()
@@ -270,8 +277,8 @@ class PipelineStage:
             if blocking and received is not None:  # its transfer is no part of the compute span
                 received = block(received)
             self._pull_ahead(step, actions, i + 1)
+            t0 = time.perf_counter()
             if action.kind == "F":
-                t0 = time.perf_counter()
                 (out, residuals[mb]), seconds = self._call(
                     "forward_s", self.program.forward, self.state.params,
                     inputs.carries[mb] if self.is_first else received, inputs.keys[mb],
@@ -282,11 +289,17 @@ class PipelineStage:
                 else:
                     self.link.send(message_tag(step, action, self.program.microbatches), out,
                                    self.index + 1)
-            else:
-                t0 = time.perf_counter()
-                (self.state.grads, d_carry), seconds = self._call(
-                    "backward_s", self.program.backward, self.state.params, residuals.pop(mb),
-                    received, self.state.grads, sync=blocking)
+            elif action.kind == "W":
+                self.state.grads, seconds = self._call(
+                    "weight_s", self.program.backward_weight, self.state.params,
+                    pending.pop(mb), self.state.grads, sync=blocking)
+            else:  # zero bubble: B gives the input cotangent only and keeps what W needs
+                args = (residuals.pop(mb), received) + (() if split else (self.state.grads,))
+                out, seconds = self._call("backward_s", self.program.backward_input if split
+                                          else self.program.backward, self.state.params, *args,
+                                          sync=blocking)
+                d_carry, pending[mb] = out if split else (out[1], None)
+                self.state.grads = self.state.grads if split else out[0]
                 if not self.is_first:
                     self.link.send(message_tag(step, action, self.program.microbatches), d_carry,
                                    self.index - 1)
@@ -331,6 +344,9 @@ class PipelineStage:
             return
         if self.averaging is not None:
             self.averaging.reduce(self, step)
+            return
+        if self.routes is not None:
+            self.routes.reduce(self, step)
             return
         self.state.grads = self.sum_replicas(self.state.grads,
                                              self.swap_with_peers(step, self.state.grads))
