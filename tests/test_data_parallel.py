@@ -15,18 +15,20 @@ from tests.helpers import BATCH, SEQ, fresh_chain, make_batch, rng_for
 STEPS, CLIP = 20, 0.5  # a small clip norm: global-norm clipping is active every step
 
 
-def multi_plan(pipelines, shares, schedule):
-    """A hand-made plan: ``pipelines[i]`` is ``[(device, (start, end)), ...]`` in order."""
+def multi_plan(pipelines, shares, schedule, groups=None):
+    """A hand-made plan: ``pipelines[i]`` is ``[(device, (start, end)), ...]`` in order;
+    ``groups``: the exchange's link groups (None: direct)."""
     stages = [plan_lib.Stage(d, block, 0.0, 0.0, 0, pipeline=i)
               for i, stages in enumerate(pipelines) for d, block in stages]
     return plan_lib.Plan("manual", schedule, sum(shares), stages, step_time_s=0.0,
                          bottleneck_s=0.0, exact=False,
-                         shares=list(shares) if len(shares) > 1 else None)
+                         shares=list(shares) if len(shares) > 1 else None,
+                         exchange_groups=groups)
 
 
-def run(granularity, pipelines, shares, schedule, steps=STEPS, unit_states=None):
+def run(granularity, pipelines, shares, schedule, steps=STEPS, unit_states=None, groups=None):
     chain = fresh_chain(granularity)
-    ex = LocalExecutor(chain, multi_plan(pipelines, shares, schedule), jax.devices(),
+    ex = LocalExecutor(chain, multi_plan(pipelines, shares, schedule, groups), jax.devices(),
                        batch_size=BATCH, seq_len=SEQ, optimizer=optax.adamw(1e-3),
                        max_grad_norm=CLIP, rng=rng_for, unit_states=unit_states)
     losses = [ex.train_step(step, make_batch(step)).loss for step in range(steps)]
@@ -59,6 +61,29 @@ def test_same_losses_with_any_number_of_pipelines(one_pipeline, granularity, pip
     ex.close()
     np.testing.assert_allclose(losses, one_pipeline, atol=1e-5, rtol=0)
     for other in replicas[1:]:  # every owner summed the same replicas in the same order
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                     replicas[0], other)
+
+
+@pytest.mark.parametrize("granularity,pipelines,shares,groups", [
+    # three pipelines on four devices, two link groups: units 0-3 reduce in {0, 3} and go
+    # alone from 2; units 4-10 reduce in {1, 2} and go alone from 3 (plan.exchange)
+    pytest.param("sublayer", [[(0, (0, 4)), (1, (4, 11))], [(2, (0, 11))], [(3, (0, 11))]],
+                 [2, 1, 1], [[0, 3], [1, 2]], marks=pytest.mark.slow),
+    # one group of every owner: reduce to a representative per unit and back
+    pytest.param("layer", [[(0, (0, 2)), (1, (2, 5))], [(2, (0, 3)), (3, (3, 5))]], [2, 2],
+                 [[0, 1, 2, 3]], marks=pytest.mark.slow),
+])
+def test_the_exchange_through_link_groups_keeps_the_losses_and_bit_identical_replicas(
+        one_pipeline, granularity, pipelines, shares, groups):
+    """The exchange through link groups (runtime.exchange) sums in another fixed order: the
+    losses are a one-pipeline run's, and every replica holds the same bits."""
+    ex, losses = run(granularity, pipelines, shares, "1f1b", groups=groups)
+    replicas = [ex.replica_params(i) for i in range(len(pipelines))]
+    assert all(s.routes is not None for s in ex.stages)
+    ex.close()
+    np.testing.assert_allclose(losses, one_pipeline, atol=1e-5, rtol=0)
+    for other in replicas[1:]:
         jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                      replicas[0], other)
 

@@ -14,7 +14,8 @@ from skyjax import plan as plan_lib
 from skyjax.plan import InfeasibleError
 from skyjax.plan.cost import evaluate_tables
 from skyjax.plan.pipeline_split import candidate_splits, greedy_shares, search
-from skyjax.plan.pipelines import evaluate_pipelines, fractional_bound
+from skyjax.plan.exchange import routing, routing_s
+from skyjax.plan.pipelines import evaluate_pipelines, exchange_s, fractional_bound, grad_prefix
 from skyjax.plan.simulate import simulate_plan
 from skyjax.plan.types import Plan
 from tests.helpers import make_profile, random_profile
@@ -71,7 +72,16 @@ def _allreduce(prof, plans) -> float:
                         c = (prof.latency_s[s.device, r.device] + sum(gb[lo:hi]) / bw
                              if bw > 0 else math.inf)
                         per[s.device] = per.get(s.device, 0.0) + c
-    return max(per.values(), default=0.0)
+    direct = max(per.values(), default=0.0)
+    # or through one group of all used devices (the profile names no regions): the routing of
+    # skyjax.plan.exchange, checked on its own by test_exchange_routing_replays_exactly
+    chains = [[(s.device, *s.units) for s in p.stages] for p in plans]
+    used = sorted(d for c in chains for d, _, _ in c)
+    if len(plans) < 2 or len(used) < 2:
+        return direct
+    grouped = exchange_s(chains, grad_prefix(prof), prof.latency_s, prof.bandwidth_Bps,
+                         groups=[used])[0]
+    return min(direct, grouped)
 
 
 def _brute_force(prof, schedule, m, k_max) -> float:
@@ -233,3 +243,114 @@ def test_scale_candidates_and_bound():
     p = search(prof, "1f1b", 8, 4, single)
     assert not p.exact and p.step_time_s <= single.step_time_s
     assert fractional_bound(t) <= p.lower_bound_s * (1 + 1e-12) <= p.step_time_s
+
+
+def _random_chains(rng, devices, units, pipelines):
+    """``pipelines`` chains of (device, start, end) on disjoint random devices, random cuts."""
+    perm = [int(d) for d in rng.permutation(devices)]
+    chains = []
+    for i in range(pipelines):
+        n = int(rng.integers(1, min(units, len(perm) - (pipelines - i - 1)) + 1))
+        devs, perm = perm[:n], perm[n:]
+        cuts = sorted(int(c) for c in rng.choice(np.arange(1, units), n - 1, replace=False))
+        b = [0] + cuts + [units]
+        chains.append(list(zip(devs, b, b[1:])))
+    return chains
+
+
+def test_exchange_routing_replays_exactly():
+    """The exchange through link groups (skyjax.plan.exchange) on random pipelines and groups:
+    its messages are exactly the three phases' (every other member to its group's
+    representative, representatives to each other, back), a float32 replay of them leaves every
+    owner of a unit with the same bits (the sum within rounding), its cost is the per-phase sum
+    of the slowest sender's messages, and with every group of one device it is the direct
+    exchange, priced by the design doc's formula."""
+    rng = np.random.default_rng(51)
+    for case in range(40):
+        d, u, k = int(rng.integers(3, 9)), int(rng.integers(1, 7)), int(rng.integers(2, 5))
+        k = min(k, d)
+        chains = _random_chains(rng, d, u, k)
+        used = sorted(x for c in chains for x, _, _ in c)
+        labels = rng.integers(0, 3, d)
+        groups = [[x for x in used if labels[x] == g] for g in range(3)]
+        groups = [g for g in groups if len(g) > 1]
+        r = routing(chains, groups)
+        label = {x: next((i for i, g in enumerate(groups) if x in g), -1 - x) for x in used}
+        owner = [{ui: dv for dv, a, b in c for ui in range(a, b)} for c in chains]
+        want = set()
+        for ui in range(u):
+            byg = {}
+            for i in range(k):
+                byg.setdefault(label[owner[i][ui]], []).append(owner[i][ui])
+            assert r.order[ui] == list(byg.values())
+            for members, rep in zip(byg.values(), r.rep[ui]):
+                assert rep in members
+                want |= {(0, x, rep, ui) for x in members if x != rep}
+                want |= {(2, rep, x, ui) for x in members if x != rep}
+            want |= {(1, a, b, ui) for a in r.rep[ui] for b in r.rep[ui] if a != b}
+        got = [(m.phase, m.src, m.dst, ui) for m in r.messages for ui in m.units]
+        assert sorted(got) == sorted(want) and len(got) == len(set(got))
+        # float32 replay: what each device holds of each unit, phase by phase
+        vals = {(x, ui): rng.standard_normal(5).astype(np.float32)
+                for i in range(k) for ui, x in owner[i].items()}
+        truth = {ui: np.sum([vals[owner[i][ui], ui] for i in range(k)], axis=0)
+                 for ui in range(u)}
+        inbox, partial, total = {}, {}, {}
+        for m in r.messages:
+            if m.phase == 0:
+                for ui in m.units:
+                    inbox[m.dst, m.src, ui] = vals[m.src, ui]
+        for ui in range(u):
+            for members, rep in zip(r.order[ui], r.rep[ui]):
+                acc = vals[rep, ui] if members[0] == rep else inbox[rep, members[0], ui]
+                for x in members[1:]:
+                    acc = acc + (vals[rep, ui] if x == rep else inbox[rep, x, ui])
+                partial[rep, ui] = acc
+            for rep in r.rep[ui]:
+                acc = partial[r.rep[ui][0], ui]  # received as sent: the same bits
+                for q in r.rep[ui][1:]:
+                    acc = acc + partial[q, ui]
+                total[rep, ui] = acc
+            for members, rep in zip(r.order[ui], r.rep[ui]):
+                for x in members:
+                    np.testing.assert_array_equal(total[rep, ui], total[r.rep[ui][0], ui])
+            np.testing.assert_allclose(total[r.rep[ui][0], ui], truth[ui], rtol=1e-5,
+                                       atol=1e-5)
+        gp = np.concatenate([[0.0], np.cumsum(rng.uniform(1, 9, u) * 1e6)])
+        lat, bw = rng.uniform(0, 0.01, (d, d)), rng.uniform(1e8, 1e9, (d, d))
+        per = [{} for _ in range(3)]
+        for ph, a, b, ui in got:
+            per[ph][a, b] = per[ph].get((a, b), 0.0) + gp[ui + 1] - gp[ui]
+        phase_s = []
+        for ph in per:
+            send = {}
+            for (a, b), g in ph.items():
+                send[a] = send.get(a, 0.0) + lat[a, b] + g / bw[a, b]
+            phase_s.append(max(send.values(), default=0.0))
+        assert routing_s(r, gp, lat, bw)[0] == pytest.approx(sum(phase_s), rel=1e-12)
+        # every group one device: the direct exchange
+        direct = routing_s(routing(chains, None), gp, lat, bw)[0]
+        by_pair = {}
+        for i, ci in enumerate(chains):
+            for j, cj in enumerate(chains):
+                for x, a, b in ci if i != j else ():
+                    for y, a2, b2 in cj:
+                        lo, hi = max(a, a2), min(b, b2)
+                        if lo < hi:
+                            c = lat[x, y] + (gp[hi] - gp[lo]) / bw[x, y]
+                            by_pair[x] = by_pair.get(x, 0.0) + c
+        assert direct == pytest.approx(max(by_pair.values()), rel=1e-12), case
+
+
+def test_more_pipelines_allowed_is_never_worse():
+    """Beyond the exhaustive search (over 8 devices), each pipeline count is screened in turn
+    from what fewer found: allowing more pipelines never gives a worse plan."""
+    from tests.helpers import region_profile
+
+    rng = np.random.default_rng(5)
+    for case in range(3):
+        prof = region_profile(rng, 12, 6, 3)
+        prof.units = [dict(u, param_bytes=u["state_bytes"] / 4) for u in prof.units]
+        steps = [plan_lib.plan(prof, "optimal", "1f1b", 12, max_pipelines=n).step_time_s
+                 for n in (1, 2, 3, 4, 6, 12)]
+        assert all(b <= a * (1 + 1e-12) for a, b in zip(steps, steps[1:])), (case, steps)

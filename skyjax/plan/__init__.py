@@ -19,6 +19,7 @@ heuristic <- planner):
 * ``planner``: ``plan()``, which picks the strategy and search;
 * ``pipelines``: several pipelines in data parallel: their cost (the gradient exchange), one
   pipeline's chain on a device subset;
+* ``exchange``: the gradient exchange's routing through link groups, and its cost;
 * ``pipeline_split``: the search over splits and shares (``plan(max_pipelines=N)``);
 * ``schedules``: GPipe / 1F1B as per-stage action lists;
 * ``stage_times``: per-stage action times and link delays, what the simulators replay;

@@ -42,7 +42,8 @@ import numpy as np
 from skyjax.plan.classes import coarse_groups, link_groups
 from skyjax.plan.exact import exact_cost
 from skyjax.plan.pipelines import (INT8_WIRE, ChainCache, Priced, build_plan, evaluate_pipelines,
-                                   fractional_bound, grad_prefix, relaxed_exchange)
+                                   fractional_bound, grad_prefix, region_groups,
+                                   relaxed_exchange)
 from skyjax.plan.cost import Tables, tables
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
@@ -53,8 +54,9 @@ EXHAUSTIVE_SEARCHES = 3000  # most (device subset up to symmetry, m_i) chain sea
 EXHAUSTIVE_WORK = 1e8  # most vectorised elements of those searches' DPs (exact.exact_cost)
 MAX_GROUPS = 6  # more link groups are coarsened for the candidate splits
 ALL_GROUP_PARTITIONS = 5  # every partition of the groups up to this many groups
-REFINE_TOP = 2  # screened candidates that get the full chain search
-SCREEN_SEARCHES = 80  # the screen stops after this many chain searches (seconds at 64 x 26)
+REFINE_TOP = 1  # screened candidates per pipeline count that get the full chain search
+REFINE_WITHIN = 1.05  # ... when their screened T is within this factor of the best so far
+SCREEN_SEARCHES = 24  # per pipeline count, the screen stops after this many chain searches
 _INF = math.inf
 
 
@@ -127,13 +129,15 @@ def search(profile: Profile, schedule: str, microbatches: int, max_pipelines: in
     cache = ChainCache(profile, schedule, t, force_heuristic)
     gprefix = grad_prefix(profile)
     best = _Best(single.step_time_s if single is not None else _INF)
-    exhaustive = exhaustive_fits(cache, max_pipelines)
-    if exhaustive:
+    # every split up to the most pipelines that fits; candidates for more (monotone: module doc)
+    top = max([k for k in range(2, max_pipelines + 1) if exhaustive_fits(cache, k)], default=1)
+    exhaustive = top == max_pipelines
+    if top > 1:
         if single is None:  # that no one pipeline fits counts as the search's finding
             cache.get(range(t.num_devices), microbatches)
-        _exhaustive(cache, max_pipelines, gprefix, best)
-    else:
-        _by_candidates(cache, max_pipelines, gprefix, best)
+        _exhaustive(cache, top, gprefix, best)
+    if not exhaustive:
+        _by_candidates(cache, top + 1, max_pipelines, gprefix, best)
     if best.chains is None and single is None:
         raise InfeasibleError("no feasible plan: no split of the devices into at most "
                               f"{max_pipelines} pipelines fits memory and links")
@@ -168,7 +172,7 @@ def _exhaustive(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
             else:
                 top = max(p.step_s for p in priced) + sync
                 if top < best.step_s:
-                    ar, _ = relaxed_exchange([p.chain for p in priced], gprefix, cache.profile)
+                    ar = _exchange(priced, gprefix, cache.profile)
                     best.offer(top + ar, priced, shares)
 
 
@@ -205,25 +209,51 @@ def candidate_splits(t: Tables, max_pipelines: int) -> list[list[list[int]]]:
     return out
 
 
-def split_bound(t: Tables, split: list[list[int]], gprefix: np.ndarray, rate: np.ndarray,
-                bandwidth: np.ndarray) -> float:
+def split_bound(t: Tables, split: list[list[int]]) -> float:
     """A lower bound on T for any chains and shares on this split: the fractional bound
-    (``pipelines.fractional_bound``) over the at most U devices each pipeline can use, plus
-    AR >= max_i sum_{j != i} G / (n_i max bandwidth from S_i to S_j): each other pipeline's
-    stages cover every unit, so pipeline i's n_i <= min(U, |S_i|) devices send it G = all
-    gradient bytes between them, and AR is at least their mean."""
+    (``pipelines.fractional_bound``) over the at most U devices each pipeline can use (the
+    exchange can be as cheap as its groups allow: not counted)."""
     w = float(t.work.min(axis=1).sum())
-    cap = sum(np.sort(rate[s])[::-1][: t.num_units].sum() for s in split)
-    ar = 0.0
+    cap = sum(np.sort(_rates(t)[s])[::-1][: t.num_units].sum() for s in split)
+    return t.microbatches * w / cap + t.sync_s
+
+
+def _rates(t: Tables) -> np.ndarray:
+    """s_d of ``pipelines.fractional_bound``: d's speed against the fastest, per unit."""
+    w = t.work.min(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(t.work > 0, w[:, None] / t.work, 1.0).min(axis=0)
+
+
+def split_estimate(t: Tables, split: list[list[int]], gbytes: float, group: np.ndarray) -> float:
+    """The order in which the screen tries splits: ``split_bound`` plus an estimate of the
+    cheaper exchange. Direct: pipeline i's devices send every other pipeline all G gradient
+    bytes, spread over its n_i <= U devices, at their best bandwidth. Through the groups: each
+    group sends G once to every other group the split uses, spread over its devices there (at
+    most U per pipeline), and twice G (k - 1) / k inside among its k pipelines."""
+    bw = t.bandwidth
+    direct = 0.0
     for i, si in enumerate(split):
-        n_i = min(t.num_units, len(si))
-        total = 0.0
-        for j, sj in enumerate(split):
-            if i != j:
-                top = float(bandwidth[np.ix_(si, sj)].max())
-                total += gprefix[-1] / top if top > 0 else _INF
-        ar = max(ar, total / n_i)
-    return t.microbatches * w / cap + ar + t.sync_s
+        total = sum(gbytes / top if (top := float(bw[np.ix_(si, sj)].max())) > 0 else _INF
+                    for j, sj in enumerate(split) if i != j)
+        direct = max(direct, total / min(t.num_units, len(si)))
+    used = sorted({int(group[d]) for s in split for d in s})
+    grouped = 0.0
+    for g in used:
+        mine = [[d for d in s if group[d] == g] for s in split]
+        mine = [x for x in mine if x]
+        n = sum(min(t.num_units, len(x)) for x in mine)
+        inside = [d for x in mine for d in x]
+        across = [d for d in range(t.num_devices) if group[d] != g and group[d] in used]
+        cost = 0.0
+        if across:
+            top = float(bw[np.ix_(inside, across)].max())
+            cost += (len(used) - 1) * gbytes / (n * top) if top > 0 else _INF
+        if len(mine) > 1:
+            top = float(bw[np.ix_(inside, inside)].max())
+            cost += 2 * gbytes * (len(mine) - 1) / len(mine) / (n * top) if top > 0 else _INF
+        grouped = max(grouped, cost)
+    return split_bound(t, split) + min(direct, grouped)
 
 
 def greedy_shares(step: Sequence[Callable[[int], float]], m: int) -> list[int] | None:
@@ -241,26 +271,41 @@ def greedy_shares(step: Sequence[Callable[[int], float]], m: int) -> list[int] |
     return shares
 
 
-def _by_candidates(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
+def _by_candidates(cache: ChainCache, low: int, high: int, gprefix: np.ndarray,
                    best: _Best) -> None:
-    """Screen every candidate split, then the full chain search for the best few."""
-    t, m, sync = cache.t, cache.t.microbatches, cache.t.sync_s
-    bw = cache.profile.bandwidth_Bps
-    w = t.work.min(axis=1)  # s_d of fractional_bound: d's speed against the fastest per unit
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rate = np.where(t.work > 0, w[:, None] / t.work, 1.0).min(axis=0)
-    splits = candidate_splits(t, max_pipelines)
+    """For each pipeline count from ``low`` to ``high`` in turn: screen its candidate splits,
+    then the full chain search for its best few (module doc)."""
+    t = cache.t
+    rate = _rates(t)
     relax = cache.profile.relax  # a relaxed exchange sends fewer bytes per step, at least:
     least = min([1.0] + [INT8_WIRE] * ("int8" in relax.averagings)
                 + [1.0 / relax.outer_every] * ("diloco" in relax.averagings))
-    bounds = [split_bound(t, s, gprefix * least, rate, bw) for s in splits]
+    group = np.empty(t.num_devices, dtype=np.int64)
+    for g, members in enumerate(region_groups(cache.profile)):
+        group[members] = g
+    by_count: dict[int, list] = {}
+    for split in candidate_splits(t, high):
+        by_count.setdefault(len(split), []).append(split)
+    for n in range(low, high + 1):
+        splits = by_count.get(n, [])
+        est = [split_estimate(t, s, gprefix[-1] * least, group) for s in splits]
+        order = np.argsort(est, kind="stable")
+        _screen(cache, [(splits[i], est[i]) for i in order], rate, gprefix, best)
+
+
+def _screen(cache: ChainCache, splits: list, rate: np.ndarray, gprefix: np.ndarray,
+            best: _Best) -> None:
+    """Screen ``splits`` ((split, estimate) of one pipeline count, least estimate first) until
+    an estimate reaches the best T so far or after ``SCREEN_SEARCHES`` chain searches, then the
+    full search for the ``REFINE_TOP`` best within ``REFINE_WITHIN`` of the best T so far."""
+    t, m, sync = cache.t, cache.t.microbatches, cache.t.sync_s
+    start = cache.searches
     screened = []
-    for i in np.argsort(bounds, kind="stable"):
-        split = splits[i]
-        if bounds[i] >= best.step_s:  # sorted: no later split can win either
+    for split, estimate in splits:
+        if cache.searches - start >= SCREEN_SEARCHES or estimate >= best.step_s:
             break
-        if cache.searches >= SCREEN_SEARCHES:
-            break
+        if split_bound(t, split) >= best.step_s:
+            continue
         share = np.array([np.sort(rate[s])[::-1][: t.num_units].sum() for s in split])
         est = m * share / share.sum()
         steps = [_step_fn(cache, s, _pow2(1.25 * e + 1)) for s, e in zip(split, est)]
@@ -268,18 +313,27 @@ def _by_candidates(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
         if shares is None:
             continue
         priced = [f.priced(x) for f, x in zip(steps, shares)]
-        ar, _ = relaxed_exchange([p.chain for p in priced], gprefix, cache.profile)
+        ar = _exchange(priced, gprefix, cache.profile)
         step = max(p.step_s for p in priced) + ar + sync
         best.offer(step, priced, shares)
         screened.append((step, split, shares, priced))
     screened.sort(key=lambda x: x[0])
-    for _, split, shares, priced in screened[:REFINE_TOP]:
+    for step, split, shares, priced in screened[:REFINE_TOP]:
+        if step > best.step_s * REFINE_WITHIN:
+            break
         full = []
         for s, m_i, p in zip(split, shares, priced):
             q = cache.get(s, m_i)
             full.append(q if q is not None and q.step_s < p.step_s else p)
-        ar, _ = relaxed_exchange([p.chain for p in full], gprefix, cache.profile)
+        ar = _exchange(full, gprefix, cache.profile)
         best.offer(max(p.step_s for p in full) + ar + sync, full, shares)
+
+
+def _exchange(priced: Sequence[Priced], gprefix: np.ndarray, profile: Profile) -> float:
+    """AR of the pipelines in the plan's order (by least device, as ``search`` builds it): the
+    routing, so its cost, depends on the pipelines' order."""
+    chains = sorted((p.chain for p in priced), key=lambda c: min(d for d, _, _ in c))
+    return relaxed_exchange(chains, gprefix, profile)[0]
 
 
 def _pow2(x: float) -> int:

@@ -8,22 +8,22 @@ With its own in-flight counts (GPipe m_i, 1F1B min(m_i, p - k)) and inputs (m_i 
 
   T_i  = sum_k t_k + (m_i - 1) max_k t_k + update_0          (one pipeline's T without sync_s)
 
-Gradient exchange (what the runtime does): after its last backward, each stage sends the
-gradients of the units it shares with a stage of another pipeline to that stage, directly, and
-sums all replicas in pipeline order, so every owner holds the same sum. A stage on device d with
-units [a, b) in pipeline i and one on device e with [a', b') in pipeline j != i whose blocks
-overlap in O = [max(a, a'), min(b, b')) are peers:
+Gradient exchange (what the runtime does; routed by :mod:`skyjax.plan.exchange`): per unit, its
+owners (one stage per pipeline) reduce inside their link group to a representative, the
+representatives exchange their groups' partial sums, and send the total back; each sum in one
+fixed order, so every owner holds the same bits. A message d -> e carrying units O costs
 
-  c(d, e) = latency_s[d][e] + grad_bytes(O) / bandwidth_Bps[d][e]   (bandwidth 0: infinite)
+  c = latency_s[d][e] + grad_bytes(O) / bandwidth_Bps[d][e]      (bandwidth 0: infinite)
   grad_bytes(O) = sum_{u in O} units[u]["param_bytes"]
-  AR_d = sum over d's peer stages e of c(d, e)                     (its sends go one by one)
-  AR   = max_d AR_d
-  T    = max_i T_i + AR + sync_s
+  AR = sum over the three phases of max_d (sum of d's messages' c in the phase)
+  T  = max_i T_i + AR + sync_s
 
-With one pipeline AR = 0 and T is the single-pipeline T. What the model does not credit: the
-runtime starts a stage's exchange right after that stage's last backward, so the exchanges of
-later stages overlap the drain of earlier ones; the model charges AR after the slowest pipeline
-has finished, an upper bound on that part.
+Every group of one device is the direct exchange (each stage sends what it shares to every
+peer): ``relaxed_exchange`` prices it and the exchange through the regions and keeps the
+cheaper. With one pipeline AR = 0 and T is the single-pipeline T. What the model does not
+credit: the runtime starts a stage's exchange right after that stage's last backward, so the
+exchanges of later stages overlap the drain of earlier ones; the model charges AR after the
+slowest pipeline has finished, an upper bound on that part.
 
 Here: ``exchange_s`` (AR), ``evaluate_pipelines`` (the Plan of given pipelines and shares),
 ``restrict_tables`` and ``ChainCache`` (one pipeline's chain search on a subset with its m_i,
@@ -46,6 +46,7 @@ from skyjax.plan import heuristic
 from skyjax.plan.bounds import min_bottleneck
 from skyjax.plan.classes import device_classes, labels
 from skyjax.plan.cost import Tables, check_assignment, check_fits, stage_costs, tables
+from skyjax.plan.exchange import routing, routing_s
 from skyjax.plan.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
 
@@ -65,28 +66,24 @@ def grad_prefix(profile: Profile) -> np.ndarray:
 
 def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray,
                bandwidth: np.ndarray, wire: float = 1.0,
-               coder_s: np.ndarray | None = None) -> tuple[float, dict[int, float]]:
-    """AR = max_d AR_d of pipelines given as chains of global devices (module doc), and AR_d
-    per device that has a peer (0 and {} for one pipeline). ``wire``: bytes sent per gradient
-    byte, ``coder_s`` [D]: a device's seconds per gradient byte to encode and decode (a coded
-    exchange: :func:`relaxed_exchange`)."""
-    per: dict[int, float] = {}
-    for i, ci in enumerate(chains):
-        for j, cj in enumerate(chains):
-            if i == j:
-                continue
-            for d, a, b in ci:
-                for e, a2, b2 in cj:
-                    lo, hi = max(a, a2), min(b, b2)
-                    if lo >= hi:
-                        continue
-                    bw = bandwidth[d, e]
-                    g = float(gprefix[hi] - gprefix[lo])
-                    cost = (float(latency[d, e]) + g * wire / bw if bw > 0 else _INF)
-                    if coder_s is not None:
-                        cost += float(coder_s[d]) * g
-                    per[d] = per.get(d, 0.0) + cost
-    return (max(per.values()) if per else 0.0), per
+               coder_s: np.ndarray | None = None,
+               groups: Sequence[Sequence[int]] | None = None) -> tuple[float, dict[int, float]]:
+    """AR of pipelines given as chains of global devices, exchanging over ``groups``
+    (:mod:`skyjax.plan.exchange`; None: the direct exchange), and each sending device's seconds
+    (0 and {} for one pipeline). ``wire``: bytes sent per gradient byte, ``coder_s`` [D]: a
+    device's seconds per gradient byte to encode and decode (a coded exchange:
+    :func:`relaxed_exchange`)."""
+    return routing_s(routing(chains, groups), gprefix, latency, bandwidth, wire, coder_s)
+
+
+def region_groups(profile: Profile) -> list[list[int]]:
+    """The link groups the exchange may reduce in first: the devices of each region (the
+    profile's ``region``; all devices one group when none is named)."""
+    names = [str(d.get("region") or "") for d in profile.devices]
+    out: dict[str, list[int]] = {}
+    for d, r in enumerate(names):
+        out.setdefault(r, []).append(d)
+    return list(out.values())
 
 
 def pipeline_step(stages: Sequence[Stage], microbatches: int) -> float:
@@ -156,7 +153,7 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
                 raise InfeasibleError(f"pipeline {i}: {e}") from None
         steps.append(pipeline_step(own, int(m_i)))
         stages += [dataclasses.replace(s, pipeline=i) for s in own]
-    ar, averaging = relaxed_exchange(chains, grad_prefix(profile), profile)
+    ar, averaging, groups = relaxed_exchange(chains, grad_prefix(profile), profile)
     if check and math.isinf(ar):
         raise InfeasibleError("gradient exchange: two stages that share units cannot reach "
                               "one another (bandwidth_Bps 0)")
@@ -166,7 +163,7 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
                 exact=exact, lower_bound_s=None if exact else lower_bound_s,
                 device_names=[d["name"] for d in profile.devices],
                 shares=[int(x) for x in shares], allreduce_s=ar, pipeline_step_s=steps,
-                averaging=averaging,
+                averaging=averaging, exchange_groups=groups,
                 **(outer_step(profile.relax) if averaging == "diloco" else {}))
 
 
@@ -281,16 +278,27 @@ INT8_WIRE = (1 + 4 / CODEC_BLOCK) / 4  # int8 bytes + a float32 scale per block,
 
 
 def relaxed_exchange(chains: Sequence[Chain], gprefix: np.ndarray,
-                     profile: Profile) -> tuple[float, str]:
-    """The least AR over the averaging modes ``profile.relax`` allows, and that mode (ties go to
-    the less relaxed): ``exact`` AR as :func:`exchange_s`; ``int8`` the same exchange in the
-    int8 codec's bytes plus its coding time; ``diloco`` the exact exchange of the pseudo-
-    gradients once every ``outer_every`` steps, AR / H per step."""
+                     profile: Profile) -> tuple[float, str, list[list[int]] | None]:
+    """The least AR over the averaging modes ``profile.relax`` allows, that mode (ties go to
+    the less relaxed) and the exchange's groups (None: direct). ``exact``: the cheaper of the
+    direct exchange and the one through the regions (:func:`region_groups`; ties to direct);
+    ``int8`` the direct exchange in the int8 codec's bytes plus its coding time; ``diloco`` the
+    direct exact exchange of the pseudo-gradients once every ``outer_every`` steps, AR / H per
+    step (both relaxed modes exchange directly: ``runtime.averaging``)."""
     lat, bw = profile.latency_s, profile.bandwidth_Bps
-    exact = exchange_s(chains, gprefix, lat, bw)[0]
-    best = (exact, "exact")
+    direct = exchange_s(chains, gprefix, lat, bw)[0]
+    best = (direct, "exact", None)
     if len(chains) < 2:
         return best
+    groups = [g for g in region_groups(profile) if len(g) > 1]
+    if groups:
+        used = {d for c in chains for d, _, _ in c}
+        groups = [sorted(used & set(g)) for g in groups]
+        groups = [g for g in groups if len(g) > 1]
+    if groups:
+        ar = exchange_s(chains, gprefix, lat, bw, groups=groups)[0]
+        if ar < direct:
+            best = (ar, "exact", groups)
     for mode in profile.relax.averagings[1:]:
         if mode == "int8":
             rate = np.asarray(profile.codecs["int8"]["seconds_per_byte"], float) \
@@ -304,7 +312,7 @@ def relaxed_exchange(chains: Sequence[Chain], gprefix: np.ndarray,
                                  "with this bound")
             ar = exchange_s(chains, gprefix, lat, bw, INT8_WIRE, rate)[0]
         else:
-            ar = exact / profile.relax.outer_every
+            ar = direct / profile.relax.outer_every
         if ar < best[0]:
-            best = (ar, mode)
+            best = (ar, mode, None)
     return best

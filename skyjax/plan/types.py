@@ -88,6 +88,9 @@ class Plan:
     outer_every: int = 0
     outer_lr: float = 0.0
     outer_momentum: float = 0.0
+    # the exact exchange's link groups (skyjax.plan.exchange): each reduces inside first, then
+    # one representative per group and unit exchanges; None (or a device in none): direct
+    exchange_groups: list[list[int]] | None = None
 
     @property
     def num_pipelines(self) -> int:
@@ -135,6 +138,8 @@ class Plan:
             out["allreduce_s"] = self.allreduce_s
             if self.pipeline_step_s is not None:
                 out["pipeline_step_s"] = list(self.pipeline_step_s)
+            if self.exchange_groups:
+                out["exchange_groups"] = [list(g) for g in self.exchange_groups]
             if self.averaging != "exact":
                 out["averaging"] = self.averaging
                 if self.outer_every:
@@ -164,4 +169,6 @@ class Plan:
                    float(d.get("allreduce_s", 0.0)),
                    [float(x) for x in d["pipeline_step_s"]] if d.get("pipeline_step_s")
                    else None, str(d.get("averaging", "exact")), int(d.get("outer_every", 0)),
-                   float(d.get("outer_lr", 0.0)), float(d.get("outer_momentum", 0.0)))
+                   float(d.get("outer_lr", 0.0)), float(d.get("outer_momentum", 0.0)),
+                   [[int(x) for x in g] for g in d["exchange_groups"]]
+                   if d.get("exchange_groups") else None)

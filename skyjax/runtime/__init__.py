@@ -9,6 +9,7 @@ backend):
 * ``local_executor``: every stage in this process, one thread each (``LocalExecutor``);
 * ``distributed_executor``: this process's stage under ``jax.distributed``
   (``DistributedExecutor``);
+* ``exchange``: the exact gradient exchange between pipelines, through link groups (``Routes``);
 * ``averaging``: relaxed averaging across pipelines (int8 with error feedback, DiLoCo);
 * ``recovery``: several pipelines going on without a lost process's pipeline (``Recovery``);
 * ``replanner``: the ``dynamic`` strategy during training (observe, decide, rebuild);

@@ -20,6 +20,7 @@ from skyjax.transport import group as distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
 from skyjax.runtime.averaging import make_averaging
+from skyjax.runtime.exchange import stage_routes
 from skyjax.runtime.pipeline import PipelineStage, norm_allreduce, sq_to_norm
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
                                       pipeline_sizes, placements, replica_peers, unit_owners)
@@ -107,6 +108,7 @@ class DistributedExecutor:
             self.stage.first_microbatch = plan.first_microbatch(i)
             self.stage.peers = replica_peers(self.places, k, [q.device for q in self.places])
             self.stage.replica_link = transport
+            self.stage.routes = stage_routes(plan, k, [q.device for q in self.places])
             self.stage.averaging = make_averaging(plan, self.stage)
             self.stage.declared = declared.stages[k] if declared is not None else None
             self.actions = plan_lists(plan, i)

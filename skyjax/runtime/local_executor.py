@@ -19,6 +19,7 @@ from skyjax.plan.schedules import plan_lists
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
 from skyjax.runtime.averaging import make_averaging
+from skyjax.runtime.exchange import stage_routes
 from skyjax.runtime.pipeline import PipelineStage, sq_to_norm
 from skyjax.runtime.placement import (PipelineLink, UnitState, abstract_units, boundary_shapes,
                                       build_stage, pipeline_sizes, placements, replica_peers)
@@ -74,6 +75,7 @@ class LocalExecutor:
             stage.first_microbatch = plan.first_microbatch(i)
             stage.peers = replica_peers(self.places, k, range(len(self.places)))
             stage.replica_link = transport.for_stage(k)
+            stage.routes = stage_routes(plan, k, range(len(self.places)))
             stage.averaging = make_averaging(plan, stage)
             stage.declared = declared.stages[k] if declared is not None else None
             self.stages.append(stage)

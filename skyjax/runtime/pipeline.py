@@ -149,8 +149,10 @@ class PipelineStage:
     first_unit: int = 0
     peers: tuple[ReplicaPeer, ...] = ()
     replica_link: Any = None
-    # a relaxed averaging across pipelines (runtime.averaging); None: the exact sum
+    # a relaxed averaging across pipelines (runtime.averaging); None: the exact sum, routed
+    # through the link groups by ``routes`` (runtime.exchange.Routes; None: directly to peers)
     averaging: Any = None
+    routes: Any = None
     # a rehearsal's declared times of this stage (skyjax.plan.declared.StageTimes): each call
     # then takes its declared seconds (skyjax.cluster.declared); None: calls take what they take
     declared: Any = None
@@ -342,6 +344,9 @@ class PipelineStage:
             return
         if self.averaging is not None:
             self.averaging.reduce(self, step)
+            return
+        if self.routes is not None:
+            self.routes.reduce(self, step)
             return
         self.state.grads = self.sum_replicas(self.state.grads,
                                              self.swap_with_peers(step, self.state.grads))
