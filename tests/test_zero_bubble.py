@@ -95,3 +95,29 @@ def test_losses_equal_single_device_training(granularity, blocks, sched, m):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     assert all(c == {"forward": 1, "backward": 0, "update": 1, "backward_input": 1,
                      "backward_weight": 1} for c in counts), counts
+
+
+@pytest.mark.parametrize("sched", ZB)
+def test_exact_search_equals_brute_force_and_simulator_bounds(sched):
+    """Memory not binding: the exact DP's T equals the least T over every plan priced by the
+    cost model (credit per non-last stage), and the simulator's replay of the chosen plan's
+    lists stays within 20 % of it (m >= p)."""
+    import dataclasses
+
+    from skyjax import plan as plan_lib
+    from skyjax.plan.simulate import simulate_plan
+    from tests.helpers import all_plans, random_profile
+
+    rng = np.random.default_rng(5)
+    for _ in range(6):
+        prof = random_profile(rng, 3, 6)
+        prof = dataclasses.replace(prof, devices=[{**d, "memory_bytes": 10 ** 12}
+                                                  for d in prof.devices])
+        m = int(rng.integers(4, 9))  # the credit assumes Ws to fill the drain: m >= p
+        best = min(p.step_time_s for p in all_plans(prof, sched, m))
+        got = plan_lib.plan(prof, "optimal", sched, m)
+        assert got.exact and got.step_time_s == pytest.approx(best, rel=1e-9)
+        one = plan_lib.plan(prof, "optimal", "1f1b", m)
+        assert got.step_time_s <= one.step_time_s * (1 + 1e-9)
+        sim = simulate_plan(got, prof).step_time_s
+        assert abs(sim - got.step_time_s) <= 0.2 * got.step_time_s, (sim, got.step_time_s)

@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from skyjax.names import SCHEDULES
+from skyjax.names import SCHEDULES, ZERO_BUBBLE
 from skyjax.plan.extension import ExtraCost
 from skyjax.plan.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
@@ -73,6 +73,11 @@ class Tables:
     codec_names: tuple[str, ...] = ("none",)
     codec_bytes: np.ndarray | None = None
     codec_rate: np.ndarray | None = None
+    # zero bubble (docs/design.md, "Zero-bubble schedules"): prefix sums of backward_s and of
+    # its W part per device [D, U+1], and the credit's factor (0: GPipe and 1F1B)
+    bwd_prefix: np.ndarray | None = None
+    weight_prefix: np.ndarray | None = None
+    credit_factor: float = 0.0
 
     @property
     def num_units(self) -> int:
@@ -86,7 +91,28 @@ class Tables:
         """Micro-batches whose activations a stage keeps (p - k = stages_from_end)."""
         if self.schedule == "gpipe":
             return self.microbatches
+        if self.schedule in ZERO_BUBBLE:  # the same on every stage, at most one per device
+            return min(self.microbatches, self.num_devices) * (2 if self.schedule == "zb-h2"
+                                                               else 1)
         return np.minimum(self.microbatches, stages_from_end)
+
+    def inflight_at(self, p: int, k: int) -> int:
+        """``inflight`` of stage k of a plan of p stages (zero bubble: of its p, not of every
+        device; :func:`skyjax.plan.schedules.inflight_limit`)."""
+        if self.schedule in ZERO_BUBBLE:
+            return min(self.microbatches, p * (2 if self.schedule == "zb-h2" else 1))
+        return int(self.inflight(p - k))
+
+    def credit(self, d: int, a: int | np.ndarray, b: int | np.ndarray) -> np.ndarray:
+        """What a zero-bubble schedule takes off T for a stage on d over [a, b) that is not
+        the last: min(its units' backward, credit_factor x their W), factor min(2, m) (ZB-H1)
+        or min(3, m) (ZB-H2): with equal stages the bubble shrinks from (p - 1)(f + b + w) to
+        (p - 1)(f + b - w) (- 2w); 0 under GPipe and 1F1B."""
+        if not self.credit_factor:
+            return np.zeros(np.broadcast(np.asarray(a), np.asarray(b)).shape)
+        bwd = self.bwd_prefix[d, b] - self.bwd_prefix[d, a]
+        w = self.weight_prefix[d, b] - self.weight_prefix[d, a]
+        return np.minimum(bwd, self.credit_factor * w)
 
     def comm(self, d: int, e: int, cuts: np.ndarray | int) -> np.ndarray:
         """Two-way comm seconds of a stage on d ending at cut(s) (1..U-1), next stage on e: the
@@ -182,7 +208,25 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
         bandwidth=np.asarray(profile.bandwidth_Bps, float),
         memory=np.array([float(d["memory_bytes"]) for d in profile.devices]),
         schedule=schedule, microbatches=int(microbatches), codec_names=names,
-        codec_bytes=cbytes, codec_rate=crate)
+        codec_bytes=cbytes, codec_rate=crate, **_zero_bubble(profile, schedule, microbatches))
+
+
+def weight_s(profile: Profile) -> np.ndarray:
+    """[U, D] the W part of each unit's backward: the profile's ``backward_weight_s`` where it
+    has it, else half of ``backward_s`` (the FLOP model's 1:1 split)."""
+    got = profile.extra.get("backward_weight_s") if profile.extra else None
+    bwd = np.asarray(profile.backward_s, float)
+    return np.minimum(np.asarray(got, float), bwd) if got is not None else bwd / 2
+
+
+def _zero_bubble(profile: Profile, schedule: str, microbatches: int) -> dict:
+    if schedule not in ZERO_BUBBLE:
+        return {}
+    def pre(x):
+        return np.concatenate([np.zeros((x.shape[1], 1)), np.cumsum(x.T, axis=1)], axis=1)
+
+    return dict(bwd_prefix=pre(np.asarray(profile.backward_s, float)), weight_prefix=pre(weight_s(profile)),
+                credit_factor=float(min(2 if schedule == "zb-h1" else 3, microbatches)))
 
 
 def codec_tables(profile: Profile) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
@@ -214,11 +258,16 @@ def stage_costs(t: Tables, assignment: Assignment) -> list[Stage]:
             0.0 if last else float(t.comm(d, assignment[k + 1][0], b)))
         codec = "none" if last else t.link_codec(d, assignment[k + 1][0], b)
         mem = (t.state_prefix[b] - t.state_prefix[a]
-               + t.inflight(p - k) * (t.act_prefix[b] - t.act_prefix[a]))
+               + t.inflight_at(p, k) * (t.act_prefix[b] - t.act_prefix[a]))
         update = float(t.first_update(d, b) if k == 0 else
                        t.update_call[d] + t.update_prefix[d, b] - t.update_prefix[d, a])
+        passes = None
+        if t.credit_factor:  # F, B and W seconds: what the schedule's fill is built from
+            bwd = float(t.bwd_prefix[d, b] - t.bwd_prefix[d, a])
+            w = float(t.weight_prefix[d, b] - t.weight_prefix[d, a])
+            passes = (compute - bwd, bwd - w, w)
         stages.append(Stage(int(d), (int(a), int(b)), compute, comm, int(round(mem)), update,
-                            codec=codec))
+                            codec=codec, passes_s=passes))
 
     return stages
 
@@ -283,7 +332,8 @@ def evaluate_tables(profile: Profile, t: Tables, assignment: Assignment, strateg
     if check:
         check_fits(profile, t, stages)
     times = [s.time_s for s in stages]
-    once = t.step_extra(stages[0].update_s)
+    once = t.step_extra(stages[0].update_s) - sum(
+        float(t.credit(d, a, b)) for d, a, b in list(assignment)[:-1])
     out = Plan(strategy=strategy, schedule=t.schedule, microbatches=t.microbatches,
                stages=stages, step_time_s=step_time(times, t.microbatches, once),
                bottleneck_s=float(max(times)), exact=exact,

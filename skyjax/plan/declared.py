@@ -17,7 +17,7 @@ import numpy as np
 
 from skyjax.plan.exchange import message_bytes, routing
 from skyjax.plan.pipelines import INT8_WIRE, grad_prefix
-from skyjax.plan.stage_times import stage_actions_s
+from skyjax.plan.stage_times import stage_actions_s, stage_weight_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile, load_profile
 
@@ -32,6 +32,7 @@ class StageTimes:
     backward_s: float
     update_s: float
     sync_s: float
+    weight_s: float = 0.0  # zero bubble: the W pass (backward_s is then the B pass alone)
 
 
 @dataclasses.dataclass
@@ -89,8 +90,9 @@ def declare(plan: Plan, profile: Profile) -> Declared:
     for i in range(plan.num_pipelines):
         sub = plan.pipeline(i)
         fwd, bwd, _ = stage_actions_s(sub, profile)
+        w = stage_weight_s(sub, profile)
         for k, (g, s) in enumerate(zip(plan.stage_ids(i), sub.stages)):
-            times[g] = StageTimes(fwd[k], bwd[k], float(s.update_s), sync)
+            times[g] = StageTimes(fwd[k], bwd[k] - w[k], float(s.update_s), sync, w[k])
             if k + 1 < len(sub.stages):
                 d, e = s.device, sub.stages[k + 1].device
                 end = s.units[1] - 1
@@ -103,8 +105,10 @@ def declare(plan: Plan, profile: Profile) -> Declared:
     coding = np.zeros((n, n))
     chains = [[(s.device, *s.units) for s in plan.pipeline(i).stages]
               for i in range(plan.num_pipelines)]
-    groups = plan.exchange_groups if plan.averaging == "exact" else None  # relaxed: direct
-    for (d, e), sizes in message_bytes(routing(chains, groups), gprefix).items():
+    exact = plan.averaging == "exact"  # relaxed modes exchange directly
+    route = routing(chains, plan.exchange_groups if exact else None, np.diff(gprefix),
+                    plan.exchange_reps if exact else None)
+    for (d, e), sizes in message_bytes(route, gprefix).items():
         # pipelines.exchange_s's messages; a pair with two (in a group: partial sums one way,
         # totals back in a later phase) declares their mean, so the pair's total is the model's
         g = sum(sizes) / len(sizes)

@@ -89,6 +89,11 @@ class ClassDP:
             comm = np.full(u + 1, _INF)
             comm[1:u] = t.comm(pair[0], pair[1], cuts)
             self.nonlast[c, c2] = self.block[c] + comm[None, :]
+        # what a non-last stage adds to the sum: t_k less the zero-bubble credit (0 otherwise)
+        credit = np.stack([np.where(valid, t.credit(r, np.arange(u)[:, None],
+                                                    np.arange(u + 1)[None, :]), 0.0)
+                           for r in reps])  # [C, U, U+1]
+        self.nonlast_sum = self.nonlast - credit[:, None]
         self._mem_cache: dict[tuple[int, int], np.ndarray] = {}
         self.lengths = [len(c) for c in classes]
 
@@ -139,11 +144,12 @@ class ClassDP:
         v2 = tuple(x - (i == c) for i, x in enumerate(v))
         c2s = [i for i, x in enumerate(v2) if x > 0]
         tk = self.nonlast[c, c2s]  # [k, U, U+1]
+        tk_sum = self.nonlast_sum[c, c2s]
         nxt = np.full((len(c2s), u + 1), _INF)
         nmx = np.full((len(c2s), u + 1), _INF)
         for i, c2 in enumerate(c2s):
             nxt[i, :u], nmx[i, :u] = table[(v2, c2)][0], table[(v2, c2)][1]
-        tot = np.where((tk <= cap) & mem[None], tk + nxt[:, None, :], _INF)
+        tot = np.where((tk <= cap) & mem[None], tk_sum + nxt[:, None, :], _INF)
         tot[:, 0, :] += self.first_extra[c][None, :]  # row 0 starts the chain: T adds update_0
         flat = tot.transpose(1, 0, 2).reshape(u, -1)
         idx = np.argmin(flat, axis=1)

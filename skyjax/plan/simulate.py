@@ -31,9 +31,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from skyjax.plan.schedules import Action, actions, inflight_peaks
+from skyjax.plan.schedules import Action, actions, inflight_peaks, plan_lists
 from skyjax.plan.extension import ExtraCost
-from skyjax.plan.stage_times import stage_actions_s
+from skyjax.plan.stage_times import stage_actions_s, stage_weight_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.spans import Span, link_events, stage_events, trace_json
@@ -138,10 +138,12 @@ def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True,
             raise ValueError("simulate_plan: extra cost terms model one pipeline")
         return _simulate_pipelines(plan, profile, overlap_comm)
     fwd, bwd, link = stage_actions_s(plan, profile)
+    w = stage_weight_s(plan, profile)
     names = [profile.devices[s.device]["name"] for s in plan.stages]
-    out = simulate(fwd, bwd, link, plan.schedule, plan.microbatches, overlap_comm=overlap_comm,
-                   names=names, update_s=[s.update_s for s in plan.stages],
-                   sync_s=float(profile.sync_s))
+    out = simulate(fwd, [b - x for b, x in zip(bwd, w)], link, plan.schedule, plan.microbatches,
+                   overlap_comm=overlap_comm, names=names,
+                   update_s=[s.update_s for s in plan.stages], sync_s=float(profile.sync_s),
+                   weight_s=w, lists=plan_lists(plan))
     effect = extra.effect(plan, profile) if extra is not None else None
     out.slowdown = [1.0] * len(plan.stages)
     if effect is not None:
@@ -161,8 +163,11 @@ def _simulate_pipelines(plan: Plan, profile: Profile, overlap_comm: bool) -> Sim
     for i in range(plan.num_pipelines):
         sub = plan.pipeline(i)
         fwd, bwd, link = stage_actions_s(sub, profile)
-        runs.append((simulate(fwd, bwd, link, plan.schedule, sub.microbatches,
-                              overlap_comm=overlap_comm, update_s=[s.update_s for s in sub.stages]),
+        w = stage_weight_s(sub, profile)
+        runs.append((simulate(fwd, [b - x for b, x in zip(bwd, w)], link, plan.schedule,
+                              sub.microbatches, overlap_comm=overlap_comm,
+                              update_s=[s.update_s for s in sub.stages], weight_s=w,
+                              lists=plan_lists(plan, i)),
                      link, plan.first_microbatch(i)))
         ids.append(plan.stage_ids(i))
     step = max(r.step_time_s for r, _, _ in runs) + plan.allreduce_s + float(profile.sync_s)

@@ -41,3 +41,16 @@ def stage_actions_s(plan: Plan, profile: Profile) -> tuple[list[float], list[flo
     fwd = [x + c for x, c in zip(fwd, extra)]
     bwd = [x + c for x, c in zip(bwd, extra)]
     return fwd, bwd, link
+
+
+def stage_weight_s(plan: Plan, profile: Profile) -> list[float]:
+    """Per stage the W pass of a zero-bubble schedule (the W part of its units' backward,
+    :func:`skyjax.plan.cost.weight_s`), which its backward action then leaves out; zeros under
+    other schedules."""
+    from skyjax.names import ZERO_BUBBLE
+    from skyjax.plan.cost import weight_s
+
+    if plan.schedule not in ZERO_BUBBLE:
+        return [0.0] * len(plan.stages)
+    w = weight_s(profile)
+    return [float(w[s.units[0]:s.units[1], s.device].sum()) for s in plan.stages]
