@@ -272,7 +272,8 @@ def brute_force(profile: Profile, schedule: str, m: int) -> float:
     """The optimum: the least T over every plan (``all_plans``), priced by the cost model; inf
     where none fits. A plan is priced only where it could beat the best so far: T is never
     below the plan's unit work alone, sum_k W_k + (m - 1) max_k W_k (every other term of the
-    cost model adds time), which is checked on every plan priced."""
+    cost model adds time; zero bubble: less ``Tables.max_credit``, at least any plan's credit),
+    which is checked on every plan priced."""
     t = plan_lib.tables(profile, schedule, m)
     u, d = profile.num_units, profile.num_devices
     work = np.asarray(profile.forward_s, float) + np.asarray(profile.backward_s, float)
@@ -285,7 +286,7 @@ def brute_force(profile: Profile, schedule: str, m: int) -> float:
         ends = np.concatenate([cuts, np.full((len(cuts), 1), u)], axis=1)
         for devs in itertools.permutations(range(d), n):
             w = pre[ends, devs] - pre[starts, devs]  # [cuts, n]: each stage's unit work
-            alone = w.sum(axis=1) + (m - 1) * w.max(axis=1)
+            alone = w.sum(axis=1) + (m - 1) * w.max(axis=1) - t.max_credit()
             for c in np.argsort(alone, kind="stable"):
                 if alone[c] >= best:
                     break

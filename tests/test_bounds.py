@@ -177,3 +177,44 @@ def test_interleaved_orders_never_worse(monkeypatch):
         assert want * (1 - 1e-9) <= got.step_time_s <= without.step_time_s * (1 + 1e-9), i
         n += 1
     assert n >= 20
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2"])
+def test_bounds_below_optimum_zero_bubble(schedule):
+    """Zero bubble: every bound (fractional, group, several pipelines' fractional and per-split
+    bounds) stays below the least T over every plan, which the credit lowers and whose memory
+    is charged at min(m, p) or min(m, 2p) in flight; the heuristic's lower bound too, and its
+    exact claims are the optimum. The brute force's pruning (less the most credit) agrees with
+    pricing every plan."""
+    from skyjax.plan.pipeline_split import split_bound
+    from skyjax.plan.pipelines import fractional_bound
+    from tests.helpers import all_plans
+
+    rng = np.random.default_rng(11 if schedule == "zb-h1" else 12)
+    n = 0
+    for i in range(30):
+        d, u = int(rng.integers(1, 5)), int(rng.integers(1, 7))
+        prof = (random_profile(rng, d, u) if i % 2 else
+                region_profile(rng, max(d, 2), max(u, 2), int(rng.integers(1, 3))))
+        if i % 3 == 0:
+            prof = with_overheads(prof, rng, 0.05)
+        m = (1, 2, 4, 8)[i % 4]
+        want = min((p.step_time_s for p in all_plans(prof, schedule, m)), default=math.inf)
+        assert brute_force(prof, schedule, m) == pytest.approx(want, rel=1e-12), i
+        if math.isinf(want):
+            continue
+        n += 1
+        t = plan_lib.tables(prof, schedule, m)
+        for bound in (plan_lib.lower_bound(t), group_bound(t), group_bound(t, upper=want),
+                      fractional_bound(t), split_bound(t, [list(range(prof.num_devices))])):
+            assert bound <= want * (1 + 1e-9), (i, bound, want)
+        try:
+            heur = plan_lib.plan(prof, "optimal", schedule, m, force_heuristic=True)
+        except plan_lib.InfeasibleError:
+            continue
+        assert heur.step_time_s >= want * (1 - 1e-9)
+        if heur.exact:
+            assert heur.step_time_s == pytest.approx(want, rel=1e-9), i
+        else:
+            assert heur.lower_bound_s <= want * (1 + 1e-9), i
+    assert n >= 20

@@ -26,7 +26,8 @@ def lower_bound(t: Tables) -> float:
 
     A plan either stays inside one link group (region) or crosses between groups, and then one
     stage pays at least the cheapest crossing c (2 (latency + least output bytes / bandwidth)):
-    min(min over groups of _relaxed_bound(group), _relaxed_bound(all, tau >= c) + c).
+    min(min over groups of _relaxed_bound(group), _relaxed_bound(all, tau >= c) + c). Zero
+    bubble: less ``Tables.max_credit``, at least what any plan's credit takes off its T.
     """
     groups = link_groups(t)
     best = min(_relaxed_bound(t, np.array(g)) for g in groups) + fixed_floor(t)
@@ -38,7 +39,7 @@ def lower_bound(t: Tables) -> float:
             c = 2 * float(np.nanmin(t.latency + t.least_bytes.min() / bw))
             best = min(best, _relaxed_bound(t, np.arange(t.num_devices), c) + c
                        + fixed_floor(t))
-    return best
+    return best - t.max_credit()
 
 
 def fixed_floor(t: Tables) -> float:
@@ -52,9 +53,8 @@ def fixed_floor(t: Tables) -> float:
 def _relaxation(t: Tables, devices: np.ndarray):
     """(W, tau_min, sigma, cap, count) of the fractional relaxation on these devices, per
     distinct (sigma, cap); None if no device can hold a single unit."""
-    m = t.microbatches
     state, act = np.diff(t.state_prefix), np.diff(t.act_prefix)
-    need = state + (1 if t.schedule == "1f1b" else m) * act
+    need = state + t.least_inflight * act
     usable = devices[[bool((need <= t.memory[d]).any()) for d in devices]]
     if not len(usable):
         return None
@@ -104,8 +104,8 @@ def _relaxed_bound(t: Tables, devices: np.ndarray, tau_floor: float = 0.0) -> fl
 
     w_ref[u] = least time of unit u on any device; device d is at least sigma_d = min_u
     w[u, d] / w_ref[u] times slower, and its memory holds at most cap_d seconds of reference
-    work (fractional knapsack of need_u = state + inflight x activations, inflight m for GPipe
-    and 1 for 1F1B). Relaxation: reference work W = sum w_ref is split into x_d >= 0 with
+    work (fractional knapsack of need_u = state + inflight x activations, inflight
+    ``Tables.least_inflight``: m for GPipe, 1 for 1F1B and ZB-H1, min(m, 2) for ZB-H2). Relaxation: reference work W = sum w_ref is split into x_d >= 0 with
     x_d <= cap_d and sigma_d x_d <= tau (tau >= max_u w_ref[u], the bottleneck);
     T >= min sum_d sigma_d x_d + (m - 1) tau. Comm, granularity and order are dropped. The LP's
     Lagrangian dual g(lambda) = lambda W + min_tau [(m - 1) tau - sum_d (lambda - sigma_d)^+

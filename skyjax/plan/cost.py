@@ -92,9 +92,29 @@ class Tables:
         if self.schedule == "gpipe":
             return self.microbatches
         if self.schedule in ZERO_BUBBLE:  # the same on every stage, at most one per device
-            return min(self.microbatches, self.num_devices) * (2 if self.schedule == "zb-h2"
-                                                               else 1)
+            return min(self.microbatches,
+                       self.num_devices * (2 if self.schedule == "zb-h2" else 1))
         return np.minimum(self.microbatches, stages_from_end)
+
+    @property
+    def least_inflight(self) -> int:
+        """The fewest micro-batches any stage of any plan keeps in flight (what the bounds
+        charge memory at): 1 (1F1B's last stage, ZB-H1 on one stage), min(m, 2) (ZB-H2), m
+        (GPipe)."""
+        if self.schedule == "gpipe":
+            return self.microbatches
+        return min(self.microbatches, 2 if self.schedule == "zb-h2" else 1)
+
+    def max_credit(self) -> float:
+        """At least the credit of any plan (0 under GPipe and 1F1B), for the lower bounds:
+        the non-last stages hold units before the last, so sum_k min(B_k, f W_k) <=
+        min(sum_{u < U-1} max_d backward_s[u][d], f sum_{u < U-1} max_d W[u][d])."""
+        if not self.credit_factor:
+            return 0.0
+        last = self.num_units - 1
+        bwd = np.diff(self.bwd_prefix, axis=1)[:, :last].max(axis=0, initial=0.0).sum()
+        w = np.diff(self.weight_prefix, axis=1)[:, :last].max(axis=0, initial=0.0).sum()
+        return float(min(bwd, self.credit_factor * w))
 
     def inflight_at(self, p: int, k: int) -> int:
         """``inflight`` of stage k of a plan of p stages (zero bubble: of its p, not of every

@@ -32,7 +32,9 @@ place in the pipeline. ``group_bound`` keeps all three, still as a relaxation of
 T >= sum t_k + (m - 1) B + update floor + sync. The sum bound does not increase with B, so on
 an interval [B_i, B_j] the bound is sum(B_j) + (m - 1) B_i; intervals are split where the
 bound is lowest (a small branch and bound over B), and B above the plan's T / (m - 1) cannot
-hold the optimum.
+hold the optimum. Zero bubble: T + credit obeys all of the above with memory at the schedule's
+least in-flight count (``Tables.least_inflight``), and the credit is at most
+``Tables.max_credit``, so the bound is the one on T + credit less that.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class GroupBound:
         self.b_grid: tuple[np.ndarray, np.ndarray] | None = None
         m, u = t.microbatches, t.num_units
         state, act = np.diff(t.state_prefix), np.diff(t.act_prefix)
-        levels = np.arange(1, min(m, t.num_devices) + 1) if t.schedule == "1f1b" else [m]
+        levels = (np.arange(1, min(m, t.num_devices) + 1) if t.schedule == "1f1b"
+                  else [t.least_inflight])  # zero bubble: its levels' least (a relaxation)
         self.levels = np.asarray(levels)
         least = float((state + self.levels[0] * act).min()) if u else 0.0
         self.devices = np.flatnonzero(t.memory >= least)  # can hold some unit at its best level
@@ -337,7 +340,14 @@ class GroupBound:
 
 def group_bound(t: Tables, upper: float = _INF, gb: GroupBound | None = None) -> float:
     """A lower bound on T over all plans (module doc); ``upper``: a known plan's T. ``gb``: the
-    caller's ``GroupBound(t)``, to share with the other bounds (its ``b_grid`` is set here)."""
+    caller's ``GroupBound(t)``, to share with the other bounds (its ``b_grid`` is set here).
+    Zero bubble: the bound on T + credit, less ``Tables.max_credit`` (at least any plan's)."""
+    credit = t.max_credit()
+    return _group_bound(t, upper + credit, gb) - credit
+
+
+def _group_bound(t: Tables, upper: float, gb: GroupBound | None) -> float:
+    """``group_bound`` without the zero-bubble credit."""
     gb = GroupBound(t) if gb is None else gb
     if not gb.ok:
         return _INF

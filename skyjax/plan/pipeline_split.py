@@ -215,7 +215,7 @@ def split_bound(t: Tables, split: list[list[int]]) -> float:
     exchange can be as cheap as its groups allow: not counted)."""
     w = float(t.work.min(axis=1).sum())
     cap = sum(np.sort(_rates(t)[s])[::-1][: t.num_units].sum() for s in split)
-    return t.microbatches * w / cap + t.sync_s
+    return t.microbatches * w / cap + t.sync_s - t.max_credit()  # zero bubble: its credit
 
 
 def _rates(t: Tables) -> np.ndarray:

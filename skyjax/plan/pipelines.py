@@ -116,13 +116,14 @@ def fractional_bound(t: Tables) -> float:
     m_i sum_{u in B_k} w[u] it does per step is at most s_d (T - sync_s). Summed over all stages
     (each device holds at most one), every micro-batch's whole model: m sum_u w[u] <=
     (T - sync_s) sum_d s_d. Memory, comm, call costs and updates are dropped (all >= 0).
-    Also T >= min_d sum_u work[u][d] + sync_s (one micro-batch through a whole chain)."""
+    Also T >= min_d sum_u work[u][d] + sync_s (one micro-batch through a whole chain). Zero
+    bubble: T_i + credit_i obeys both, so less ``Tables.max_credit``."""
     w = t.work.min(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(t.work > 0, w[:, None] / t.work, 1.0)
     s = ratio.min(axis=0)
     frac = t.microbatches * float(w.sum()) / float(s.sum()) if s.sum() > 0 else 0.0
-    return max(frac, float(t.prefix[:, -1].min())) + t.sync_s
+    return max(frac, float(t.prefix[:, -1].min())) + t.sync_s - t.max_credit()
 
 
 def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares: Sequence[int],
