@@ -24,13 +24,17 @@ pipelines; the fractional lower bound (0.108 s) ignores comm and exchange, hence
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
 
 from experiments.paper_reproduction import BertShape, bert_units, synth_profile
 from skyjax import plan as plan_lib
+from skyjax.plan.cost import tables
+from skyjax.plan.pipelines import INT8_WIRE, fractional_bound
 from skyjax.profile.format import Profile
+from skyjax.relax import Relaxation
 
 GIB = 1 << 30
 
@@ -67,6 +71,53 @@ def paper_profile(layers: int = 24) -> Profile:
     return prof
 
 
+def with_links(prof: Profile, cross_Bps: float, cross_latency_s: float) -> Profile:
+    """``prof`` with other links between regions."""
+    region = np.arange(prof.num_devices) // 16
+    same = region[:, None] == region[None, :]
+    lat = np.where(same, prof.latency_s, cross_latency_s)
+    bw = np.where(same, prof.bandwidth_Bps, cross_Bps)
+    return dataclasses.replace(prof, latency_s=lat, bandwidth_Bps=bw)
+
+
+def with_int8(prof: Profile, seconds_per_byte: float = 2e-11) -> Profile:
+    """``prof`` with the bf16 and int8 codecs timed (their bytes; a GPU's coding rate), so
+    that a relaxed plan may use them on hand-offs and int8 on the exchange."""
+    out = [float(u["output_bytes"]) for u in prof.units]
+    rate = [seconds_per_byte] * prof.num_devices
+    return dataclasses.replace(prof, codecs={
+        "bf16": {"output_bytes": [b / 2 for b in out], "seconds_per_byte": rate},
+        "int8": {"output_bytes": [b * INT8_WIRE for b in out], "seconds_per_byte": rate}})
+
+
+RELAXED = Relaxation(handoff_bits=8, averaging="diloco", outer_every=10)
+
+
+def table(prof: Profile, ms: list[int], pipelines: int) -> list[str]:
+    """Per m: the single pipeline, the plan of up to ``pipelines`` (0: auto) pipelines with
+    exact math, and with relaxations allowed (int8 hand-offs, averaging up to DiLoCo H = 10)."""
+    rows = ["| m | plan | pipelines | devices | T (s) | examples/s | vs one pipeline | "
+            "T / lower bound | exchange (s) | planned in (s) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    size = prof.microbatch["size"]
+    for m in ms:
+        one = plan_lib.plan(prof, "optimal", "1f1b", m)
+        for name, kw in (("one pipeline", {}), ("exact", {"max_pipelines": pipelines}),
+                         ("relaxed", {"max_pipelines": pipelines, "relax": RELAXED})):
+            t0 = time.process_time()
+            p = one if not kw else plan_lib.plan(prof, "optimal", "1f1b", m, **kw)
+            took = time.process_time() - t0
+            lb = fractional_bound(tables(prof, "1f1b", m))
+            what = name if name != "relaxed" else (
+                f"relaxed ({p.averaging}, "
+                f"{sum(s.codec != 'none' for s in p.stages)} int8 links)")
+            rows.append(f"| {m} | {what} | {p.num_pipelines} | {len(p.stages)} | "
+                        f"{p.step_time_s:.3f} | {m * size / p.step_time_s:.0f} | "
+                        f"{one.step_time_s / p.step_time_s:.2f}x | {p.step_time_s / lb:.2f} | "
+                        f"{p.allreduce_s:.3f} | {took if kw else 0:.1f} |")
+    return rows
+
+
 def describe(p: plan_lib.Plan, prof: Profile) -> list[str]:
     lines = []
     for i in range(p.num_pipelines):
@@ -80,37 +131,17 @@ def describe(p: plan_lib.Plan, prof: Profile) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--microbatches", type=int, default=32)
-    ap.add_argument("--pipelines", type=int, default=8)
-    ap.add_argument("--schedules", nargs="*", default=["1f1b", "gpipe"])
+    ap.add_argument("--microbatches", type=int, nargs="*", default=[32, 64, 256])
+    ap.add_argument("--pipelines", type=int, default=0, help="most pipelines (0: auto)")
     args = ap.parse_args(argv)
-    prof = paper_profile()
-    m, size = args.microbatches, prof.microbatch["size"]
-    batch = m * size
-    print(f"64 devices in 4 regions, {prof.num_units} units (BERT-large, 24 layers), m = {m} "
-          f"micro-batches of {size} examples (global batch {batch}); max {args.pipelines} "
-          f"pipelines")
-    for schedule in args.schedules:
-        t0 = time.perf_counter()
-        one = plan_lib.plan(prof, "optimal", schedule, m)
-        t_one = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        several = plan_lib.plan(prof, "optimal", schedule, m, max_pipelines=args.pipelines)
-        t_sev = time.perf_counter() - t0
-        lb = several.lower_bound_s
-        print(f"\n{schedule}:")
-        print(f"  single pipeline: {len(one.stages)} devices, T {one.step_time_s:.4f} s, "
-              f"{batch / one.step_time_s:7.1f} examples/s  (planned in {t_one:.2f} s)")
-        print(f"  up to {args.pipelines} pipelines: {several.num_pipelines} pipelines, "
-              f"{len(several.stages)} devices, shares {several.pipeline_shares()}, "
-              f"T {several.step_time_s:.4f} s (AR {several.allreduce_s:.4f} s), "
-              f"{batch / several.step_time_s:7.1f} examples/s  (planned in {t_sev:.2f} s)")
-        print("\n".join(describe(several, prof)))
-        if several.exact:
-            print("  optimal (exact)")
-        else:
-            print(f"  lower bound {lb:.4f} s (gap {several.step_time_s / lb - 1:.1%}); "
-                  f"speed-up over one pipeline {one.step_time_s / several.step_time_s:.2f}x")
+    prof = with_int8(paper_profile())
+    print(f"64 devices in 4 regions of 16, {prof.num_units} units (BERT-large, 24 layers), "
+          f"micro-batches of {prof.microbatch['size']} examples, 1F1B; lower bound: "
+          "pipelines.fractional_bound (compute only, every device busy); planned in: CPU s")
+    for title, p in (("100 Gbit/s and 10 us inside a region, 10 Gbit/s and 20 ms between", prof),
+                     ("100 Mbit/s and 80 ms between regions", with_links(prof, 100e6 / 8, 80e-3))):
+        print(f"\n{title}:\n")
+        print("\n".join(table(p, args.microbatches, args.pipelines)))
 
 
 if __name__ == "__main__":

@@ -150,7 +150,9 @@ def test_one_pipeline_is_todays_plan():
     prof = make_profile(rng.uniform(0.5, 1.0, (4, 3)))
     assert plan_lib.plan(prof, "even", max_pipelines=4) == plan_lib.plan(prof, "even")
     with pytest.raises(ValueError, match="max_pipelines"):
-        plan_lib.plan(prof, max_pipelines=0)
+        plan_lib.plan(prof, max_pipelines=-1)
+    # 0: auto, up to min(16, devices, micro-batches) pipelines
+    assert plan_lib.plan(prof, max_pipelines=0) == plan_lib.plan(prof, max_pipelines=4)
 
 
 def _four_fast(state: float, bandwidth: float) -> object:

@@ -37,9 +37,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     p.add_argument("--microbatches", type=_positive_int, default=8)
-    p.add_argument("--pipelines", type=_positive_int, default=1,
-                   help="most pipelines in data parallel (the planner picks 1..N; default 1); under "
-                        "the core model: the shared-host model plans one pipeline")
+    p.add_argument("--pipelines", type=_pipelines, default=1,
+                   help="most pipelines in data parallel (the planner picks 1..N; default 1; "
+                        "'auto': up to min(16, devices, micro-batches)); under the core model: "
+                        "the shared-host model plans one pipeline")
     p.add_argument("--certify", action="store_true",
                    help="compute the lower-bound certificates (plan.json's lower_bound_s and "
                         "exact; seconds at scale)")
@@ -63,6 +64,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeline", metavar="FILE.png",
                    help="draw the simulated schedule here, bubbles visible (matplotlib)")
     return p.parse_args(argv)
+
+
+def _pipelines(text: str) -> int:
+    """A positive integer, or ``auto`` (0: the planner's cap, ``planner.AUTO_PIPELINES``)."""
+    return 0 if text == "auto" else _positive_int(text)
 
 
 def _positive_int(text: str) -> int:

@@ -12,10 +12,10 @@ Every unit has one owner per pipeline (the stage holding it). Owners fall into l
 
 Every owner then holds the same sum, bit for bit. With every group of one device only step 2
 runs: each owner sends its gradient to every other and sums them in pipeline order (the direct
-exchange, bit for bit what it was). Representatives are chosen per unit, balancing the units a
-device represents (count, so that the runtime derives them from the plan alone), preferring the
-previous unit's representative so that messages bundle: a message is one (phase, sender,
-receiver) with all the units it carries.
+exchange, bit for bit what it was). Representatives are chosen per unit, balancing the
+gradient bytes a device represents, preferring the previous unit's representative so that
+messages bundle (a message is one (phase, sender, receiver) with all the units it carries); the
+plan records them (``Plan.exchange_reps``), so the runtime routes from the plan alone.
 
 Cost (:func:`routing_s`): a device's sends in a phase go one after another, each ``latency +
 bytes / bandwidth`` (plus coding), the phases one after another:
@@ -71,8 +71,14 @@ def group_labels(groups: Sequence[Sequence[int]] | None, devices: Sequence[int])
 
 
 def routing(chains: Sequence[Sequence[tuple[int, int, int]]],
-            groups: Sequence[Sequence[int]] | None) -> Routing:
-    """The routing of pipelines given as chains of (device, start, end) in pipeline order."""
+            groups: Sequence[Sequence[int]] | None,
+            weights: Sequence[float] | None = None,
+            given: Sequence[Sequence[int]] | None = None) -> Routing:
+    """The routing of pipelines given as chains of (device, start, end) in pipeline order.
+    ``given[u]``: the representatives of unit u's groups in summing order, as a plan records
+    them (``Plan.exchange_reps``); else chosen balancing ``weights`` per unit (the gradient
+    bytes; None: 1 each), a device keeping the previous unit's groups while within half a mean
+    unit of the least loaded (so messages bundle)."""
     if len(chains) < 2:
         return Routing({}, {}, [])
     label = group_labels(groups, [d for c in chains for d, _, _ in c])
@@ -82,7 +88,9 @@ def routing(chains: Sequence[Sequence[tuple[int, int, int]]],
         for d, a, b in chain:
             for u in range(a, b):
                 owner[i][u] = d
-    load: dict[int, int] = {}
+    w = [1.0] * units if weights is None else [float(x) for x in weights]
+    slack = 0.5 * sum(w) / max(units, 1)
+    load: dict[int, float] = {}
     order: dict[int, list[list[int]]] = {}
     rep: dict[int, list[int]] = {}
     prev: dict[int, int] = {}  # group label -> the previous unit's representative
@@ -93,12 +101,16 @@ def routing(chains: Sequence[Sequence[tuple[int, int, int]]],
             byg.setdefault(label[owner[i][u]], []).append(owner[i][u])
         order[u] = list(byg.values())  # dicts keep insertion order: groups by first pipeline
         reps = []
-        for g, members in byg.items():
-            least = min(load.get(d, 0) for d in members)
-            keep = prev.get(g)
-            r = (keep if keep in members and load.get(keep, 0) <= least
-                 else min(members, key=lambda d: load.get(d, 0)))
-            load[r] = load.get(r, 0) + 1
+        for j, (g, members) in enumerate(byg.items()):
+            if given is not None:
+                r = int(given[u][j])
+                if r not in members:
+                    raise ValueError(f"exchange_reps[{u}][{j}]: device {r} does not own unit "
+                                     f"{u} (its group's owners: {members})")
+            else:
+                keep = prev.get(g)
+                r = min(members, key=lambda d: load.get(d, 0.0) + (0 if d == keep else slack))
+            load[r] = load.get(r, 0.0) + w[u]
             prev[g] = r
             reps.append(r)
             for d in members:

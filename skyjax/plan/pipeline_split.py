@@ -193,19 +193,19 @@ def candidate_splits(t: Tables, max_pipelines: int) -> list[list[list[int]]]:
     out, seen = [], set()
     for gp in gparts:
         for r in range(1, max_pipelines // len(gp) + 1):
-            split = []
-            for block in gp:
-                pipes: list[list[int]] = [[] for _ in range(r)]
-                j = 0
-                for gi in block:  # fastest first: a group's r fastest land in r pipelines
-                    for d in sorted(groups[gi], key=lambda d: speed[d]):
-                        pipes[j % r].append(int(d))
-                        j += 1
-                split += pipes
-            key = frozenset(frozenset(p) for p in split)
-            if 1 < len(split) <= t.microbatches and all(split) and key not in seen:
-                seen.add(key)
-                out.append(split)
+            for chunked in (False, True):
+                split = []
+                for block in gp:
+                    pipes: list[list[int]] = [[] for _ in range(r)]
+                    for gi in block:  # fastest first: a group's r fastest in r pipelines
+                        ds = sorted(groups[gi], key=lambda d: speed[d])
+                        for j, d in enumerate(ds):  # or by speed, r contiguous chunks
+                            pipes[j * r // len(ds) if chunked else j % r].append(int(d))
+                    split += pipes
+                key = frozenset(frozenset(p) for p in split)
+                if 1 < len(split) <= t.microbatches and all(split) and key not in seen:
+                    seen.add(key)
+                    out.append(split)
     return out
 
 
@@ -253,7 +253,15 @@ def split_estimate(t: Tables, split: list[list[int]], gbytes: float, group: np.n
             top = float(bw[np.ix_(inside, inside)].max())
             cost += 2 * gbytes * (len(mine) - 1) / len(mine) / (n * top) if top > 0 else _INF
         grouped = max(grouped, cost)
-    return split_bound(t, split) + min(direct, grouped)
+    if len(used) > 1:  # a message per other group, at least, over the slowest latency across
+        grouped += (len(used) - 1) * float(t.latency[group[:, None] != group[None, :]].max())
+    # the fill and drain: p_i stages at m_i micro-batches take (m_i + p_i - 1) bottlenecks
+    fill = np.mean([min(t.num_units, len(s)) - 1 for s in split]) * len(split) / t.microbatches
+    # a pipeline across k groups hands off over k - 1 of their links, both ways, per micro-batch
+    span = max(len({int(group[d]) for d in s}) - 1 for s in split)
+    cross = float(t.latency[group[:, None] != group[None, :]].max()) if span else 0.0
+    return (split_bound(t, split) * (1 + fill) + min(direct, grouped)
+            + 2 * span * cross * t.microbatches / len(split))
 
 
 def greedy_shares(step: Sequence[Callable[[int], float]], m: int) -> list[int] | None:

@@ -73,7 +73,8 @@ def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray
     (0 and {} for one pipeline). ``wire``: bytes sent per gradient byte, ``coder_s`` [D]: a
     device's seconds per gradient byte to encode and decode (a coded exchange:
     :func:`relaxed_exchange`)."""
-    return routing_s(routing(chains, groups), gprefix, latency, bandwidth, wire, coder_s)
+    return routing_s(routing(chains, groups, np.diff(gprefix)), gprefix, latency, bandwidth,
+                     wire, coder_s)
 
 
 def region_groups(profile: Profile) -> list[list[int]]:
@@ -165,6 +166,9 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
                 device_names=[d["name"] for d in profile.devices],
                 shares=[int(x) for x in shares], allreduce_s=ar, pipeline_step_s=steps,
                 averaging=averaging, exchange_groups=groups,
+                exchange_reps=None if groups is None else [
+                    list(r) for _, r in sorted(routing(chains, groups,
+                                                       np.diff(grad_prefix(profile))).rep.items())],
                 **(outer_step(profile.relax) if averaging == "diloco" else {}))
 
 

@@ -69,7 +69,8 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
     ``certify``: also compute the lower-bound certificates (module doc); ``extra``: extra cost
     terms (:mod:`skyjax.plan.extension`), None for the core model alone. ``max_pipelines``:
     above 1, the least T over 1..max_pipelines pipelines in data parallel
-    (:mod:`skyjax.plan.pipeline_split`; ``even`` ignores it). ``relax``: what the plan may
+    (:mod:`skyjax.plan.pipeline_split`; ``even`` ignores it); 0 (auto): up to
+    min(``AUTO_PIPELINES``, devices, micro-batches), 1 with extra cost terms. ``relax``: what the plan may
     relax on slow links (:mod:`skyjax.relax`): each link's codec and the pipelines' averaging
     are then the cheapest allowed under the cost model, and the relaxed plan is taken only
     where its T is at least ``relax.min_gain`` below the exact plan's (a relaxation changes
@@ -85,13 +86,20 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
     return relaxed if relaxed.step_time_s < exact.step_time_s * (1 - relax.min_gain) else exact
 
 
+AUTO_PIPELINES = 16  # max_pipelines=0 (auto): up to min(this, devices, micro-batches)
+
+
 def _plan_within(profile: Profile, strategy: str, schedule: str, microbatches: int, *,
                  force_heuristic: bool, certify: bool, extra: ExtraCost | None,
                  max_pipelines: int) -> Plan:
     """``plan`` within ``profile.relax``."""
     if isinstance(max_pipelines, bool) or int(max_pipelines) != max_pipelines \
-            or max_pipelines < 1:
-        raise ValueError(f"max_pipelines: expected a positive integer, got {max_pipelines!r}")
+            or max_pipelines < 0:
+        raise ValueError(f"max_pipelines: expected a positive integer or 0 (auto), got "
+                         f"{max_pipelines!r}")
+    if max_pipelines == 0:  # auto: as many as the planner finds worthwhile, within a cap
+        max_pipelines = (min(AUTO_PIPELINES, profile.num_devices, microbatches)
+                         if strategy != "even" and extra is None else 1)
     if max_pipelines > 1 and strategy != "even":
         if extra is not None:
             raise ValueError("max_pipelines > 1 with extra cost terms: the shared-host model "

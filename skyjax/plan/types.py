@@ -91,6 +91,8 @@ class Plan:
     # the exact exchange's link groups (skyjax.plan.exchange): each reduces inside first, then
     # one representative per group and unit exchanges; None (or a device in none): direct
     exchange_groups: list[list[int]] | None = None
+    # per unit the representatives of its owners' groups, in summing order (with groups)
+    exchange_reps: list[list[int]] | None = None
 
     @property
     def num_pipelines(self) -> int:
@@ -140,6 +142,8 @@ class Plan:
                 out["pipeline_step_s"] = list(self.pipeline_step_s)
             if self.exchange_groups:
                 out["exchange_groups"] = [list(g) for g in self.exchange_groups]
+                if self.exchange_reps:
+                    out["exchange_reps"] = [list(r) for r in self.exchange_reps]
             if self.averaging != "exact":
                 out["averaging"] = self.averaging
                 if self.outer_every:
@@ -171,4 +175,6 @@ class Plan:
                    else None, str(d.get("averaging", "exact")), int(d.get("outer_every", 0)),
                    float(d.get("outer_lr", 0.0)), float(d.get("outer_momentum", 0.0)),
                    [[int(x) for x in g] for g in d["exchange_groups"]]
-                   if d.get("exchange_groups") else None)
+                   if d.get("exchange_groups") else None,
+                   [[int(x) for x in r] for r in d["exchange_reps"]]
+                   if d.get("exchange_reps") else None)

@@ -89,7 +89,7 @@ def stage_routes(plan: Any, k: int, address: Sequence[int]) -> Routes | None:
         return None
     chains = [[(s.device, *s.units) for s in plan.pipeline(i).stages]
               for i in range(plan.num_pipelines)]
-    r = routing(chains, plan.exchange_groups)
+    r = routing(chains, plan.exchange_groups, given=plan.exchange_reps)
     d = plan.stages[k].device
     a, b = plan.stages[k].units
     return Routes(d, tuple(r.of(d)), {u: r.order[u] for u in range(a, b)},
