@@ -6,6 +6,9 @@ read them from here.
 
 SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")  # pipeline schedules (skyjax.plan.schedules)
 ZERO_BUBBLE = ("zb-h1", "zb-h2")  # schedules whose backward is split in B and W
+# config.pipeline.schedule and the planner's schedule argument: a schedule, or "auto" (every
+# schedule planned, the least predicted step kept; the plan names the one chosen)
+SCHEDULE_CHOICES = SCHEDULES + ("auto",)
 STRATEGIES = ("even", "optimal", "dynamic")  # allocation strategies (skyjax.plan)
 GRANULARITIES = ("layer", "sublayer")  # how the model is cut into units (skyjax.models.units)
 MODES = ("local", "distributed")  # one process for all stages, or one process per stage

@@ -121,3 +121,51 @@ def test_exact_search_equals_brute_force_and_simulator_bounds(sched):
         assert got.step_time_s <= one.step_time_s * (1 + 1e-9)
         sim = simulate_plan(got, prof).step_time_s
         assert abs(sim - got.step_time_s) <= 0.2 * got.step_time_s, (sim, got.step_time_s)
+
+
+def test_auto_schedule_keeps_the_least_step(tmp_path, capsys):
+    """schedule "auto" plans every schedule and keeps the least predicted step among those that
+    fit memory (exact and heuristic searches, tight memory); config validation and
+    ``python -m skyjax.plan --schedule auto`` take it."""
+    import json
+
+    from skyjax import plan as plan_lib
+    from skyjax.config import defaults, validate_config
+    from skyjax.names import SCHEDULES
+    from skyjax.plan import cli as plan_cli
+    from skyjax.profile.format import save_profile
+    from tests.helpers import random_profile
+
+    rng = np.random.default_rng(21)
+    picked = set()
+    for i in range(12):
+        prof = random_profile(rng, int(rng.integers(2, 5)), int(rng.integers(2, 7)))
+        m, heur = int(rng.integers(1, 9)), i % 3 == 0
+        got = {}
+        for sched in SCHEDULES:
+            try:
+                got[sched] = plan_lib.plan(prof, "optimal", sched, m, force_heuristic=heur)
+            except plan_lib.InfeasibleError:
+                pass
+        if not got:
+            with pytest.raises(plan_lib.InfeasibleError):
+                plan_lib.plan(prof, "optimal", "auto", m, force_heuristic=heur)
+            continue
+        auto = plan_lib.plan(prof, "optimal", "auto", m, force_heuristic=heur)
+        best = min(p.step_time_s for p in got.values())
+        assert auto.schedule in got and auto.step_time_s == best, (i, auto.schedule)
+        assert auto.to_json() == got[auto.schedule].to_json()
+        picked.add(auto.schedule)
+    assert len(picked) >= 2, picked
+    config = defaults.base_config()
+    config.pipeline.schedule = "auto"
+    validate_config(config)
+    config.pipeline.schedule = "zb-h3"
+    with pytest.raises(ValueError, match="auto"):
+        validate_config(config)
+    path = tmp_path / "profile.json"
+    save_profile(prof, str(path))
+    assert plan_cli.main(["--profile", str(path), "--schedule", "auto", "--microbatches", "8",
+                          "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schedule"] in SCHEDULES

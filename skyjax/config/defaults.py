@@ -109,6 +109,8 @@ def _train() -> ml_collections.ConfigDict:
 
 def _pipeline() -> ml_collections.ConfigDict:
     p = ml_collections.ConfigDict()
+    # "gpipe" | "1f1b" | "zb-h1" | "zb-h2" (zero bubble: the backward split in B and W) |
+    # "auto": every schedule planned, the least predicted step within memory kept
     p.schedule = "1f1b"
     p.microbatches = 1
     # Whether each forward/backward/update waits for its result before the next is dispatched:

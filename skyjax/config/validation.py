@@ -244,7 +244,7 @@ def _check_train(t: Any) -> None:
 
 def _check_pipeline(config: Any) -> None:
     p = config.pipeline
-    _one_of("config.pipeline.schedule", p.schedule, names.SCHEDULES)
+    _one_of("config.pipeline.schedule", p.schedule, names.SCHEDULE_CHOICES)
     _at_least("config.pipeline.microbatches", p.microbatches, 1)
     _one_of("config.pipeline.sync_actions", p.sync_actions, names.SYNC_ACTIONS)
     if config.data.batch_size % p.microbatches:

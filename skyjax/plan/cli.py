@@ -23,7 +23,7 @@ import sys
 
 from skyjax import failures, workdir
 from skyjax.jsonio import write_json_atomic
-from skyjax.names import AVERAGING, SCHEDULES, STRATEGIES
+from skyjax.names import AVERAGING, SCHEDULE_CHOICES, STRATEGIES
 from skyjax.plan import planner, simulate
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile, load_profile
@@ -35,7 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = failures.OneLineParser(prog="python -m skyjax.plan", description=__doc__.splitlines()[0])
     p.add_argument("--profile", required=True, help="profile.json (version 1)")
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="1f1b",
+                   help="auto: every schedule planned, the least predicted step kept")
     p.add_argument("--microbatches", type=_positive_int, default=8)
     p.add_argument("--pipelines", type=_pipelines, default=1,
                    help="most pipelines in data parallel (the planner picks 1..N; default 1; "

@@ -34,6 +34,8 @@ data parallel, each planned by the searches above on its devices with its share 
 micro-batches, the replicated gradients exchanged between them (:mod:`skyjax.plan.pipelines`,
 :mod:`skyjax.plan.pipeline_split`); the single-pipeline plan is returned where it is best.
 
+Schedule "auto" (``least_schedule``): the above under every schedule, the least T kept.
+
 An infeasible problem raises InfeasibleError naming the tightest device and the missing bytes.
 """
 
@@ -43,7 +45,7 @@ import dataclasses
 
 import numpy as np
 
-from skyjax.names import STRATEGIES
+from skyjax.names import SCHEDULES, STRATEGIES
 from skyjax.plan import exact as exact_search
 from skyjax.plan import heuristic, pipeline_split
 from skyjax.plan.bounds import lower_bound, min_bottleneck
@@ -74,7 +76,12 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
     relax on slow links (:mod:`skyjax.relax`): each link's codec and the pipelines' averaging
     are then the cheapest allowed under the cost model, and the relaxed plan is taken only
     where its T is at least ``relax.min_gain`` below the exact plan's (a relaxation changes
-    the math: it must buy something); the default relaxes nothing."""
+    the math: it must buy something); the default relaxes nothing. ``schedule`` "auto":
+    :func:`least_schedule`."""
+    if schedule == AUTO_SCHEDULE:
+        return least_schedule(profile, strategy, microbatches, force_heuristic=force_heuristic,
+                              certify=certify, extra=extra, max_pipelines=max_pipelines,
+                              relax=relax)
     kwargs = dict(force_heuristic=force_heuristic, certify=certify, extra=extra,
                   max_pipelines=max_pipelines)
     exact = _plan_within(dataclasses.replace(profile, relax=EXACT), strategy, schedule,
@@ -153,6 +160,26 @@ def _plan(profile: Profile, strategy: str, schedule: str, microbatches: int,
             else:
                 out.exact, out.lower_bound_s = True, None
     return out
+
+
+AUTO_SCHEDULE = "auto"  # names.SCHEDULE_CHOICES' last
+
+
+def least_schedule(profile: Profile, strategy: str, microbatches: int, **kwargs) -> Plan:
+    """``plan`` under every schedule (``names.SCHEDULES``), the least predicted step T kept;
+    ties go to the least peak memory, then to the earlier schedule. Each plan fits memory under
+    its own schedule (an infeasible schedule is skipped); none fits: the first one's error."""
+    plans, errors = [], []
+    for i, schedule in enumerate(SCHEDULES):
+        try:
+            p = plan(profile, strategy, schedule, microbatches, **kwargs)
+        except InfeasibleError as e:
+            errors.append(e)
+            continue
+        plans.append((p.step_time_s, max(s.memory_bytes for s in p.stages), i, p))
+    if not plans:
+        raise errors[0]
+    return min(plans, key=lambda x: x[:3])[3]
 
 
 def _infeasible_message(profile: Profile, t: Tables) -> str:
