@@ -217,3 +217,86 @@ def test_bad_input_is_one_line(tmp_path):
     done = export(workdir, tmp_path / "x")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 5 of" in done.stdout and "tokenizer from" in done.stdout, done.stdout
+
+
+# ------------------------------------------------------------------- trained runs (slow)
+
+TINY_RUN = ["--config.model.hidden_size=32", "--config.model.num_hidden_layers=2",
+            "--config.model.num_attention_heads=2", "--config.model.intermediate_size=64",
+            "--config.profile.repeats=1", "--config.data.eval_examples=0",
+            "--config.train.steps=4", "--config.checkpoint.every=4"]
+
+
+def check_export_of(workdir: str, out) -> dict:
+    """Exports ``workdir``; the HF model's logits on dev rows equal those of the units the
+    training's restore path rebuilds from the checkpoint, whose tensors the export holds bit for
+    bit; returns the checkpoint's meta.json."""
+    from safetensors import safe_open
+
+    from skyjax import optim
+    from skyjax.checkpoint import find_resume, restore_units
+    from skyjax.data import text
+    from skyjax.export.hf_format import hf_name
+    from skyjax.export.trained import run_config, run_task
+    from skyjax.models import bert, build
+    import jax
+
+    done = export(workdir, out)
+    assert done.returncode == 0, done.stderr[-4000:]
+    config = run_config(workdir)
+    chain = build.abstract_chain(config.model, config.train.seed, config.allocation.granularity)
+    resume = find_resume(os.path.join(workdir, "checkpoints"))
+    states = restore_units(resume, chain, range(len(chain)),
+                           optim.make_optimizer(config.train, clip=False))
+    params = [states[u][0] for u in range(len(chain))]
+    with safe_open(str(out / "model.safetensors"), "np") as f:
+        for unit, p in zip(chain, params):
+            prefix = tuple(int(k) if k.isdigit() else k for k in unit.path)
+            for path, x in jax.tree_util.tree_flatten_with_path(p)[0]:
+                name, transpose = hf_name(prefix + tuple(k.key for k in path))
+                saved = f.get_tensor(name)
+                np.testing.assert_array_equal(saved.T if transpose else saved, x, err_msg=name)
+    with open(os.path.join(PAIRS, "dev.csv"), encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))[:12]
+    batch = text.encode(text.load_tokenizer(config, run_task(config)),
+                        [[r["premise"] for r in rows], [r["hypothesis"] for r in rows]],
+                        int(config.data.seq_len))
+    carry = bert.initial_carry(batch["input_ids"], batch["token_type_ids"],
+                               batch["attention_mask"])
+    want = np.asarray(bert.apply_units(chain, params, carry, None, False)["logits"])
+    np.testing.assert_allclose(hf_logits(str(out), batch), want, atol=1e-5, rtol=0)
+    return resume.meta
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_export_of_two_processes_two_stages(tmp_path):
+    workdir = tmp_path / "run"
+    done = run_module("skyjax.launch", "--num_processes", "2", "--timeout", "240", "--",
+                      f"--config={CSV}", f"--workdir={workdir}", *TINY_RUN,
+                      "--config.cluster.mode=distributed", "--config.allocation.strategy=even")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    meta = check_export_of(str(workdir), tmp_path / "hf")
+    assert meta["processes"] == 2 and meta["step"] == 4
+    assert sorted(f for f in os.listdir(workdir / "checkpoints" / "4")
+                  if f.endswith(".safetensors")) == ["process_0.safetensors",
+                                                     "process_1.safetensors"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_export_of_two_pipelines_computing_in_bf16(tmp_path):
+    from skyjax.profile.format import save_profile
+
+    save_profile(make_profile(np.full((4, 3), 1e-3)), str(tmp_path / "profile.json"))
+    workdir = tmp_path / "run"
+    done = run_module("skyjax.main", f"--config={CSV}", f"--workdir={workdir}", *TINY_RUN,
+                      "--config.cluster.num_devices=3", "--config.cluster.slowdowns=(1, 1, 1)",
+                      "--config.pipeline.microbatches=2", "--config.allocation.max_pipelines=2",
+                      "--config.train.steps=2", "--config.checkpoint.every=2",
+                      f"--config.profile.path={tmp_path / 'profile.json'}",
+                      "--config.train.compute_dtype=bfloat16")
+    assert done.returncode == 0, done.stderr[-4000:]
+    plan = json.loads((workdir / "plan.json").read_text())
+    assert len(plan["shares"]) == 2, plan  # two pipelines trained it
+    check_export_of(str(workdir), tmp_path / "hf")
