@@ -140,6 +140,41 @@ def test_rows_keep_their_ids_in_jsonl_and_tsv(run, tmp_path):
         assert {r[1] for r in got} <= {"contradiction", "entailment", "neutral"}
 
 
+def test_the_readme_walkthrough_commands_work_as_written(run, tmp_path):
+    """README walkthrough (e)'s export, predict and transformers commands, as written, on this
+    module's run (trained with fewer steps than the README's first command)."""
+    import shlex
+    import subprocess
+    import sys
+
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    block = readme.split("**(e) Take the model home")[1].split("```bash\n")[1].split("```")[0]
+    lines = [ln for ln in block.splitlines() if ln and not ln.startswith("#")]
+    assert lines[0].startswith("python -m skyjax.main --config configs/csv_pairs.py")
+    assert "--config.checkpoint.every=" in lines[0]  # else no checkpoint to export
+    paths = [("/tmp/skyjax_csv_hf", str(tmp_path / "hf")),
+             ("/tmp/skyjax_csv/test.tsv", str(tmp_path / "test.tsv")), ("/tmp/skyjax_csv", run)]
+    ran = []
+    for line in lines[1:]:
+        if line.startswith("pip "):
+            continue
+        for old, new in paths:
+            line = line.replace(old, new)
+        args = shlex.split(line)
+        assert args[0] == "python", line
+        done = subprocess.run([sys.executable, *args[1:]], cwd=REPO, capture_output=True,
+                              text=True, timeout=300, stdin=subprocess.DEVNULL,
+                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        assert done.returncode == 0, (line, done.stderr[-3000:])
+        ran.append(args[1:3])
+        if args[1] == "-c":
+            assert "'label': '" in done.stdout, done.stdout
+    assert ran == [["-m", "skyjax.export"], ["-m", "skyjax.predict"], ["-c", args[2]]]
+    header, rows = read_tsv(tmp_path / "test.tsv")
+    assert [r[0] for r in rows] == [f"t{i:02d}" for i in range(24)]
+
+
 def one_line(proc, *expected):
     assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
