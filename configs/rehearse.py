@@ -34,6 +34,8 @@ def get_config():
     config.pipeline.schedule = "1f1b"
     config.pipeline.microbatches = 8
     config.allocation.strategy = "optimal"
+    # up to 4 pipelines (the default 0 lets the planner go up to min(16, devices, micro-batches);
+    # 4 keeps the rehearsal's processes and messages few enough for a laptop)
     config.allocation.max_pipelines = 4
     config.cluster.mode = "local"
     # declared times x 10: this host's ~0.2-2 ms per call (dispatch, wake-ups, a busy host's

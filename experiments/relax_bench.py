@@ -71,8 +71,12 @@ def main_run(workdir: str, flags: list[str]) -> dict:
     return _load(workdir)
 
 
-def link_flags(args, bits: int, steps: int, slowdowns: str = "(1,1,1,1)") -> list[str]:
+def link_flags(args, bits: int, steps: int, slowdowns: str = "(1,1,1,1)",
+               pipelines: int = 1) -> list[str]:
+    """One pipeline unless ``pipelines`` says otherwise (the link part's pipeline crosses the
+    slow link; the default max_pipelines, auto, would plan as the run's profile says)."""
     return [f"--config.train.steps={steps}", f"--config.train.log_every={args.log_every}",
+            f"--config.allocation.max_pipelines={pipelines}",
             "--config.allocation.calibrate_steps=0", f"--config.cluster.slowdowns={slowdowns}",
             f"--config.cluster.regions={REGIONS}",
             f"--config.cluster.link_latency_s={args.latency_s}",
@@ -227,8 +231,7 @@ def part_regions(args, tmp: str) -> list:
     rows = []
     for averaging in ("exact", "int8", "diloco"):
         wd = os.path.join(tmp, f"regions_{averaging}")
-        run = main_run(wd, link_flags(args, 32, args.steps, "(4,4,4,4)") + [
-            "--config.allocation.max_pipelines=2",
+        run = main_run(wd, link_flags(args, 32, args.steps, "(4,4,4,4)", pipelines=2) + [
             f"--config.relax.averaging={averaging}",
             f"--config.relax.outer_every={args.outer_every}"])
         rows.append((averaging, run))

@@ -29,6 +29,7 @@ from skyjax import workdir as workdir_lib
 from skyjax.report import outputs, watch
 from skyjax import plan as plan_lib
 from skyjax.config import validate_config
+from skyjax.config.defaults import planned_pipelines
 from skyjax.report.compare import step_boundary_s
 from skyjax.models import bert, build
 from skyjax.plan.extension import ExtraCost
@@ -91,11 +92,11 @@ def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], wor
 def plan_phase(config: ml_collections.ConfigDict, profile: Profile,
                extra: ExtraCost | None = None) -> plan_lib.Plan:
     """The plan for the profile (``dynamic`` plans as ``optimal`` and re-plans while training;
-    ``allocation.max_pipelines``: up to that many pipelines in data parallel; ``relax``: what
-    it may relax on slow links, :mod:`skyjax.relax`)."""
+    ``allocation.max_pipelines``: up to that many pipelines in data parallel, 0 auto
+    (:func:`~skyjax.config.defaults.planned_pipelines`); ``relax``: what it may relax on slow links, :mod:`skyjax.relax`)."""
     return plan_lib.plan(profile, config.allocation.strategy, config.pipeline.schedule,
                          config.pipeline.microbatches, extra=extra,
-                         max_pipelines=config.allocation.max_pipelines,
+                         max_pipelines=planned_pipelines(config),
                          relax=Relaxation.from_config(config))
 
 

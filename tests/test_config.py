@@ -12,6 +12,7 @@ from ml_collections import config_flags
 from absl import flags
 
 from skyjax.config import defaults as config_defaults
+from skyjax.config.defaults import planned_pipelines
 from skyjax.config import validate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -103,6 +104,30 @@ def test_shipped_configs_take_the_documented_overrides(name, overrides):
     assert config.allocation.calibrate_steps > 0 and calibration_steps(config, 0) == 0
 
 
+def test_auto_pipelines_is_the_default_and_one_where_several_are_not_planned():
+    """max_pipelines 0 (auto) is accepted with calibration, the shared-host model and the
+    other strategies, where the planner gets 1; an explicit N > 1 there is still refused."""
+    assert config_defaults.base_config().allocation.max_pipelines == 0
+    config = demo()  # calibrates on the even split
+    validate_config(config)
+    assert config.allocation.max_pipelines == 0 and planned_pipelines(config) == 1
+    for key, value in [("calibrate_steps", 0), ("strategy", "dynamic"), ("strategy", "even")]:
+        variant = demo()
+        variant.unlock()
+        variant.allocation.calibrate_steps = 0
+        variant.allocation[key] = value
+        validate_config(variant)
+        assert planned_pipelines(variant) == (0 if variant.allocation.strategy == "optimal" else 1)
+    hetero = load(os.path.join(REPO, "configs", "local_hetero.py"))  # shared host, calibrates
+    hetero.unlock()
+    hetero.allocation.calibrate_steps = 0
+    validate_config(hetero)
+    assert planned_pipelines(hetero) == 1
+    hetero.allocation.max_pipelines = 2
+    with pytest.raises(ValueError, match="shared_host=True"):
+        validate_config(hetero)
+
+
 def test_sky160_shape():
     config = load(os.path.join(REPO, "configs", "sky160.py"))
     assert config.model.num_hidden_layers == 160 and config.model.hidden_size == 1024
@@ -161,7 +186,7 @@ def test_tuple_override_from_command_line():
     ("--config.allocation.replan_every=10", "config.allocation.replan_every=10 needs"),
     ("--config.allocation.calibrate_steps=1", "config.allocation.calibrate_steps=1: the first"),
     ("--config.allocation.calibrate_steps=-2", "config.allocation.calibrate_steps=-2"),
-    ("--config.allocation.max_pipelines=0", "config.allocation.max_pipelines=0"),
+    ("--config.allocation.max_pipelines=-1", "config.allocation.max_pipelines=-1"),
     ("--config.allocation.max_pipelines=64", "config.allocation.max_pipelines=64 exceeds"),
     ("--config.model.pretrained=/nonexistent", "config.model.pretrained='/nonexistent'"),
     ("--config.profile.repeats=0", "config.profile.repeats=0"),

@@ -92,3 +92,16 @@ def test_fixed_profile_optimal_plan_pinned(schedule):
 # schedule -> ([(device, (first unit, end unit)), ...], step time) for _fixed_profile at m = 4.
 PLANS = {"1f1b": ([(2, (0, 1)), (0, (1, 4)), (1, (4, 6))], 0.1524),
          "gpipe": ([(2, (0, 1)), (0, (1, 3)), (1, (3, 6))], 0.1965)}
+
+
+def test_auto_pipelines_keep_the_pinned_plan_where_one_pipeline_is_best():
+    """``max_pipelines=0`` (auto, the config's and the CLI's default): under 1F1B one pipeline is
+    best and the plan is the pinned one bit for bit; under GPipe two pipelines beat it."""
+    from skyjax.plan import plan
+
+    one = plan(_fixed_profile(), "optimal", "1f1b", 4)
+    auto = plan(_fixed_profile(), "optimal", "1f1b", 4, max_pipelines=0)
+    assert auto.to_json() == one.to_json() and auto.num_pipelines == 1, UPDATE_MSG
+    gpipe = plan(_fixed_profile(), "optimal", "gpipe", 4, max_pipelines=0)
+    assert gpipe.num_pipelines == 2 and gpipe.exact
+    assert gpipe.step_time_s < PLANS["gpipe"][1] * (1 - 1e-3)

@@ -49,8 +49,16 @@ def test_table_json_out_trace(profile_path, tmp_path, capsys):
     assert plan["schedule"] == "gpipe" and plan["microbatches"] == 4 and plan["exact"] is True
     assert plan["stages"][0]["units"][0] == 0 and plan["stages"][-1]["units"][1] == 4
     assert set(plan["stages"][0]) == {"device", "units", "compute_s", "comm_s", "memory_bytes"}
+    # --pipelines auto (the default): two equal devices on fast links beat one pipeline here,
+    # each running the whole model on half the micro-batches
+    assert plan["shares"] == [2, 2] and [s["units"] for s in plan["stages"]] == [[0, 4]] * 2
     events = json.loads(trace.read_text())["traceEvents"]
-    assert sum(e["ph"] == "X" and e["pid"] == 0 for e in events) == 2 * 4 * len(plan["stages"])
+    shares = [plan["shares"][s.get("pipeline", 0)] for s in plan["stages"]]
+    assert sum(e["ph"] == "X" and e["pid"] == 0 for e in events) == 2 * sum(shares)
+    assert plan_cli.main(["--profile", profile_path, "--schedule", "gpipe", "--microbatches",
+                          "4", "--pipelines", "1", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert "shares" not in one and one["step_time_s"] > plan["step_time_s"]
     assert plan_cli.main(["--profile", profile_path, "--json", "--strategy", "even"]) == 0
     even = json.loads(capsys.readouterr().out)
     assert [s["units"] for s in even["stages"]] == [[0, 2], [2, 3], [3, 4]]
@@ -140,16 +148,24 @@ def test_shared_host_model_on_when_the_profile_was_measured_under_it(tmp_path, c
 
 def test_certify_tightens_the_bound_never_the_plan(tmp_path, capsys):
     """``--certify`` computes the lower-bound certificates: the same plan, a bound at least as
-    tight (on the paper's case, within 1 % of the plan's T)."""
+    tight (on the paper's case with one pipeline, within 1 % of the plan's T; the certificates
+    bound one pipeline's plans, so under --pipelines auto the bound is over every pipeline count
+    and looser, the plan the same)."""
     path = tmp_path / "paper.json"
     save_profile(paper_case(), str(path))
     out = {}
-    for flags in ((), ("--certify",)):
-        assert plan_cli.main(["--profile", str(path), "--schedule", "gpipe", "--microbatches",
-                              "32", "--json", *flags]) == 0
-        out[flags] = json.loads(capsys.readouterr().out)
-    plain, certified = out[()], out[("--certify",)]
-    assert plain["stages"] == certified["stages"]
+    for pipes in ("1", "auto"):
+        for flags in ((), ("--certify",)):
+            assert plan_cli.main(["--profile", str(path), "--schedule", "gpipe",
+                                  "--microbatches", "32", "--json", "--pipelines", pipes,
+                                  *flags]) == 0
+            out[pipes, flags] = json.loads(capsys.readouterr().out)
+        plain, certified = out[pipes, ()], out[pipes, ("--certify",)]
+        assert plain["stages"] == certified["stages"]
+        bound = certified["step_time_s"] if certified["exact"] else certified["lower_bound_s"]
+        assert bound >= (plain["lower_bound_s"] or 0) - 1e-12
+    assert out["auto", ()]["stages"] == out["1", ()]["stages"]  # one pipeline is best here
+    assert certified["lower_bound_s"] <= out["1", ("--certify",)]["lower_bound_s"]
+    certified = out["1", ("--certify",)]
     bound = certified["step_time_s"] if certified["exact"] else certified["lower_bound_s"]
-    assert bound >= (plain["lower_bound_s"] or 0) - 1e-12
     assert certified["step_time_s"] <= 1.01 * bound

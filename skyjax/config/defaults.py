@@ -132,9 +132,23 @@ def _allocation() -> ml_collections.ConfigDict:
     # move the units there; 0 = plan from the profile alone
     a.calibrate_steps = 0
     # optimal: split the devices into up to N pipelines in data parallel, each with a share of
-    # every batch in whole micro-batches (the planner chooses how many; 1 = one pipeline)
-    a.max_pipelines = 1
+    # every batch in whole micro-batches (the planner chooses how many; 1 = one pipeline;
+    # 0 = auto: up to min(16, devices, micro-batches), and one pipeline where several are not
+    # planned: strategy even/dynamic, calibrate_steps or cluster.shared_host)
+    a.max_pipelines = 0
     return a
+
+
+def planned_pipelines(config: ml_collections.ConfigDict) -> int:
+    """``allocation.max_pipelines`` as the planner takes it: 0 (auto, the default) is 1 where
+    several pipelines are not planned (strategy other than optimal, calibrate_steps,
+    cluster.shared_host: each re-plans or prices one pipeline), else as given (0: the planner's
+    cap, min(16, devices, micro-batches))."""
+    a = config.allocation
+    if a.max_pipelines == 0 and (a.strategy != "optimal" or a.calibrate_steps
+                                 or config.cluster.shared_host):
+        return 1
+    return int(a.max_pipelines)
 
 
 def _relax() -> ml_collections.ConfigDict:

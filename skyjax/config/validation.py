@@ -274,7 +274,9 @@ def _check_relax(config: Any) -> None:
 def _check_allocation(a: Any, config: Any) -> None:
     _one_of("config.allocation.strategy", a.strategy, names.STRATEGIES)
     _one_of("config.allocation.granularity", a.granularity, names.GRANULARITIES)
-    _at_least("config.allocation.max_pipelines", a.max_pipelines, 1)
+    # 0 (auto): the planner chooses; where several pipelines are not planned (strategy other than
+    # optimal, calibrate_steps, shared_host) it quietly means one (defaults.planned_pipelines)
+    _at_least("config.allocation.max_pipelines", a.max_pipelines, 0)
     if a.max_pipelines > 1:
         if a.max_pipelines > config.pipeline.microbatches:
             _fail(f"config.allocation.max_pipelines={a.max_pipelines} exceeds "

@@ -1,14 +1,15 @@
 """``python -m skyjax.plan``: plan a pipeline from a profile file (no devices needed).
 
   python -m skyjax.plan --profile profile.json --strategy optimal --schedule 1f1b \\
-      --microbatches 8 [--pipelines N] [--certify] [--shared_host auto|on|off] [--json] [--out plan.json]
+      --microbatches 8 [--pipelines N|auto] [--certify] [--shared_host auto|on|off] [--json] [--out plan.json]
       [--trace trace.json] [--plot plan.png] [--timeline timeline.png]
 
 Without ``--json`` it prints a table (stage, device, units, compute, comm, memory, share of the
 bottleneck, totals; the bottleneck marked); with it, the plan.json object (docs/design.md).
 ``--pipelines N`` lets the planner split the devices into up to N pipelines in data parallel
-(the table then shows each stage's pipeline, each pipeline's devices, share and T_i, and the
-gradient all-reduce). ``--trace`` writes the simulated schedule as a Chrome / Perfetto trace; ``--plot`` and
+(default ``auto``: up to min(16, devices, micro-batches), one pipeline where the shared-host
+model applies; 1: one pipeline; the table then shows each stage's pipeline, each pipeline's
+devices, share and T_i, and the gradient all-reduce). ``--trace`` writes the simulated schedule as a Chrome / Perfetto trace; ``--plot`` and
 ``--timeline`` draw the plan and the simulated step (:mod:`skyjax.report.plots`; matplotlib is
 imported only then, so planning itself needs neither it nor JAX). ``--certify`` also computes
 the lower-bound certificates (:mod:`skyjax.plan.certificates`). A bad profile or an infeasible
@@ -38,10 +39,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="1f1b",
                    help="auto: every schedule planned, the least predicted step kept")
     p.add_argument("--microbatches", type=_positive_int, default=8)
-    p.add_argument("--pipelines", type=_pipelines, default=1,
-                   help="most pipelines in data parallel (the planner picks 1..N; default 1; "
-                        "'auto': up to min(16, devices, micro-batches)); under the core model: "
-                        "the shared-host model plans one pipeline")
+    p.add_argument("--pipelines", type=_pipelines, default=0,
+                   help="most pipelines in data parallel (the planner picks 1..N); default "
+                        "'auto': up to min(16, devices, micro-batches), one where the "
+                        "shared-host model applies: it plans one pipeline")
     p.add_argument("--certify", action="store_true",
                    help="compute the lower-bound certificates (plan.json's lower_bound_s and "
                         "exact; seconds at scale)")

@@ -111,13 +111,21 @@ def _plan_within(profile: Profile, strategy: str, schedule: str, microbatches: i
         if extra is not None:
             raise ValueError("max_pipelines > 1 with extra cost terms: the shared-host model "
                              "plans one pipeline")
+        why = None
         try:
             single = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify,
                            None)
-        except InfeasibleError:  # several pipelines may fit (fewer micro-batches in flight)
-            single = None
-        return pipeline_split.search(profile, schedule, microbatches, int(max_pipelines),
-                                     single, strategy=strategy, force_heuristic=force_heuristic)
+        except InfeasibleError as e:  # several pipelines may fit (fewer micro-batches in flight)
+            single, why = None, e
+        try:
+            return pipeline_split.search(profile, schedule, microbatches, int(max_pipelines),
+                                         single, strategy=strategy,
+                                         force_heuristic=force_heuristic)
+        except InfeasibleError as e:  # one pipeline's reason names the device and the bytes
+            if why is None:
+                raise
+            raise InfeasibleError(f"{why} (nor does any split into up to {max_pipelines} "
+                                  f"pipelines)") from e
     out = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify, extra)
     if extra is None or strategy == "even":
         return out
