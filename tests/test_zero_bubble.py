@@ -169,3 +169,42 @@ def test_auto_schedule_keeps_the_least_step(tmp_path, capsys):
                           "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["schedule"] in SCHEDULES
+
+
+def test_rehearsal_time_base_and_replay_keep_w():
+    """A rehearsal's time base scales the plan's F/B/W passes and the profile's
+    backward_weight_s with every other time, so the runtime runs the lists the plan was filled
+    for and declare() gives B and W k times theirs; the report's replay of measured spans
+    keeps W apart (a replay of the simulator's own spans is its step)."""
+    import dataclasses
+
+    from skyjax import plan as plan_lib
+    from skyjax.plan.cost import weight_s
+    from skyjax.plan.declared import declare, scale_plan, scale_profile
+    from skyjax.plan.stage_times import stage_actions_s, stage_weight_s
+    from skyjax.report.compare import stage_comparison
+    from tests.helpers import random_profile
+
+    rng = np.random.default_rng(3)
+    prof = random_profile(rng, 4, 8)
+    prof = dataclasses.replace(prof, devices=[{**d, "memory_bytes": 10 ** 12}
+                                              for d in prof.devices],
+                               extra={**prof.extra, "backward_weight_s": (
+                                   0.3 * np.asarray(prof.backward_s)).tolist()})
+    for sched in ZB:
+        p = plan_lib.plan(prof, "optimal", sched, 8)
+        k = 10.0
+        sp, sprof = scale_plan(p, k), scale_profile(prof, k)
+        assert [s.passes_s for s in sp.stages] == [tuple(k * x for x in s.passes_s)
+                                                  for s in p.stages]
+        assert schedules.plan_lists(sp) == schedules.plan_lists(p)
+        np.testing.assert_allclose(weight_s(sprof), k * weight_s(prof))
+        times = declare(sp, sprof).stages
+        w = stage_weight_s(p, prof)
+        _, bwd, _ = stage_actions_s(p, prof)
+        np.testing.assert_allclose([t.weight_s for t in times], [k * x for x in w])
+        np.testing.assert_allclose([t.backward_s for t in times],
+                                   [k * (b - x) for b, x in zip(bwd, w)])
+        sim = simulate.simulate_plan(p, prof)
+        got = stage_comparison(p, prof, sim.spans)["replayed_step_s"]
+        assert got == pytest.approx(sim.step_time_s, rel=1e-6)

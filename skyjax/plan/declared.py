@@ -63,7 +63,16 @@ def scale_profile(profile: Profile, k: float) -> Profile:
         update_s=profile.update_s * k, forward_call_s=profile.forward_call_s * k,
         backward_call_s=profile.backward_call_s * k, update_call_s=profile.update_call_s * k,
         message_s=profile.message_s * k, sync_s=float(profile.sync_s) * k,
-        input_s=None if profile.input_s is None else profile.input_s * k, codecs=codecs)
+        input_s=None if profile.input_s is None else profile.input_s * k, codecs=codecs,
+        extra=_scaled_extra(profile.extra, k))
+
+
+def _scaled_extra(extra: dict | None, k: float) -> dict | None:
+    """The profile's other keys, with the zero-bubble W times (``backward_weight_s``) x k."""
+    if not extra or extra.get("backward_weight_s") is None:
+        return extra
+    return {**extra, "backward_weight_s": (np.asarray(extra["backward_weight_s"], float)
+                                           * k).tolist()}
 
 
 def scale_plan(plan: Plan, k: float) -> Plan:
@@ -72,7 +81,10 @@ def scale_plan(plan: Plan, k: float) -> Plan:
     if k == 1.0:
         return plan
     stages = [dataclasses.replace(s, compute_s=s.compute_s * k, comm_s=s.comm_s * k,
-                                  update_s=s.update_s * k) for s in plan.stages]
+                                  update_s=s.update_s * k,
+                                  passes_s=None if s.passes_s is None
+                                  else tuple(x * k for x in s.passes_s))
+              for s in plan.stages]
     return dataclasses.replace(
         plan, stages=stages, step_time_s=plan.step_time_s * k, bottleneck_s=plan.bottleneck_s * k,
         lower_bound_s=None if plan.lower_bound_s is None else plan.lower_bound_s * k,

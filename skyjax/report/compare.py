@@ -2,7 +2,7 @@
 
 ``stage_comparison(plan, profile, spans)`` puts side by side, for each stage of a plan, per step:
 
-* ``compute_s``: the forward and backward actions (predicted: m x (unit times + call costs +
+* ``compute_s``: the forward and backward actions (zero bubble: F, B and W; predicted: m x (unit times + call costs +
   message calls), :func:`skyjax.plan.simulate.stage_actions_s`, times ``slowdown``, the busy-time
   ratio that extra cost terms give the stage (:mod:`skyjax.plan.extension`; 1 without);
   measured: the sum of the step's F/B spans, the runtime's timed calls);
@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from skyjax.plan.extension import ExtraCost
+from skyjax.plan.schedules import plan_lists
 from skyjax.plan.simulate import simulate, simulate_plan
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
@@ -64,9 +65,10 @@ def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span],
     busy = {k: 0.0 for k in range(p)}
     mf: dict[int, list[float]] = {k: [] for k in range(p)}
     mb: dict[int, list[float]] = {k: [] for k in range(p)}
+    mw: dict[int, list[float]] = {k: [] for k in range(p)}  # zero bubble's W passes
     for s in spans:
         busy[s.stage] = busy.get(s.stage, 0.0) + s.end - s.start
-        (mf if s.kind == "F" else mb).setdefault(s.stage, []).append(s.end - s.start)
+        ({"F": mf, "W": mw}.get(s.kind, mb)).setdefault(s.stage, []).append(s.end - s.start)
     window = (max(s.end for s in spans) - min(s.start for s in spans)) if spans else 0.0
     comm = measured_comm(spans, p) if spans else None
     for k, st in enumerate(plan.stages):
@@ -87,9 +89,11 @@ def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span],
         out["step_boundary"].update(measured_s=float(np.median(boundaries)),
                                     steps=len(boundaries))
     if spans and all(mf.get(k) and mb.get(k) for k in range(p)):
-        replay = simulate([sum(mf[k]) / len(mf[k]) for k in range(p)],
-                          [sum(mb[k]) / len(mb[k]) for k in range(p)], link, plan.schedule, m,
-                          update_s=[s.update_s for s in plan.stages], sync_s=profile.sync_s)
+        mean = lambda x: sum(x) / len(x) if x else 0.0  # noqa: E731
+        replay = simulate([mean(mf[k]) for k in range(p)], [mean(mb[k]) for k in range(p)],
+                          link, plan.schedule, m, update_s=[s.update_s for s in plan.stages],
+                          sync_s=profile.sync_s, weight_s=[mean(mw[k]) for k in range(p)],
+                          lists=plan_lists(plan) if plan.num_pipelines == 1 else None)
         out["replayed_step_s"] = replay.step_time_s
         out["measured_span_s"] = window
     if steps and extra is not None and hasattr(extra, "report"):
