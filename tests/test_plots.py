@@ -84,6 +84,22 @@ def test_timeline_without_measured_step(tmp_path):
         plan, prof, measured_like(plan, prof)), str(tmp_path / "t2.png")))[1]
 
 
+def test_timeline_draws_w_in_its_own_colour(tmp_path):
+    """Zero bubble: every W span of both rows (measured, simulated) is a bar in ``WEIGHT``, so
+    the W passes are not drawn as waiting; the legend names them."""
+    from matplotlib.colors import to_rgba
+
+    prof, _ = four_devices()
+    plan = plan_lib.plan(prof, "even", "zb-h1", 4)
+    fig = plots.timeline_figure(plan, prof, measured_like(plan, prof))
+    per_axis = [sum(len(c.get_paths()) for c in ax.collections
+                    if tuple(c.get_facecolor()[0]) == to_rgba(plots.WEIGHT))
+                for ax in fig.axes if ax.collections]
+    assert per_axis == [4 * 4, 4 * 4]  # 4 stages x 4 micro-batches, in each of the two rows
+    assert "weight gradient (W)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    plots.save(fig, str(tmp_path / "zb.png"))
+
+
 def test_drawing_is_not_on_the_import_path():
     code = ("import sys, skyjax.report.plots, skyjax.plan.cli; "
             "print('matplotlib' in sys.modules, 'jax' in sys.modules)")

@@ -6,7 +6,8 @@
   hand-off gap seen, when a measured step is given), with the bottleneck marked; its memory as a
   share of the device's capacity.
 * :func:`timeline_figure` (``WORKDIR/timeline.png``, ``python -m skyjax.plan --timeline``): the
-  measured step's forward / backward spans per stage above the simulated schedule of the same
+  measured step's forward / backward (zero bubble: also W, in its own colour) spans per stage
+  above the simulated schedule of the same
   plan; the grey between the bars is where a stage waits (the bubbles).
 
 Both size themselves by the number of stages (4 to 64 rows stay readable). Figures are built
@@ -19,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from skyjax.names import ZERO_BUBBLE
 from skyjax.plan.simulate import simulate_plan
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.spans import Span
 
 FORWARD, BACKWARD, IDLE = "#4c78a8", "#f58518", "#e8e8e8"
+WEIGHT = "#b279a2"  # zero bubble's W passes (weight gradients; B is BACKWARD)
 PREDICTED, MEASURED, COMM, MARK = "#4c78a8", "#54a24b", "#9ecae9", "#d62728"
 
 
@@ -217,7 +220,7 @@ def _draw_spans(ax, spans: Sequence[Span], p: int, origin: float, scale: float, 
     end = max((s.end for s in spans), default=origin)
     for k in range(p):
         mine = [s for s in spans if s.stage == k]
-        for kind, color in (("F", FORWARD), ("B", BACKWARD)):
+        for kind, color in (("F", FORWARD), ("B", BACKWARD), ("W", WEIGHT)):
             bars = [((s.start - origin) * scale, (s.end - s.start) * scale) for s in mine
                     if s.kind == kind]
             ax.broken_barh(bars, (k - 0.4, 0.8), facecolors=color, edgecolor="white",
@@ -259,10 +262,12 @@ def timeline_figure(plan: Plan, profile: Profile, measured_spans: Sequence[Span]
                      f"on average" + (" (last training step)" if what == "measured" else
                                       f" ({plan.schedule}, m = {plan.microbatches})"),
                      fontsize=font + 2)
-    fig.legend(handles=[Patch(color=FORWARD, label="forward"),
-                        Patch(color=BACKWARD, label="backward"),
-                        Patch(color=IDLE, label="waiting (bubble)")],
-               fontsize=font + 0.5, loc="outside lower center", ncols=3)
+    zb = plan.schedule in ZERO_BUBBLE
+    handles = [Patch(color=FORWARD, label="forward"),
+               Patch(color=BACKWARD, label="backward (input gradient)" if zb else "backward")]
+    handles += [Patch(color=WEIGHT, label="weight gradient (W)")] if zb else []
+    fig.legend(handles=handles + [Patch(color=IDLE, label="waiting (bubble)")],
+               fontsize=font + 0.5, loc="outside lower center", ncols=len(handles) + 1)
     fig.suptitle(f"pipeline timeline: {_count(p, 'stage')}, "
                  + (f"{plan.num_pipelines} pipelines (P0 ..), " if plan.num_pipelines > 1
                     else "")
