@@ -53,6 +53,9 @@ def one_pipeline():
     # two pipelines at sub-layer granularity (11 units), cuts that do not line up
     pytest.param("sublayer", [[(0, (0, 4)), (1, (4, 11))], [(2, (0, 7)), (3, (7, 11))]], [2, 2],
                  "1f1b", marks=pytest.mark.slow),
+    # zero bubble (B and W split, Ws filled in): a three-stage and a one-stage pipeline, 3 + 1
+    pytest.param("layer", [[(0, (0, 2)), (1, (2, 3)), (2, (3, 5))], [(3, (0, 5))]], [3, 1],
+                 "zb-h1", marks=pytest.mark.slow),
 ])
 def test_same_losses_with_any_number_of_pipelines(one_pipeline, granularity, pipelines, shares,
                                                   schedule):
