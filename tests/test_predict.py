@@ -140,6 +140,7 @@ def test_rows_keep_their_ids_in_jsonl_and_tsv(run, tmp_path):
         assert {r[1] for r in got} <= {"contradiction", "entailment", "neutral"}
 
 
+@pytest.mark.slow
 def test_the_readme_walkthrough_commands_work_as_written(run, tmp_path):
     """README walkthrough (e)'s export, predict and transformers commands, as written, on this
     module's run (trained with fewer steps than the README's first command)."""

@@ -222,6 +222,7 @@ def test_profile_cache_reused_and_invalidated(tmp_path, monkeypatch):
     assert load_profile(path).to_json() == p4.to_json()
 
 
+@pytest.mark.slow
 def test_a_measured_profile_records_its_model_and_a_run_of_another_is_refused(tmp_path,
                                                                               monkeypatch):
     """A profile of another hidden size has as many units and devices: without the record a run

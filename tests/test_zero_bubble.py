@@ -78,7 +78,7 @@ def test_split_backward_equals_the_backward():
 
 
 @pytest.mark.parametrize("granularity,blocks,sched,m", [
-    ("layer", [(0, 2), (2, 3), (3, 4), (4, 5)], "zb-h1", 8),
+    pytest.param("layer", [(0, 2), (2, 3), (3, 4), (4, 5)], "zb-h1", 8, marks=pytest.mark.slow),
     pytest.param("layer", [(0, 2), (2, 4), (4, 5)], "zb-h2", 4, marks=pytest.mark.slow),
     pytest.param("sublayer", [(0, 4), (4, 9), (9, 11)], "zb-h1", 4, marks=pytest.mark.slow),
 ])
