@@ -169,3 +169,19 @@ def test_certify_tightens_the_bound_never_the_plan(tmp_path, capsys):
     certified = out["1", ("--certify",)]
     bound = certified["step_time_s"] if certified["exact"] else certified["lower_bound_s"]
     assert certified["step_time_s"] <= 1.01 * bound
+
+
+def test_time_scale_shows_the_rehearsals_time_base_and_declared_calls(profile_path, capsys):
+    assert plan_cli.main(["--profile", profile_path, "--microbatches", "4", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plan_cli.main(["--profile", profile_path, "--microbatches", "4", "--json",
+                          "--time_scale", "10"]) == 0
+    scaled = json.loads(capsys.readouterr().out)
+    assert [s["units"] for s in scaled["stages"]] == [s["units"] for s in plain["stages"]]
+    assert scaled["step_time_s"] == pytest.approx(10 * plain["step_time_s"])
+    assert plan_cli.main(["--profile", profile_path, "--microbatches", "4",
+                          "--time_scale", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "declared calls" in out and "declared messages" in out
+    assert plan_cli.main(["--profile", profile_path, "--time_scale", "0"]) == 2
+    assert "--time_scale 0.0: expected a positive number" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
   python -m skyjax.plan --profile profile.json --strategy optimal --schedule 1f1b \\
       --microbatches 8 [--pipelines N|auto] [--certify] [--shared_host auto|on|off] [--json] [--out plan.json]
-      [--trace trace.json] [--plot plan.png] [--timeline timeline.png]
+      [--trace trace.json] [--plot plan.png] [--timeline timeline.png] [--time_scale K]
 
 Without ``--json`` it prints a table (stage, device, units, compute, comm, memory, share of the
 bottleneck, totals; the bottleneck marked); with it, the plan.json object (docs/design.md).
@@ -12,7 +12,9 @@ model applies; 1: one pipeline; the table then shows each stage's pipeline, each
 devices, share and T_i, and the gradient all-reduce). ``--trace`` writes the simulated schedule as a Chrome / Perfetto trace; ``--plot`` and
 ``--timeline`` draw the plan and the simulated step (:mod:`skyjax.report.plots`; matplotlib is
 imported only then, so planning itself needs neither it nor JAX). ``--certify`` also computes
-the lower-bound certificates (:mod:`skyjax.plan.certificates`). A bad profile or an infeasible
+the lower-bound certificates (:mod:`skyjax.plan.certificates`). ``--time_scale K`` shows a
+rehearsal's view (``config.rehearse``): the plan in its time base and the calls and messages it
+declares. A bad profile or an infeasible
 problem prints one line on stderr and exits with status 2 (bad profile) or 1 (nothing fits); no traceback.
 """
 
@@ -58,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="diloco: inner steps per outer step")
     p.add_argument("--min_gain", type=float, default=0.05,
                    help="the least fraction of the step a relaxed plan must save")
+    p.add_argument("--time_scale", type=float, default=None, metavar="K",
+                   help="a rehearsal's view (config.rehearse.time_scale=K): the plan in its "
+                        "time base and every call and message it declares")
     p.add_argument("--json", action="store_true", help="print plan.json instead of a table")
     p.add_argument("--out", help="write plan.json here")
     p.add_argument("--trace", help="write the simulated schedule as a Chrome trace here")
@@ -171,6 +176,29 @@ def _pipelines_tail(plan: Plan, worst: int) -> list[str]:
     return lines + ["", tail]
 
 
+def declared_table(plan: Plan, profile: Profile) -> str:
+    """What a rehearsal of ``plan`` waits out (``skyjax.plan.declared``): per stage its
+    forward, backward (B under zero bubble), W and update calls, per device pair the bytes and
+    seconds of one message."""
+    from skyjax.plan.declared import declare
+
+    dec = declare(plan, profile)
+    unit = time_unit(max([t.backward_s for t in dec.stages] + [1e-12]))
+    rows = [(str(k), f"{s.device} {profile.devices[s.device]['name']}",
+             fmt_time(t.forward_s, unit), fmt_time(t.backward_s, unit),
+             fmt_time(t.weight_s, unit), fmt_time(t.update_s, unit))
+            for k, (s, t) in enumerate(zip(plan.stages, dec.stages))]
+    calls = render(("stage", "device", "forward", "backward", "W", "update"), rows,
+                   right=(True, False, True, True, True, True))
+    pairs = [(f"{d} -> {e}", fmt_bytes(dec.wire_bytes[d, e]),
+              fmt_time(float(dec.latency_s[d, e]) + float(dec.wire_bytes[d, e])
+                       / float(dec.bandwidth_Bps[d, e]) + float(dec.coding_s[d, e])))
+             for d, e in zip(*dec.wire_bytes.nonzero())]
+    links = render(("message", "bytes", "seconds"), pairs, right=(False, True, True))
+    return "\n".join(["declared calls (each waits out this time)", calls, "",
+                      "declared messages (one at a time per directed link)", links])
+
+
 def shared_host_model(profile: Profile, choice: str):
     """The shared-host model's cost terms for ``--shared_host`` (None: the core model alone)."""
     if choice == "off" or (choice == "auto" and not any(d.get("host") for d in profile.devices)):
@@ -214,6 +242,13 @@ def plan_and_write(args: argparse.Namespace) -> int:
                             certify=args.certify, extra=extra, max_pipelines=args.pipelines,
                             relax=Relaxation(args.handoff_bits, args.averaging,
                                              args.outer_every, min_gain=args.min_gain))
+        if args.time_scale is not None:  # a rehearsal's time base: the same plan, every time x K
+            if not args.time_scale > 0:
+                raise ValueError(f"--time_scale {args.time_scale}: expected a positive number")
+            from skyjax.plan.declared import scale_plan, scale_profile
+
+            plan, profile = scale_plan(plan, args.time_scale), scale_profile(profile,
+                                                                            args.time_scale)
     except InfeasibleError as e:  # a ValueError too: first
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -236,4 +271,6 @@ def plan_and_write(args: argparse.Namespace) -> int:
             print(f"error: cannot write picture: {e}", file=sys.stderr)
             return 2
     print(json.dumps(out, indent=1) if args.json else format_table(plan, profile))
+    if args.time_scale is not None and not args.json:
+        print("\n" + declared_table(plan, profile))
     return 0
