@@ -1,4 +1,4 @@
-"""What bounds a pipeline across a slow link (issue 51, item 3): exact against int8 hand-offs
+"""What bounds a pipeline across a slow link: exact against int8 hand-offs
 on a profile, priced by the cost model, by the simulator with 1F1B's own lists, and by the
 simulator with the warm-up of the stage before each slow link raised to m (every micro-batch in
 flight there: the link's latency paid once per step, not once per p - k micro-batches), next

@@ -1,5 +1,5 @@
-"""Damaged checkpoint directories are refused or skipped by name, never silently restarted over
-(issue 53, items 4 and 8): checkpoint directories without ``meta.json`` count as checkpoints
+"""Damaged checkpoint directories are refused or skipped by name, never silently restarted over:
+checkpoint directories without ``meta.json`` count as checkpoints
 that fail verification; a ``meta.json`` whose step is not its directory's is a failed
 verification; a file named ``checkpoints`` is one line; ``CheckpointError`` is one class."""
 

@@ -1,4 +1,4 @@
-"""A relaxed plan still learns (issue 51, item 7): on the demo (``configs/local_demo.py``) and on
+"""A relaxed plan still learns: on the demo (``configs/local_demo.py``) and on
 the CSV walkthrough (``configs/csv_pairs.py``), runs that the planner relaxes (int8 hand-offs on
 a slow link, int8 or DiLoCo averaging between pipelines) end within 2 % of the exact run's eval
 metric over the same steps. The demo does, for all three; the CSV walkthrough does not

@@ -1,5 +1,5 @@
-"""Failed and stopped runs never push the last complete run out of the workdir (issue 53, item
-1): an incomplete run's files are set aside in ``previous.incomplete/``, never in place of the
+"""Failed and stopped runs never push the last complete run out of the workdir: an incomplete
+run's files are set aside in ``previous.incomplete/``, never in place of the
 complete run in ``previous/``."""
 
 from __future__ import annotations
