@@ -18,7 +18,8 @@ from typing import Any, Sequence
 import numpy as np
 
 PER_DEVICE_KEYS = ("slowdowns", "memory_caps_bytes", "regions")
-_UNIT_BY_DEVICE = ("forward_s", "backward_s", "update_s")  # [U, D] fields of a Profile
+# [U, D] fields of a Profile
+_UNIT_BY_DEVICE = ("forward_s", "backward_s", "update_s", "backward_weight_s")
 _DEVICE_BY_DEVICE = ("latency_s", "bandwidth_Bps")  # [D, D]
 
 

@@ -145,7 +145,9 @@ def test_survivor_args_keep_the_survivors_emulation_and_profile_rows(tmp_path):
     from skyjax.profile.format import load_profile
     from skyjax.survivors import parse_main_args, survivor_args
 
-    (tmp_path / "profile.json").write_text(json.dumps(_profile_json(3)))
+    full = _profile_json(3)
+    full["backward_weight_s"] = [[u + d / 10 for d in range(3)] for u in range(3)]  # W (ZB)
+    (tmp_path / "profile.json").write_text(json.dumps(full))
     args = ["--config", os.path.join(REPO, "configs", "local_demo.py"),
             "--config.cluster.mode=distributed", "--config.cluster.num_devices=3",
             "--config.cluster.slowdowns=(1, 2, 4)", "--config.cluster.regions", "('a', 'b', 'c')",
@@ -161,6 +163,7 @@ def test_survivor_args_keep_the_survivors_emulation_and_profile_rows(tmp_path):
     assert [d["slowdown"] for d in sub.devices] == [1.0, 3.0]
     assert sub.forward_s[:, 1].tolist() == [0.1 * 3 + u for u in range(3)]  # old device 2's
     assert sub.latency_s.tolist() == [[0.0, 0.01 + 2], [0.03 + 0, 0.0]]
+    assert sub.backward_weight_s[:, 1].tolist() == [u + 0.2 for u in range(3)]
 
 
 def test_restart_on_the_survivors(tmp_path):

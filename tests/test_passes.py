@@ -39,6 +39,9 @@ def test_median_pass_per_unit_and_device_first_pass_for_the_rest():
     assert out["compile_s"] == 2.0
     # device 0: 2 (1 + 4) = 2 (2 + 3), then 2 (9 + 3.5)
     assert out["pass_work_s"] == [[10.0, 10.0, 25.0], [None, None, None]]
+    assert "backward_weight_s" not in out  # measured for zero-bubble runs only
+    w = median_pass([{**r, "backward_weight_s": r["forward_s"] / 2} for r in (a, b, c)])
+    np.testing.assert_array_equal(w["backward_weight_s"], [[1.0, nan], [1.75, nan]])
     one = median_pass([a])
     assert one["forward_s"] is a["forward_s"] and one["pass_work_s"] == [[10.0], [None]]
     assert pass_order(3, 0) == [0, 1, 2] and pass_order(3, 1) == [2, 1, 0]

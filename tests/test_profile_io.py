@@ -48,6 +48,20 @@ def test_roundtrip_keeps_unknown_keys(tmp_path):
     assert os.listdir(tmp_path) == ["profile.json"]  # no temporary files left
 
 
+def test_the_w_times_round_trip_and_are_optional():
+    """``backward_weight_s`` (zero-bubble W per unit and device) is read into its field and
+    written back as given; a file without it reads as None (the planner's fallback)."""
+    d = good()
+    d["backward_weight_s"] = [[0.1, 0.25], [0.1, 0.2], [0.3, 0.5]]
+    p = Profile.from_json(d)
+    np.testing.assert_array_equal(p.backward_weight_s, d["backward_weight_s"])
+    assert "backward_weight_s" not in p.extra
+    assert Profile.from_json(json.loads(json.dumps(p.to_json()))).to_json() == p.to_json()
+    assert p.to_json()["backward_weight_s"] == d["backward_weight_s"]
+    bare = Profile.from_json(good())
+    assert bare.backward_weight_s is None and "backward_weight_s" not in bare.to_json()
+
+
 def test_infinite_bandwidth_allowed():
     d = good()
     d["links"]["bandwidth_Bps"][0][1] = math.inf
@@ -91,6 +105,12 @@ def _edit(path: str, value):
     ("links/latency_s", KeyError, r"profile\.links\.latency_s: missing"),
     ("microbatch/size", 0, r"profile\.microbatch\.size: expected a positive integer"),
     ("units", [], r"profile\.units: empty"),
+    ("backward_weight_s", [[0.1, 0.2], [0.1, 0.2], [0.3, -0.6]],
+     r"profile\.backward_weight_s\[2\]\[1\]: negative time -0\.6"),
+    ("backward_weight_s", [[0.1, 0.2]] * 2, r"profile\.backward_weight_s: expected 3 rows"),
+    ("backward_weight_s", [[0.1], [0.1], [0.3]],
+     r"profile\.backward_weight_s\[0\]: expected 2 columns"),
+    ("backward_weight_s", "half", r"profile\.backward_weight_s: expected a list"),
 ])
 def test_bad_field_named(path, value, msg):
     d = _edit(path, value)

@@ -370,7 +370,7 @@ def test_distributed_path_through_a_transport(monkeypatch):
 def test_distributed_profile_times_every_device_at_once(monkeypatch):
     """Without the shared-host model (real accelerators) every process times its own device at
     the same time, in one pass, and none of the shared-host probes runs: no host, cores, calls
-    after idle or message probe in the profile."""
+    after idle or message probe in the profile. A zero-bubble run's W is gathered per device."""
     from skyjax.profile import distributed
     from skyjax.transport import LocalTransport
 
@@ -386,7 +386,7 @@ def test_distributed_profile_times_every_device_at_once(monkeypatch):
     c = tiny_config(3, slowdowns=(1, 1, 3))
     clu = cl.cluster_from_config(c)
     transport = LocalTransport(clu.jax_devices, clu.links, timeout_s=120)
-    opts = Options(repeats=3, link_repeats=2)
+    opts = Options(repeats=3, link_repeats=2, weight=True)
     assert opts.concurrent
     workload, optimizer = Workload.from_config(c), make_optimizer(c.train)
     prof = run_as_processes(
@@ -400,6 +400,7 @@ def test_distributed_profile_times_every_device_at_once(monkeypatch):
     assert "message_costs" not in prof.extra["profiler"] or not any(
         prof.extra["profiler"]["message_costs"])
     assert np.all(prof.message_s == 0)
+    assert prof.backward_weight_s.shape == (4, 3) and np.all(prof.backward_weight_s[1:3] > 0)
 
 
 @pytest.mark.slow
@@ -511,3 +512,47 @@ def test_codecs_the_bound_allows_are_timed_and_sized():
     again = Profile.from_json(json.loads(json.dumps(prof.to_json())))
     assert again.codecs["int8"]["output_bytes"].tolist() == prof.codecs["int8"][
         "output_bytes"].tolist()
+
+
+def test_zero_bubble_runs_time_the_split_backward():
+    """A zero-bubble (or "auto") run's profile also times each unit's backward split in B and W
+    as a zero-bubble stage runs them (``backward_input`` then ``backward_weight``), under another
+    cache key; ``backward_s`` stays the whole backward. On the tiny model W is positive, and
+    B + W comes to the whole backward within a generous factor (1.1-1.3x on layers measured:
+    two calls, and B keeps what W needs); the profile round-trips it and plans with it."""
+    from skyjax.plan.cost import weight_s
+    from skyjax.profile import measure as measure_lib
+    from skyjax.profile import units
+    from skyjax.profile.cache import cache_payload
+    from skyjax.profile.chain import chain_spec
+
+    c = tiny_config(1, layers=2, hidden=64, seq_len=32)
+    plain = Options.from_config(c)
+    assert not plain.weight and "weight" not in cache_payload(
+        Workload.from_config(c), cl.cluster_from_config(c), plain)  # keys as before
+    c.pipeline.schedule = "auto"
+    assert Options.from_config(c).weight
+    c.pipeline.schedule = "zb-h1"
+    opts = Options.from_config(c)
+    assert opts.weight and key_of(c) != cache_key(
+        Workload.from_config(c), cl.cluster_from_config(c), plain)
+    workload, clu = Workload.from_config(c), cl.cluster_from_config(c)
+    spec = chain_spec(workload.model, workload.granularity, None, True)
+    got = units.measure_units(spec, sample_microbatch(workload.model, *workload.microbatch), clu,
+                              opts, make_optimizer(c.train), quiet, wake=False)
+    bwd, b, w = got["backward_s"][:, 0], got["backward_input_s"][:, 0], got[
+        "backward_weight_s"][:, 0]
+    layers = [i for i, u in enumerate(got["units"]) if u["kind"] == "layer"]
+    assert layers and np.all(w[layers] > 0) and np.all(b[layers] > 0), (b, w)
+    ratio = (b + w)[layers] / bwd[layers]
+    assert np.all((ratio > 0.5) & (ratio < 3.0)), ratio  # 1.1-1.3 measured
+    assert np.all(w[layers] < 2.0 * bwd[layers]), (w, bwd)
+    n = clu.num_devices
+    prof = measure_lib.assemble(workload, clu, opts, "k", got, np.zeros((n, n)),
+                                np.full((n, n), np.inf), {})
+    np.testing.assert_array_equal(prof.backward_weight_s, got["backward_weight_s"])
+    np.testing.assert_array_equal(prof.backward_s, got["backward_s"])
+    again = Profile.from_json(json.loads(json.dumps(prof.to_json())))
+    np.testing.assert_array_equal(again.backward_weight_s, prof.backward_weight_s)
+    np.testing.assert_allclose(weight_s(again), np.minimum(prof.backward_weight_s,
+                                                           prof.backward_s))

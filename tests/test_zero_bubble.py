@@ -189,8 +189,7 @@ def test_rehearsal_time_base_and_replay_keep_w():
     prof = random_profile(rng, 4, 8)
     prof = dataclasses.replace(prof, devices=[{**d, "memory_bytes": 10 ** 12}
                                               for d in prof.devices],
-                               extra={**prof.extra, "backward_weight_s": (
-                                   0.3 * np.asarray(prof.backward_s)).tolist()})
+                               backward_weight_s=0.3 * np.asarray(prof.backward_s))
     for sched in ZB:
         p = plan_lib.plan(prof, "optimal", sched, 8)
         k = 10.0

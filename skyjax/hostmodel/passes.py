@@ -49,7 +49,9 @@ def median_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
         return {**first, "pass_work_s": pass_work}
     out = dict(first)
     out["pass_work_s"] = pass_work
-    for key in TIMES:
+    for key in (*TIMES, "backward_weight_s"):  # W: measured for zero-bubble runs only
+        if first.get(key) is None:
+            continue
         out[key] = _median([np.asarray(r[key], float) for r in passes])
     out["overheads"] = {key: _median([np.asarray(r["overheads"][key], float) for r in passes]
                                      ).tolist() for key in first["overheads"]}

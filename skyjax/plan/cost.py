@@ -234,7 +234,7 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
 def weight_s(profile: Profile) -> np.ndarray:
     """[U, D] the W part of each unit's backward: the profile's ``backward_weight_s`` where it
     has it, else half of ``backward_s`` (the FLOP model's 1:1 split)."""
-    got = profile.extra.get("backward_weight_s") if profile.extra else None
+    got = profile.backward_weight_s
     bwd = np.asarray(profile.backward_s, float)
     return np.minimum(np.asarray(got, float), bwd) if got is not None else bwd / 2
 

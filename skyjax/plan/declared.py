@@ -64,15 +64,8 @@ def scale_profile(profile: Profile, k: float) -> Profile:
         backward_call_s=profile.backward_call_s * k, update_call_s=profile.update_call_s * k,
         message_s=profile.message_s * k, sync_s=float(profile.sync_s) * k,
         input_s=None if profile.input_s is None else profile.input_s * k, codecs=codecs,
-        extra=_scaled_extra(profile.extra, k))
-
-
-def _scaled_extra(extra: dict | None, k: float) -> dict | None:
-    """The profile's other keys, with the zero-bubble W times (``backward_weight_s``) x k."""
-    if not extra or extra.get("backward_weight_s") is None:
-        return extra
-    return {**extra, "backward_weight_s": (np.asarray(extra["backward_weight_s"], float)
-                                           * k).tolist()}
+        backward_weight_s=(None if profile.backward_weight_s is None
+                           else profile.backward_weight_s * k))
 
 
 def scale_plan(plan: Plan, k: float) -> Plan:

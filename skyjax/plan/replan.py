@@ -89,6 +89,7 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     compute and links (waits, calls after idle) grows with the plan's stages and messages, and
     made a per-step constant it over-charged plans with fewer stages."""
     forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
+    weight = None if profile.backward_weight_s is None else profile.backward_weight_s.copy()
     calls = {k: getattr(profile, k).copy() for k in ("forward_call_s", "backward_call_s")}
     actions = 2 * plan.microbatches  # a forward and a backward per micro-batch
     effect = extra.effect(plan, profile) if extra is not None else None
@@ -112,6 +113,8 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     for d, a in scale.items():
         forward[:, d] *= a
         backward[:, d] *= a
+        if weight is not None:
+            weight[:, d] *= a
         for v in calls.values():
             v[d] *= a
     factors = {st.device: measured / predicted for st, predicted, measured in pairs}
@@ -125,7 +128,7 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
         extra = max(sum(excess) / len(excess), 0.0) if excess else 0.0
         latency = latency + extra * (1 - np.eye(len(latency)))
     fixed = dataclasses.replace(profile, forward_s=forward, backward_s=backward,
-                                latency_s=latency, **calls)
+                                latency_s=latency, backward_weight_s=weight, **calls)
     return fixed, factors
 
 

@@ -60,6 +60,8 @@ def cache_payload(workload: Workload, cluster: cluster_lib.Cluster, options: Opt
         "concurrent": options.concurrent,
         "shared_host": options.host is not None,
         **({"codecs": list(options.codecs)} if options.codecs else {}),
+        # a profile with W (zero-bubble runs) is another entry; without, the key is as before
+        **({"weight": True} if options.weight else {}),
     }
 
 

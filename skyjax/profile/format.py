@@ -4,9 +4,9 @@ The format is stable and documented in docs/design.md. Version 2 adds the fixed 
 cost model (``overheads``: per-device seconds per forward / backward / update call and per
 message, and the step's synchronisation) and the optimizer update per unit (``update_s``); in a
 version 1 file they are absent and read as 0 (its unit times then carry the call costs, as they
-were measured). ``Profile.from_json`` checks
-every field and raises :class:`ProfileError` whose message names the offending
-field, e.g. ``profile.forward_s[3][1]: negative time -0.2``; unknown keys are
+were measured). ``backward_weight_s`` (optional, [U][D]) is the W part of each unit's backward
+under a zero-bubble schedule; ``backward_s`` stays the whole backward. ``Profile.from_json``
+checks every field and raises :class:`ProfileError` whose message names the offending field, e.g. ``profile.forward_s[3][1]: negative time -0.2``; unknown keys are
 kept in ``Profile.extra`` (unknown keys of ``links`` under ``extra["links"]``)
 and written back by ``to_json``; other keys of ``overheads`` (``batch_s`` in older files) are
 ignored.
@@ -36,7 +36,7 @@ from skyjax.relax import EXACT, Relaxation
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 _TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward_s", "links",
-             "update_s", "overheads", "codecs", "model")
+             "update_s", "overheads", "codecs", "model", "backward_weight_s")
 OVERHEAD_KEYS = ("forward_call_s", "backward_call_s", "update_call_s", "message_s", "input_s")
 _UNIT_FIELDS = ("state_bytes", "activation_bytes", "output_bytes")
 _OPTIONAL_UNIT_FIELDS = ("temp_bytes",)  # 0 where absent (profiles made before it existed)
@@ -89,6 +89,10 @@ class Profile:
     relax: Relaxation = EXACT
     # what the times were measured for (MODEL_KEYS, :func:`model_record`); None: not recorded
     model: dict | None = None
+    # [U, D] W of a zero-bubble schedule: the parameter-gradient half of each unit's backward
+    # (StageProgram.backward_weight), measured where the run's schedule splits the backward;
+    # None: not measured (the planner takes half of backward_s, skyjax.plan.cost.weight_s)
+    backward_weight_s: np.ndarray | None = None
 
     def __post_init__(self):
         u, d = np.shape(self.forward_s)
@@ -137,6 +141,8 @@ class Profile:
         }
         if self.model is not None:
             out["model"] = dict(self.model)
+        if self.backward_weight_s is not None:
+            out["backward_weight_s"] = np.asarray(self.backward_weight_s, float).tolist()
         if self.codecs:
             out["codecs"] = {name: {"output_bytes": [int(x) for x in c["output_bytes"]],
                                     "seconds_per_byte": [float(x) for x in
@@ -259,6 +265,10 @@ def _parse(d: Any) -> Profile:
     link_extra = {k: v for k, v in links.items() if k not in _LINK_KEYS}
     if link_extra:
         extra["links"] = link_extra
+    weight = None
+    if "backward_weight_s" in d:
+        weight = _matrix(d["backward_weight_s"], "backward_weight_s", n_u, n_d, "one per unit",
+                         "one per device", "time")
     upd = None
     if "update_s" in d:
         upd = _matrix(d["update_s"], "update_s", n_u, n_d, "one per unit", "one per device",
@@ -274,7 +284,8 @@ def _parse(d: Any) -> Profile:
     return Profile(version=VERSION, microbatch=dict(mb), units=units, devices=devices,
                    forward_s=fwd, backward_s=bwd, latency_s=lat, bandwidth_Bps=bw, extra=extra,
                    update_s=upd, sync_s=sync, codecs=_codecs(d.get("codecs", {}), n_u, n_d),
-                   model=_model(d["model"]) if "model" in d else None, **fixed)
+                   model=_model(d["model"]) if "model" in d else None,
+                   backward_weight_s=weight, **fixed)
 
 
 def _model(x: Any) -> dict:

@@ -62,7 +62,8 @@ def fixed_costs(measured: dict, meta: dict, n_units: int, n_devices: int) -> dic
 def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options, key: str,
              measured: dict, lat: np.ndarray, bw: np.ndarray, meta: dict) -> Profile:
     """The profile of ``measured`` units (:func:`skyjax.profile.units.measure_units`, optionally
-    with ``devices`` records) and links, stamped with the cache ``key`` and profiler ``meta``."""
+    with ``devices`` records; its ``backward_weight_s`` where measured) and links, stamped
+    with the cache ``key`` and profiler ``meta``."""
     size, seq_len = workload.microbatch
     units_rec = [dict(u) for u in measured["units"]]
     coded = [u.pop("codec_bytes", {}) for u in units_rec]
@@ -81,6 +82,8 @@ def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options,
         "links": {"latency_s": lat.tolist(), "bandwidth_Bps": bw.tolist()},
         **fixed_costs(measured, meta, len(measured["units"]), cluster.num_devices),
         **({"codecs": codecs} if codecs else {}),
+        **({"backward_weight_s": np.asarray(measured["backward_weight_s"]).tolist()}
+           if measured.get("backward_weight_s") is not None else {}),
         "cache_key": key,
         "profiler": {"version": PROFILER_VERSION, "jax": jax.__version__,
                      "granularity": workload.granularity, "mode": cluster.mode,

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from skyjax.names import ZERO_BUBBLE
 from skyjax.profile.extension import CORE, ExtraProbes
 from skyjax.relax import Relaxation
 
@@ -42,6 +43,9 @@ class Options:
     passes: int = 1
     host: ExtraProbes | None = None
     codecs: tuple[str, ...] = ()  # hand-off codecs to time (skyjax.codecs; the relaxation's)
+    # also time each unit's backward split in B and W (profile.backward_weight_s): for runs whose
+    # schedule is a zero-bubble one or "auto" (it costs every unit's backward once more per repeat)
+    weight: bool = False
 
     @property
     def probes(self) -> ExtraProbes:
@@ -56,14 +60,17 @@ class Options:
     @classmethod
     def from_config(cls, config: Any, **overrides: Any) -> "Options":
         """For the orchestrators: ``config.profile.repeats`` (``min_repeats`` no higher) and
-        ``.passes``, then ``overrides`` (the orchestrator passes ``host`` where
+        ``.passes``, ``weight`` where ``config.pipeline.schedule`` is a zero-bubble one or
+        "auto", then ``overrides`` (the orchestrator passes ``host`` where
         ``config.cluster.shared_host``)."""
         section = getattr(config, "profile", None)
         repeats = int(getattr(section, "repeats", cls.repeats))
         relax = getattr(config, "relax", None)
         measured = Relaxation.from_config(config).measured_codecs if relax is not None else ()
+        schedule = getattr(getattr(config, "pipeline", None), "schedule", "1f1b")
         opts = cls(repeats=repeats, min_repeats=min(cls.min_repeats, repeats),
-                   passes=int(getattr(section, "passes", cls.passes)), codecs=measured)
+                   passes=int(getattr(section, "passes", cls.passes)), codecs=measured,
+                   weight=schedule in ZERO_BUBBLE + ("auto",))
         return dataclasses.replace(opts, **overrides)
 
 

@@ -8,6 +8,10 @@
   (:func:`~skyjax.profile.options.robust_time`). Devices are measured one after another,
   interleaved repeat by repeat so that load drift on a shared host hits them all. The number of
   repeats shrinks for big units (a time budget per unit and device, at least ``min_repeats``).
+* ``backward_weight_s`` (``Options.weight``: zero-bubble runs): W of the backward split in two
+  (``StageProgram.backward_input``, then ``backward_weight``), timed like the rest right after
+  the whole backward on the same residuals (which it keeps), less the fixed part of a backward
+  call (an empty block's B or W call costs the same, microseconds: not charged apart).
 * ``state_bytes``: params + gradients + optimizer state, exactly from the pytrees
   (``jax.eval_shape`` of the optimizer's ``init``: AdamW keeps two more copies);
   ``activation_bytes``: the residual arrays the stage's forward returns (what backward needs, per
@@ -52,6 +56,7 @@ class _UnitResult:
     memory: dict  # memory_analysis figures
     compile_s: float
     update_s: dict = dataclasses.field(default_factory=dict)  # device class -> seconds
+    split_s: dict = dataclasses.field(default_factory=dict)  # (B, W) seconds (Options.weight)
     # device class -> [process CPU seconds, wall seconds] of the untimed (unslowed) calls: how
     # many of the host's cores one of its calls keeps busy (kept by extra probes that use it)
     cpu_wall: dict = dataclasses.field(default_factory=dict)
@@ -193,6 +198,11 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
         ct = cotangent(out, is_last)
         bwd_c = prog.backward.lower(params, res, ct, grads).compile()
         grads, _ = cluster_lib.block(bwd_c(params, res, ct, grads))
+        split = None
+        if options.weight:  # B and W, compiled the same way
+            bi_c = prog.backward_input.lower(params, res, ct).compile()
+            _, pending = cluster_lib.block(bi_c(params, res, ct))
+            split = (bi_c, prog.backward_weight.lower(params, pending, grads).compile())
         compile_s += time.perf_counter() - tic
         if k == 0:
             activation_bytes = tree_nbytes(res)
@@ -206,12 +216,16 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
         # One warm-up call each, not kept; it sizes the number of repeats.
         (_, res), tf = cluster_lib.timed_call(fwd_c, params, c, rng, lab, slowdown=slowdown)
         (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads, slowdown=slowdown)
+        if split:
+            grads, t_split = _split_pair(split, params, res, ct, grads, slowdown)
+            tb += sum(t_split)
         estimate = max(estimate, tf + tb)
-        states.append([params, c, rng, lab, ct, grads, res, fwd_c, bwd_c])
+        states.append([params, c, rng, lab, ct, grads, res, fwd_c, bwd_c, split])
     repeats = int(min(options.repeats,
                       max(options.min_repeats, options.budget_s // max(estimate, 1e-9))))
     fwd = {k: [] for k in range(len(targets))}
     bwd = {k: [] for k in range(len(targets))}
+    wgt: dict = {k: [] for k in range(len(targets))}
     n = len(targets)
     cpu_wall = {k: [0.0, 0.0] for k in range(n)}
     for r in range(repeats):
@@ -219,7 +233,7 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
         # emulated sleep (other processes grab the cores), instead of always hitting device 0.
         for k in [(r + i) % n for i in range(n)]:
             slowdown = targets[k][1]
-            params, c, rng, lab, ct, grads, res, fwd_c, bwd_c = states[k]
+            params, c, rng, lab, ct, grads, res, fwd_c, bwd_c, split = states[k]
             del res
             states[k][6] = None  # free the previous residuals before the next forward
             # The timed pair follows an untimed pair of the same unit: after an idle gap (another
@@ -237,6 +251,9 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
             (_, res), tf = cluster_lib.timed_call(fwd_c, params, c, rng, lab, slowdown=slowdown)
             (grads, _), tb = cluster_lib.timed_call(bwd_c, params, res, ct, grads,
                                                     slowdown=slowdown)
+            if split:  # B then W on the same residuals (the backward keeps them)
+                grads, t_split = _split_pair(split, params, res, ct, grads, slowdown)
+                wgt[k].append(t_split)
             states[k][5], states[k][6] = grads, res
             fwd[k].append(tf)
             bwd[k].append(tb)
@@ -249,7 +266,17 @@ def _measure_unit(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray
     return _UnitResult({k: robust_time(v) for k, v in fwd.items()},
                        {k: robust_time(v) for k, v in bwd.items()},
                        activation_bytes, repeats, out_carry, memory, compile_s, update_s,
+                       {k: tuple(robust_time(x) for x in zip(*v)) for k, v in wgt.items() if v},
                        cpu_wall)
+
+
+def _split_pair(split: tuple, params: list, res: Any, ct: Any, grads: list, slowdown: float
+                ) -> tuple[list, tuple[float, float]]:
+    """B then W (``split``: the compiled ``backward_input``, ``backward_weight``) of one
+    micro-batch, each through ``timed_call``: the new gradients and the (B, W) seconds."""
+    (_, pending), t_in = cluster_lib.timed_call(split[0], params, res, ct, slowdown=slowdown)
+    grads, t_w = cluster_lib.timed_call(split[1], params, pending, grads, slowdown=slowdown)
+    return grads, (t_in, t_w)
 
 
 def _signature(unit: bert.Unit, is_last: bool, carry: Any) -> tuple:
@@ -291,7 +318,9 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
 
     ``sample``: ``(first unit's carry, labels)`` of one micro-batch; ``optimizer``: the training
     optimizer (only its state's size is used). Returns ``units`` (profile records),
-    ``forward_s`` / ``backward_s`` ``[U, D]`` (NaN for devices not measured) and ``compile_s``;
+    ``forward_s`` / ``backward_s`` ``[U, D]`` (NaN for devices not measured), with
+    ``options.weight`` also the split's ``backward_input_s`` / ``backward_weight_s`` (else None),
+    and ``compile_s``;
     ``wake=False`` leaves out the calls after idle (measured only by extra probes that time them,
     ``options.host``, in their first pass).
     """
@@ -320,9 +349,12 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
             note = f", stands for {stands} units" if stands > 1 else ""
             for k, d in enumerate(reps):
                 dspec = cluster.devices[d]
+                w = (" (B {}, W {})".format(*map(fmt_s, result.split_s[k]))
+                     if k in result.split_s else "")
                 log(f"[profile] unit {i + 1}/{n_chain} {unit.name:<22} on {dspec.name:<14} "
                     f"(x{dspec.slowdown:g}): forward {fmt_s(result.forward_s[k])} "
-                    f"backward {fmt_s(result.backward_s[k])} ({result.repeats} repeats{note})")
+                    f"backward {fmt_s(result.backward_s[k])}{w} ({result.repeats} "
+                    f"repeats{note})")
         per_chain.append((rep_i, result))
         if not is_last:
             carry = result.out_carry
@@ -336,6 +368,8 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     units, fwd, bwd = [], np.full((total, cluster.num_devices), np.nan), np.full(
         (total, cluster.num_devices), np.nan)
     upd = np.full((total, cluster.num_devices), np.nan)
+    # B and W [2, U, D] (only W goes into profile.json), less a backward call's fixed part each
+    split = np.full((2, total, cluster.num_devices), np.nan) if options.weight else None
     opt_cache: dict[int, int] = {}
     for u, (name, r) in enumerate(zip(spec.names, spec.rep)):
         unit = spec.chain[r]
@@ -357,6 +391,9 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
                 fwd[u, d] = max(result.forward_s[k] - calls["forward_call_s"][k], 0.0)
                 bwd[u, d] = max(result.backward_s[k] - calls["backward_call_s"][k], 0.0)
                 upd[u, d] = max(result.update_s.get(k, 0.0) - calls["update_call_s"][k], 0.0)
+                if split is not None:
+                    split[:, u, d] = np.maximum(np.subtract(result.split_s[k],
+                                                            calls["backward_call_s"][k]), 0.0)
     overheads = {key: [vals[k] if k >= 0 else float("nan") for k in cls]
                  for key, vals in calls.items()}
     log("[profile] fixed costs per call: " + ", ".join(
@@ -373,5 +410,7 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
         lambda unit, dev: device_params(unit.params, dev)) if wake else [None] * len(targets)
     return {"units": units, "forward_s": fwd, "backward_s": bwd, "compile_s": compile_s,
             "update_s": upd, "overheads": overheads,
+            "backward_input_s": None if split is None else split[0],
+            "backward_weight_s": None if split is None else split[1],
             "cpu_cores": [cores[k] if k >= 0 else float("nan") for k in cls],
             "wake": [after_idle[k] if k >= 0 else None for k in cls]}
