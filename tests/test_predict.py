@@ -80,6 +80,7 @@ def eval_path(workdir: str) -> list[np.ndarray]:
         ex.close()
 
 
+@pytest.mark.slow
 def test_csv_predictions_are_the_eval_paths(run, tmp_path):
     from skyjax import scores
     from skyjax.export import inference, trained
@@ -123,6 +124,7 @@ def test_csv_predictions_are_the_eval_paths(run, tmp_path):
     assert again.read_text() == out.read_text()
 
 
+@pytest.mark.slow
 def test_rows_keep_their_ids_in_jsonl_and_tsv(run, tmp_path):
     rows = [{"idx": 17, "premise": "the cat sees the tree", "hypothesis": "the cat sees"},
             {"idx": 4, "premise": "the dog", "hypothesis": "the horse sees the ball"}]
@@ -182,6 +184,7 @@ def one_line(proc, *expected):
     assert len(lines) == 1 and all(e in lines[0] for e in expected), proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line(run, tmp_path):
     single = tmp_path / "single.csv"
     single.write_text("sentence\nthe cat\n", encoding="utf-8")
