@@ -12,11 +12,9 @@ step against the simulator's and the cost model's, and what this host added per 
 from __future__ import annotations
 
 import statistics
-from typing import Any
-
-import jax
 
 from skyjax.cluster import Cluster, DeviceSpec
+from skyjax.cluster.devices import select_devices
 from skyjax.cluster.declared import LEDGER, DeclaredLinks, merge
 from skyjax.plan import Plan
 from skyjax.plan.declared import Declared, declare, scale_plan, scale_profile
@@ -29,17 +27,8 @@ def cluster(profile: Profile, time_scale: float, mode: str) -> Cluster:
     declared times, not the device, set its speed); under ``jax.distributed``, the first device
     of each process. Links declared, scaled by ``time_scale``."""
     n = profile.num_devices
-    if jax.process_count() > 1:
-        if jax.process_count() != n:
-            raise ValueError(f"config.rehearse.profile declares {n} devices but jax.distributed "
-                             f"runs {jax.process_count()} processes (one per device)")
-        firsts: dict[int, Any] = {}
-        for d in jax.devices():
-            firsts.setdefault(d.process_index, d)
-        devices = [firsts[p] for p in range(n)]
-    else:
-        local = jax.local_devices()
-        devices = [local[i % len(local)] for i in range(n)]
+    # one process per device under jax.distributed, else local devices in turn
+    devices = select_devices("distributed", n)
     specs = [DeviceSpec(name=str(d.get("name", f"device{i}")),
                         kind=f"declared:{d.get('kind', 'device')}",
                         region=str(d.get("region") or "r0"),
