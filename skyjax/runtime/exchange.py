@@ -26,8 +26,9 @@ from skyjax.tree import tree_shapes
 
 
 @jax.jit
-def _ordered_sum(trees: list) -> Any:
-    """The sum of gradient trees in list order (one order for every owner)."""
+def ordered_sum(trees: list) -> Any:
+    """The sum of gradient trees in list order (one order for every owner, so replicas stay
+    bit-identical); the direct exchange (``PipelineStage.sum_replicas``) sums with it too."""
     total = trees[0]
     for g in trees[1:]:
         total = jax.tree.map(jnp.add, total, g)
@@ -35,7 +36,7 @@ def _ordered_sum(trees: list) -> Any:
 
 
 def _sum(trees: list) -> Any:
-    return trees[0] if len(trees) == 1 else _ordered_sum(trees)
+    return trees[0] if len(trees) == 1 else ordered_sum(trees)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,6 @@ import time
 from typing import Any, Callable, Iterable, Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from skyjax import codecs
@@ -46,6 +45,7 @@ from skyjax.optim import clip_scale, global_sq_norm
 from skyjax.plan.schedules import Action
 from skyjax.transport import tags
 from skyjax.runtime.batches import Batch
+from skyjax.runtime.exchange import ordered_sum
 from skyjax.programs.stage import StageProgram, StageState, float_entries
 from skyjax.runtime.steps import StepInputs, StepResult
 from skyjax.spans import Span
@@ -102,15 +102,6 @@ class ReplicaPeer:
     address: int
     start: int
     end: int
-
-
-@jax.jit
-def _ordered_sum(replicas: list) -> Any:
-    """The sum of per-pipeline gradient trees in pipeline order (one order for every owner)."""
-    total = replicas[0]
-    for g in replicas[1:]:
-        total = jax.tree.map(jnp.add, total, g)
-    return total
 
 
 PULL_AHEAD = 2  # receives posted ahead of the action that needs them (transports with prefetch)
@@ -375,7 +366,7 @@ class PipelineStage:
         """Per unit of this stage: the sum over all pipelines, in pipeline order, of ``own``'s
         entry (this pipeline) and ``got``'s (the others)."""
         a = self.first_unit
-        return [_ordered_sum([g if i == self.pipeline else got[u, i]
+        return [ordered_sum([g if i == self.pipeline else got[u, i]
                               for i in range(self.num_pipelines)])
                 for u, g in zip(range(a, a + len(own)), own)]
 
