@@ -97,7 +97,7 @@ def plan_phase(config: ml_collections.ConfigDict, profile: Profile,
     return plan_lib.plan(profile, config.allocation.strategy, config.pipeline.schedule,
                          config.pipeline.microbatches, extra=extra,
                          max_pipelines=planned_pipelines(config),
-                         relax=Relaxation.from_config(config))
+                         relax=Relaxation.from_config(config), warmup=config.pipeline.warmup)
 
 
 def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0,
@@ -364,6 +364,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
     states = checkpoint.restored_states(resume, chain, mine, optimizer)
     executor = make_executor(config, chain if states else build.materialize(init, chain, mine),
                              plan, cluster, transport, states, declared)
+    # a relaxed averaging's state, and each pipeline's own replica where replicas differ
+    checkpoint.restore_relaxed(resume, executor, chain, optimizer)
     saver = checkpoint.make_manager(config, workdir, chain, optimizer)
     # the units are on their devices now: no host copy (restored arrays, random blocks) stays
     del states
@@ -397,7 +399,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_st
                                    len(profile.units), num_params,
                                    time.perf_counter() - wall_start)
     summary["memory"] = memory.run_report(optim.make_optimizer(config.train, clip=False),
-                                           chain, mine, rss_start)
+                                           chain, mine, rss_start,
+                                           memory.averaging_bytes(executor))
     if target:
         calls = memory.gather_to_chief(rehearsal.ledger(), "skyjax/rehearsal")
         summary["rehearsal"] = rehearsal.report(config.rehearse.profile, scale, plan, profile,

@@ -99,18 +99,23 @@ class CheckpointManager:
         return steps_done % self.every == 0 or steps_done == self.total_steps
 
     def save(self, step: int, unit_states: dict[int, UnitState],
-             extra_meta: dict | None = None) -> dict | None:
-        """Writes this process's ``unit_states`` (by unit index) as checkpoint ``step``; returns
-        the commit record (process 0) after every process has written. Raises
-        :class:`CheckpointError` if the step cannot be committed."""
+             extra_meta: dict | None = None, extra: Sequence[tuple[str, Any]] = (),
+             extra_expected: dict[str, tuple] | None = None) -> dict | None:
+        """Writes this process's ``unit_states`` (by unit index) and ``extra`` tensors
+        (``[(name, array)]``: a relaxed averaging's state, ``relaxed.entries``) as checkpoint
+        ``step``; returns the commit record (process 0) after every process has written. The
+        commit also requires every tensor of ``extra_expected`` (``relaxed.expected``: what all
+        processes' ``extra`` together hold). Raises :class:`CheckpointError` if the step cannot
+        be committed."""
         tic = time.perf_counter()
         partial = layout.partial_dir(self.directory, step, self.attempt)
         os.makedirs(partial, exist_ok=True)
         error = ""
         try:
-            host = jax.device_get({u: unit_states[u] for u in sorted(unit_states)})
+            host, more = jax.device_get(({u: unit_states[u] for u in sorted(unit_states)},
+                                         list(extra)))
             entries = [e for u, (p, o) in host.items()
-                       for e in state_entries(self.chain[u].path, p, o)]
+                       for e in state_entries(self.chain[u].path, p, o)] + more
             bad = store.non_finite(entries)
             if bad is not None:
                 raise NonFiniteError(f"tensor {bad[0]} holds {bad[1]} NaN or infinite values "
@@ -135,7 +140,7 @@ class CheckpointManager:
                 raise CheckpointError(f"checkpoint {step} not committed: {error or result}")
             return None
         try:
-            record = self._commit(step, partial, key, extra_meta or {})
+            record = self._commit(step, partial, key, extra_meta or {}, extra_expected or {})
         except Exception as e:
             if self.n > 1:
                 self.client.key_value_set(f"{key}/result", f"{type(e).__name__}: {e}")
@@ -148,7 +153,8 @@ class CheckpointManager:
                      record["tensors"], record["bytes"] / 1e6, record["save_s"], record["path"])
         return record
 
-    def _commit(self, step: int, partial: str, key: str, extra_meta: dict) -> dict:
+    def _commit(self, step: int, partial: str, key: str, extra_meta: dict,
+                extra_expected: dict[str, tuple]) -> dict:
         errors = []
         from skyjax.transport.group import gone_processes
 
@@ -163,7 +169,7 @@ class CheckpointManager:
         if errors:
             raise CheckpointError(f"checkpoint {step} not committed: {'; '.join(errors)}")
         index = store.TensorIndex(partial)
-        self._check_complete(step, index)
+        self._check_complete(step, index, extra_expected)
         files = self._file_checksums(step, partial)
         meta = {"format": layout.FORMAT_VERSION, "step": int(step), "data_position": int(step),
                 **self.run, "processes": self.n,
@@ -206,11 +212,14 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {step} not committed: {stray[0]} has no manifest")
         return files
 
-    def _check_complete(self, step: int, index: store.TensorIndex) -> None:
-        """Every tensor of every unit, with its shape and dtype, and nothing else."""
+    def _check_complete(self, step: int, index: store.TensorIndex,
+                        extra_expected: dict[str, tuple]) -> None:
+        """Every tensor of every unit (and of ``extra_expected``), with its shape and dtype, and
+        nothing else."""
         if self._expected is None:
             self._expected = expected_tensors(self.chain, self.optimizer)
-        for name, (want, unit) in self._expected.items():
+        expected = {**self._expected, **extra_expected}
+        for name, (want, unit) in expected.items():
             if name not in index:
                 raise CheckpointError(f"checkpoint {step} not committed: unit {unit}: tensor "
                                       f"{name} was written by no process")
@@ -218,7 +227,7 @@ class CheckpointManager:
                 raise CheckpointError(f"checkpoint {step} not committed: unit {unit}: tensor "
                                       f"{name} has (shape, dtype) {index.shapes[name]}, "
                                       f"expected {want}")
-        extra = sorted(set(index.names()) - set(self._expected))
+        extra = sorted(set(index.names()) - set(expected))
         if extra:
             raise CheckpointError(f"checkpoint {step} not committed: unexpected tensor "
                                   f"{extra[0]} ({len(extra)} in all)")

@@ -158,7 +158,9 @@ def check_compatible(resume: Resume, run: dict, chain: Sequence[Any], optimizer:
                 raise CheckpointMismatch(
                     f"{where}: unit {unit.name}: tensor {name} has shape {tuple(saved[name][0])} "
                     f"{saved[name][1]} in the checkpoint, {tuple(want[0])} {want[1]} in this model")
-    unused = sorted((n for n in saved if n not in used and not n.startswith("unit/")),
+    # a relaxed averaging's state (relaxed.PREFIXES) is checked where it is read
+    unused = sorted((n for n in saved if n not in used
+                     and not n.startswith(("unit/", "relax/", "pipelines/"))),
                     key=lambda n: (not n.startswith("params/"), n))
     if unused:
         raise CheckpointMismatch(f"{where}: tensor {unused[0]} belongs to no unit of this model "

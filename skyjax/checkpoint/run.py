@@ -1,6 +1,7 @@
 """The trainer's side of checkpoints, a few calls: whether and where to resume, which unit states
-this process starts from under the current plan, and saving every ``config.checkpoint.every``
-steps from inside the train loop (``skyjax.train``)."""
+this process starts from under the current plan (and the relaxed averaging's state, once its
+executor is built), and saving every ``config.checkpoint.every`` steps from inside the train loop
+(``skyjax.train``)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any, Sequence
 import jax
 from absl import logging
 
-from skyjax.checkpoint import layout
+from skyjax.checkpoint import layout, relaxed
 from skyjax.checkpoint.manager import CheckpointManager, UnitState
-from skyjax.checkpoint.restore import (CheckpointMismatch, Resume, check_compatible, find_resume,
-                                       restore_units)
+from skyjax.checkpoint.restore import (CheckpointMismatch, Resume, _unit_source, check_compatible,
+                                       find_resume, restore_units)
 
 
 def run_identity(config: Any) -> dict:
@@ -86,6 +87,17 @@ def restored_states(resume: Resume | None, chain: Sequence[Any], units: Sequence
     return restore_units(resume, chain, units, optimizer)
 
 
+def restore_relaxed(resume: Resume | None, executor: Any, chain: Sequence[Any],
+                    optimizer: Any) -> list[str]:
+    """After the executor is built from ``restored_states``: the relaxed averaging's state
+    (and each pipeline's own replica where replicas differ) from ``resume``
+    (:func:`skyjax.checkpoint.relaxed.restore`); the names of the states restored."""
+    if resume is None:
+        return []
+    return relaxed.restore(resume, executor, chain, optimizer,
+                           lambda path: _unit_source(resume, path))
+
+
 def make_manager(config: Any, workdir: str, chain: Sequence[Any],
                  optimizer: Any) -> CheckpointManager:
     """The run's checkpoint manager (saving off when ``config.checkpoint.every`` is 0)."""
@@ -105,4 +117,7 @@ def make_manager(config: Any, workdir: str, chain: Sequence[Any],
 def after_step(manager: CheckpointManager | None, step: int, executor: Any) -> None:
     """Saves after ``step`` (0-based) when due: the state after ``step + 1`` steps."""
     if manager is not None and manager.due(step + 1):
-        manager.save(step + 1, executor.unit_states())
+        plan = executor.plan
+        manager.save(step + 1, executor.unit_states(), extra_meta=relaxed.meta(plan),
+                     extra=relaxed.entries(executor, manager.chain),
+                     extra_expected=relaxed.expected(plan, manager.chain, manager.optimizer))

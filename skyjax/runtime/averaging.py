@@ -17,9 +17,10 @@ does instead of summing its replicas exactly (``PipelineStage.reduce_replicas``)
   Every replica then holds the same parameters; the inner optimizer states stay per pipeline.
   The anchor and v cost two copies of the stage's parameters.
 
-Neither residuals nor anchors are in checkpoints: a resumed relaxed run starts them afresh (zero
-residual; anchor = the restored parameters, v = 0), so resuming changes a relaxed run's math
-slightly, where an exact run resumes bit for bit.
+The state travels as per-unit trees (``export_state`` / ``import_state``, named by ``STATE``;
+``SHARED``: the names equal on every replica; ``REPLICAS_DIFFER``: whether a replica's params
+and optimizer state may differ from pipeline 0's), so checkpoints save and restore it
+(:mod:`skyjax.checkpoint.relaxed`) and a resumed relaxed run equals the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -62,10 +63,49 @@ def _copy(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.copy(), tree)
 
 
-class Int8Averaging:
+class _StateTrees:
+    """Export and import of an averaging's state: each name of ``STATE`` is an attribute holding
+    one tree per unit of the stage, in order (shaped like the unit's params)."""
+
+    STATE: tuple[str, ...] = ()
+    SHARED: tuple[str, ...] = ()  # equal on every replica of a unit
+    REPLICAS_DIFFER = False  # a replica's params and optimizer state may differ from pipeline 0's
+
+    def export_state(self) -> dict[str, list]:
+        """``{name: [tree per unit of the stage]}`` (the arrays held, not copies)."""
+        return {name: list(getattr(self, name)) for name in self.STATE}
+
+    def import_state(self, state: dict[str, list]) -> None:
+        """Replaces the named parts (host or device arrays, shaped as exported) on the device
+        and in the dtype of what they replace."""
+        for name, trees in state.items():
+            held = getattr(self, name)
+            setattr(self, name, jax.tree.map(
+                lambda x, h: jax.device_put(x, next(iter(h.devices()))).astype(h.dtype),
+                list(trees), list(held)))
+
+
+def state_class(mode: str) -> type | None:
+    """The class a stage of a plan with averaging ``mode`` holds, by its ``name`` (None: exact,
+    no state)."""
+    return {c.name: c for c in _StateTrees.__subclasses__()}.get(mode)
+
+
+def local_stages(executor: Any) -> list:
+    """The stages an executor runs in this process: every stage (local executor), its own
+    (distributed), none (a process the plan leaves idle)."""
+    stages = getattr(executor, "stages", None)
+    if stages is not None:
+        return list(stages)
+    stage = getattr(executor, "stage", None)
+    return [] if stage is None else [stage]
+
+
+class Int8Averaging(_StateTrees):
     """Per stage: the int8 exchange with error feedback (module doc)."""
 
     name = "int8"
+    STATE = ("residual",)  # each pipeline's own
     own_norm = False  # the summed gradients: clipped by the global norm, as exact
 
     def __init__(self, stage: Any):
@@ -84,10 +124,12 @@ class Int8Averaging:
         pass
 
 
-class DilocoAveraging:
+class DilocoAveraging(_StateTrees):
     """Per stage: inner steps on the pipeline's share, an outer step every H (module doc)."""
 
     name = "diloco"
+    STATE = SHARED = ("anchor", "momentum")
+    REPLICAS_DIFFER = True  # params between outer steps, inner optimizer states always
     own_norm = True  # every pipeline clips its inner steps by its own norm
 
     def __init__(self, stage: Any, every: int, lr: float, momentum: float):

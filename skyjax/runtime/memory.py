@@ -3,7 +3,8 @@ about its share of the model (``summary.json`` ``memory``).
 
 Peak resident set size comes from ``getrusage`` (the kernel's high-water mark over the process's
 life, including JAX's own runtime), the training state (parameters + optimizer state) of a set of
-units from their shapes.
+units from their shapes, and a relaxed averaging's state (int8 residuals, DiLoCo's anchors and
+outer momenta: ``runtime.averaging``) from what this process's stages hold.
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ def state_bytes(chain: Sequence[Any], indices: Iterable[int],
     return total
 
 
+def averaging_bytes(executor: Any) -> int:
+    """Bytes of the relaxed averaging state this process's stages hold (0: exact)."""
+    from skyjax.runtime.averaging import local_stages
+
+    return sum(tree_nbytes(s.averaging.export_state()) for s in local_stages(executor)
+               if s.averaging is not None)
+
+
 def gather_to_chief(record: dict, key: str, timeout_s: float = 600.0) -> list[dict] | None:
     """Every process's JSON-able ``record`` on process 0 (in process order), through the
     coordination service's key-value store under ``key``; None on the other processes."""
@@ -65,12 +74,14 @@ def gather_to_chief(record: dict, key: str, timeout_s: float = 600.0) -> list[di
 
 
 def run_report(optimizer: optax.GradientTransformation, chain: Sequence[Any], mine: list[int],
-               rss_start: int) -> dict | None:
+               rss_start: int, averaging: int = 0) -> dict | None:
     """Peak host RSS and training-state bytes of every process (``mine``: this process's
-    units), against the whole model's training state (``summary.json`` ``memory``); None on
-    processes other than 0."""
+    units; ``averaging``: its relaxed averaging's bytes, :func:`averaging_bytes`), against the
+    whole model's training state (``summary.json`` ``memory``); None on processes other than
+    0."""
     record = {"process": jax.process_index(), "units": [min(mine), max(mine) + 1] if mine else [],
               "state_bytes": state_bytes(chain, mine, optimizer),
+              "averaging_state_bytes": int(averaging),
               "rss_start_bytes": rss_start, "peak_rss_bytes": peak_rss_bytes()}
     processes = gather_to_chief(record, "skyjax/memory")
     if processes is None:

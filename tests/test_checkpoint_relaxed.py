@@ -1,0 +1,171 @@
+"""A relaxed run's averaging state in checkpoints (``skyjax.checkpoint.relaxed``): a run stopped
+and resumed gives the uninterrupted run's losses (int8 residuals; DiLoCo's anchors, momenta and
+per-pipeline replicas, resumed mid-period); a commit requires every pipeline's state; a
+restoring plan with another pipeline count or averaging keeps what still means the same and says
+what it dropped; an exact checkpoint restores under a relaxed plan with fresh state."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from skyjax import checkpoint
+from skyjax import plan as plan_lib
+from skyjax.checkpoint import CheckpointError, CheckpointManager, find_resume, relaxed
+from skyjax.runtime.local_executor import LocalExecutor
+from tests.helpers import BATCH, SEQ, fresh_chain, make_batch, rng_for
+
+RUN = {"seed": 0, "dataset": "synthetic"}
+CLIP, STEPS, STOP = 0.5, 6, 4  # DiLoCo's outer steps after steps 3 and 6: 4 is mid-period
+OUTER = {"outer_every": 3, "outer_lr": 0.7, "outer_momentum": 0.5}
+TWO = [[(0, (0, 3)), (1, (3, 5))], [(2, (0, 5))]]
+
+
+def _plan(pipelines, shares, averaging="exact", **outer):
+    stages = [plan_lib.Stage(d, block, 0.0, 0.0, 0, pipeline=i)
+              for i, stages in enumerate(pipelines) for d, block in stages]
+    return plan_lib.Plan("manual", "1f1b", sum(shares), stages, 0.0, 0.0, False,
+                         shares=list(shares) if len(shares) > 1 else None,
+                         averaging=averaging, **outer)
+
+
+def _optimizer():
+    return optax.adamw(1e-3)
+
+
+def _executor(chain, plan, states=None):
+    return LocalExecutor(chain, plan, jax.devices(), batch_size=BATCH, seq_len=SEQ,
+                         optimizer=_optimizer(), max_grad_norm=CLIP, rng=rng_for,
+                         unit_states=states)
+
+
+def _train(ex, start, stop):
+    return [ex.train_step(s, make_batch(s)).loss for s in range(start, stop)]
+
+
+def _stopped(tmp_path, chain, plan):
+    """Trains ``STOP`` steps of ``plan`` and checkpoints them as the trainer does; returns the
+    losses and the relaxed tensors this process wrote."""
+    ex = _executor(chain, plan)
+    losses = _train(ex, 0, STOP)
+    manager = CheckpointManager(str(tmp_path), STOP, 1, chain, _optimizer(), RUN,
+                                total_steps=STEPS)
+    checkpoint.after_step(manager, STOP - 1, ex)
+    written = {n: np.asarray(x) for n, x in relaxed.entries(ex, chain)}
+    ex.close()
+    return losses, written
+
+
+def _resumed(tmp_path, chain, plan, restore=True):
+    resume = find_resume(str(tmp_path))
+    states = checkpoint.restore_units(resume, chain, range(len(chain)), _optimizer())
+    ex = _executor(chain, plan, states)
+    restored = checkpoint.restore_relaxed(resume, ex, chain, _optimizer()) if restore else []
+    return ex, restored
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return fresh_chain()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,outer", [("int8", {}), ("diloco", OUTER)])
+def test_a_stopped_and_resumed_relaxed_run_equals_the_uninterrupted_one(tmp_path, chain, mode,
+                                                                       outer):
+    plan = _plan(TWO, [2, 2], mode, **outer)
+    ex = _executor(chain, plan)
+    want = _train(ex, 0, STEPS)
+    ex.close()
+    head, written = _stopped(tmp_path, chain, plan)
+    np.testing.assert_array_equal(head, want[:STOP])
+    meta = find_resume(str(tmp_path)).meta
+    assert meta["averaging"] == {"mode": mode, "pipelines": 2}
+    # every tensor the trainer wrote is in the commit, checksummed with the rest
+    assert set(written) <= set(meta["tensors"]) and set(written)
+    assert any(n.startswith("pipelines/1/") for n in written)
+
+    ex, restored = _resumed(tmp_path, chain, plan)
+    again = {n: np.asarray(x) for n, x in relaxed.entries(ex, chain)}
+    assert again.keys() == written.keys()
+    for name in written:
+        np.testing.assert_array_equal(again[name], written[name], err_msg=name)
+    tail = _train(ex, STOP, STEPS)
+    ex.close()
+    np.testing.assert_allclose(tail, want[STOP:], atol=1e-5, rtol=0)
+    assert restored == (["residual"] if mode == "int8" else ["anchor", "momentum", "replicas"])
+
+
+@pytest.mark.slow
+def test_without_the_state_a_resumed_diloco_run_changes(tmp_path, chain):
+    """The control: the same resume without the relaxed state gives other losses (pipeline 1
+    restarts from pipeline 0's params mid-period, the anchor from the restored params)."""
+    plan = _plan(TWO, [2, 2], "diloco", **OUTER)
+    ex = _executor(chain, plan)
+    want = _train(ex, 0, STEPS)
+    ex.close()
+    _stopped(tmp_path, chain, plan)
+    ex, _ = _resumed(tmp_path, chain, plan, restore=False)
+    tail = _train(ex, STOP, STEPS)
+    ex.close()
+    assert np.abs(np.array(tail) - want[STOP:]).max() > 1e-4
+
+
+@pytest.mark.slow
+def test_another_pipeline_count_or_averaging_keeps_what_still_holds(tmp_path, chain, caplog):
+    """int8 residuals are each pipeline's own: under three pipelines they start at zero, with
+    a warning line; under an exact plan the state is not used (a warning line); an exact
+    checkpoint restores under an int8 plan with zero residuals."""
+    plan = _plan(TWO, [2, 2], "int8")
+    _stopped(tmp_path / "int8", chain, plan)
+    three = _plan([[(0, (0, 5))], [(1, (0, 5))], [(2, (0, 5))]], [2, 1, 1], "int8")
+    for other, line in [(three, "saved by 2 pipelines, this plan has 3"),
+                        (_plan(TWO, [2, 2]), "not used under this plan's averaging exact")]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            ex, restored = _resumed(tmp_path / "int8", chain, other)
+        assert restored == [] and line in caplog.text
+        for s in ex.stages:
+            if s.averaging is not None:
+                assert all(not np.asarray(x).any()
+                           for x in jax.tree.leaves(s.averaging.residual))
+        ex.close()
+    _stopped(tmp_path / "exact", chain, _plan(TWO, [2, 2]))
+    assert "averaging" not in find_resume(str(tmp_path / "exact")).meta
+    ex, restored = _resumed(tmp_path / "exact", chain, plan)
+    assert restored == []
+    np.testing.assert_allclose(_train(ex, STOP, STOP + 1), _train_exact_tail(chain, plan),
+                               atol=0, rtol=0)
+    ex.close()
+
+
+def _train_exact_tail(chain, plan):
+    """One int8 step from the exact run's state after ``STOP`` steps, fresh residuals: what
+    restoring an exact checkpoint under an int8 plan must give."""
+    ex = _executor(chain, _plan(TWO, [2, 2]))
+    _train(ex, 0, STOP)
+    states = ex.unit_states()
+    ex.close()
+    ex = _executor(chain, plan, jax.device_get(states))
+    out = _train(ex, STOP, STOP + 1)
+    ex.close()
+    return out
+
+
+def test_a_commit_needs_every_pipelines_state(tmp_path, chain):
+    """A process that left out its relaxed tensors (here: pipeline 1's residuals) leaves the
+    step uncommitted, naming the missing tensor."""
+    plan = _plan(TWO, [2, 2], "int8")
+    ex = _executor(chain, plan)
+    manager = CheckpointManager(str(tmp_path), 1, 1, chain, _optimizer(), RUN)
+    entries = [(n, x) for n, x in relaxed.entries(ex, chain) if not n.startswith("pipelines/1/")]
+    with pytest.raises(CheckpointError, match=r"tensor pipelines/1/relax/residual/.* was "
+                                              r"written by no process"):
+        manager.save(1, ex.unit_states(), extra_meta=relaxed.meta(plan), extra=entries,
+                     extra_expected=relaxed.expected(plan, chain, _optimizer()))
+    ex.close()
+    assert checkpoint.committed_steps(str(tmp_path)) == []
