@@ -245,6 +245,7 @@ def _check_train(t: Any) -> None:
 def _check_pipeline(config: Any) -> None:
     p = config.pipeline
     _one_of("config.pipeline.schedule", p.schedule, names.SCHEDULE_CHOICES)
+    _one_of("config.pipeline.warmup", p.warmup, names.WARMUPS)
     _at_least("config.pipeline.microbatches", p.microbatches, 1)
     _one_of("config.pipeline.sync_actions", p.sync_actions, names.SYNC_ACTIONS)
     if config.data.batch_size % p.microbatches:

@@ -22,6 +22,7 @@ heuristic <- planner):
 * ``exchange``: the gradient exchange's routing through link groups, and its cost;
 * ``pipeline_split``: the search over splits and shares (``plan(max_pipelines=N)``);
 * ``schedules``: GPipe / 1F1B as per-stage action lists;
+* ``warmup``: 1F1B's deeper warm-ups before slow links, priced by the window model;
 * ``stage_times``: per-stage action times and link delays, what the simulators replay;
 * ``simulate``: an event simulation of a schedule;
 * ``measured``: each message's delay read from a measured step's spans;

@@ -26,7 +26,7 @@ import sys
 
 from skyjax import failures, workdir
 from skyjax.jsonio import write_json_atomic
-from skyjax.names import AVERAGING, SCHEDULE_CHOICES, STRATEGIES
+from skyjax.names import AVERAGING, SCHEDULE_CHOICES, STRATEGIES, WARMUPS
 from skyjax.plan import planner, simulate
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile, load_profile
@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="1f1b",
                    help="auto: every schedule planned, the least predicted step kept")
+    p.add_argument("--warmup", choices=WARMUPS, default="1f1b",
+                   help="1F1B's warm-up forwards; auto: deeper before a slow link where that "
+                        "hides its latency within memory")
     p.add_argument("--microbatches", type=_positive_int, default=8)
     p.add_argument("--pipelines", type=_pipelines, default=0,
                    help="most pipelines in data parallel (the planner picks 1..N); default "
@@ -241,7 +244,8 @@ def plan_and_write(args: argparse.Namespace) -> int:
         plan = planner.plan(profile, args.strategy, args.schedule, args.microbatches,
                             certify=args.certify, extra=extra, max_pipelines=args.pipelines,
                             relax=Relaxation(args.handoff_bits, args.averaging,
-                                             args.outer_every, min_gain=args.min_gain))
+                                             args.outer_every, min_gain=args.min_gain),
+                            warmup=args.warmup)
         if args.time_scale is not None:  # a rehearsal's time base: the same plan, every time x K
             if not args.time_scale > 0:
                 raise ValueError(f"--time_scale {args.time_scale}: expected a positive number")

@@ -45,7 +45,7 @@ import dataclasses
 
 import numpy as np
 
-from skyjax.names import SCHEDULES, STRATEGIES
+from skyjax.names import SCHEDULES, STRATEGIES, WARMUPS
 from skyjax.plan import exact as exact_search
 from skyjax.plan import heuristic, pipeline_split
 from skyjax.plan.bounds import lower_bound, min_bottleneck
@@ -53,6 +53,7 @@ from skyjax.plan.classes import device_classes
 from skyjax.plan.cost import Tables, evaluate_tables, tables
 from skyjax.plan.even import even_assignment
 from skyjax.plan.group_bound import GroupBound, group_bound
+from skyjax.plan.warmup import deepen, linkless
 from skyjax.plan.refine import refine_plan
 from skyjax.plan.extension import ExtraCost
 from skyjax.plan.types import InfeasibleError, Plan
@@ -66,7 +67,7 @@ GOAL_GAP = 0.009  # chain_bound's goal: a gap just inside REGION_GAP (its last s
 def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
          microbatches: int = 8, *, force_heuristic: bool = False, certify: bool = False,
          extra: ExtraCost | None = None, max_pipelines: int = 1,
-         relax: Relaxation = EXACT) -> Plan:
+         relax: Relaxation = EXACT, warmup: str = "1f1b") -> Plan:
     """Plan a profile. even: all devices in order; optimal/dynamic: least T (module doc).
     ``certify``: also compute the lower-bound certificates (module doc); ``extra``: extra cost
     terms (:mod:`skyjax.plan.extension`), None for the core model alone. ``max_pipelines``:
@@ -77,13 +78,16 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
     are then the cheapest allowed under the cost model, and the relaxed plan is taken only
     where its T is at least ``relax.min_gain`` below the exact plan's (a relaxation changes
     the math: it must buy something); the default relaxes nothing. ``schedule`` "auto":
-    :func:`least_schedule`."""
+    :func:`least_schedule`. ``warmup`` "auto": a one-pipeline 1F1B plan takes deeper warm-ups
+    before slow links where the window model says they pay (:mod:`skyjax.plan.warmup`)."""
+    if warmup not in WARMUPS:
+        raise ValueError(f"warmup: expected one of {WARMUPS}, got {warmup!r}")
     if schedule == AUTO_SCHEDULE:
         return least_schedule(profile, strategy, microbatches, force_heuristic=force_heuristic,
                               certify=certify, extra=extra, max_pipelines=max_pipelines,
-                              relax=relax)
+                              relax=relax, warmup=warmup)
     kwargs = dict(force_heuristic=force_heuristic, certify=certify, extra=extra,
-                  max_pipelines=max_pipelines)
+                  max_pipelines=max_pipelines, deep=warmup == "auto")
     exact = _plan_within(dataclasses.replace(profile, relax=EXACT), strategy, schedule,
                          microbatches, **kwargs)
     if relax.is_exact or strategy == "even":
@@ -98,7 +102,7 @@ AUTO_PIPELINES = 16  # max_pipelines=0 (auto): up to min(this, devices, micro-ba
 
 def _plan_within(profile: Profile, strategy: str, schedule: str, microbatches: int, *,
                  force_heuristic: bool, certify: bool, extra: ExtraCost | None,
-                 max_pipelines: int) -> Plan:
+                 max_pipelines: int, deep: bool = False) -> Plan:
     """``plan`` within ``profile.relax``."""
     if isinstance(max_pipelines, bool) or int(max_pipelines) != max_pipelines \
             or max_pipelines < 0:
@@ -114,7 +118,7 @@ def _plan_within(profile: Profile, strategy: str, schedule: str, microbatches: i
         why = None
         try:
             single = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify,
-                           None)
+                           None, deep)
         except InfeasibleError as e:  # several pipelines may fit (fewer micro-batches in flight)
             single, why = None, e
         try:
@@ -126,7 +130,7 @@ def _plan_within(profile: Profile, strategy: str, schedule: str, microbatches: i
                 raise
             raise InfeasibleError(f"{why} (nor does any split into up to {max_pipelines} "
                                   f"pipelines)") from e
-    out = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify, extra)
+    out = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify, extra, deep)
     if extra is None or strategy == "even":
         return out
     t = tables(profile, schedule, microbatches)
@@ -136,7 +140,8 @@ def _plan_within(profile: Profile, strategy: str, schedule: str, microbatches: i
 
 
 def _plan(profile: Profile, strategy: str, schedule: str, microbatches: int,
-          force_heuristic: bool, certify: bool, extra: ExtraCost | None) -> Plan:
+          force_heuristic: bool, certify: bool, extra: ExtraCost | None,
+          deep: bool = False) -> Plan:
     """``plan`` without ``ExtraCost.best_of``."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
@@ -167,6 +172,8 @@ def _plan(profile: Profile, strategy: str, schedule: str, microbatches: int,
                 out.lower_bound_s = out.analytic_s
             else:
                 out.exact, out.lower_bound_s = True, None
+    if deep and extra is None:  # 1F1B: deeper warm-ups before slow links, where they pay
+        out = deepen(t, out, lambda: lower_bound(linkless(t)))
     return out
 
 

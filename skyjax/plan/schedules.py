@@ -7,7 +7,10 @@ passes (W) split off the backward.
 * GPipe: F0 .. F(m-1), then B(m-1) .. B0 (all forwards, then backwards in reverse).
 * 1F1B (PipeDream-flush): stage k runs w = min(p - k - 1, m) warm-up forwards, then alternates
   one forward and one backward, then drains the remaining backwards. At most min(m, p - k)
-  micro-batches are in flight on stage k (GPipe: m).
+  micro-batches are in flight on stage k (GPipe: m). ``warmup`` (per stage, None: that
+  default) deepens it: stage k then keeps min(m, warmup_k + 1) in flight, which covers a slow
+  link's round trip (:mod:`skyjax.plan.warmup`); warm-ups must not increase along the pipeline
+  (stage k's first backward needs its warm-up's forwards from stage k - 1 first).
 * Zero bubble (Qi et al., ICLR 2024): B is the input cotangent only (what the previous stage
   waits for) and W the stage's parameter gradients, which nothing waits for before the update.
   Each stage keeps 1F1B's order of F and B (ZB-H2: ``2 (p - k) - 2`` warm-up forwards, not
@@ -45,25 +48,28 @@ class Action:
 
 
 def actions(schedule: str, num_stages: int, microbatches: int,
-            times: tuple[Sequence[Sequence[float]], Sequence[float]] | None = None
-            ) -> list[list[Action]]:
+            times: tuple[Sequence[Sequence[float]], Sequence[float]] | None = None,
+            warmup: Sequence[int | None] | None = None) -> list[list[Action]]:
     """Per-stage action lists in execution order; ``times`` only for zero bubble
-    (:func:`zero_bubble`)."""
+    (:func:`zero_bubble`), ``warmup`` only for 1F1B (:func:`warmups`)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
     if num_stages < 1 or microbatches < 1:
         raise ValueError(f"need num_stages >= 1 and microbatches >= 1, got {num_stages}, "
                          f"{microbatches}")
+    if warmup is not None and schedule != "1f1b":
+        raise ValueError(f"warmup: only 1f1b takes per-stage warm-ups, not {schedule}")
     if schedule in ZERO_BUBBLE:
         return zero_bubble(schedule, num_stages, microbatches, times)
     m = microbatches
+    warm_k = warmups(num_stages, m, warmup)
     out = []
     for k in range(num_stages):
         if schedule == "gpipe":
             out.append([Action("F", i) for i in range(m)] +
                        [Action("B", i) for i in reversed(range(m))])
             continue
-        warm = min(num_stages - k - 1, m)
+        warm = warm_k[k]
         acts = [Action("F", i) for i in range(warm)]
         for i in range(m - warm):
             acts += [Action("F", warm + i), Action("B", i)]
@@ -72,10 +78,31 @@ def actions(schedule: str, num_stages: int, microbatches: int,
     return out
 
 
-def inflight_limit(schedule: str, num_stages: int, microbatches: int) -> list[int]:
+def warmups(num_stages: int, microbatches: int,
+            warmup: Sequence[int | None] | None = None) -> list[int]:
+    """1F1B's warm-up forwards per stage: ``warmup[k]`` where given (at most m), else
+    min(p - k - 1, m); a ValueError unless they are at least 1F1B's and do not increase along
+    the pipeline."""
+    p, m = num_stages, microbatches
+    own = [min(p - k - 1, m) for k in range(p)]
+    if warmup is None:
+        return own
+    if len(warmup) != p:
+        raise ValueError(f"warmup: expected {p} stages' warm-ups, got {len(warmup)}")
+    out = [o if w is None else min(int(w), m) for o, w in zip(own, warmup)]
+    if any(w < o for w, o in zip(out, own)) or any(a < b for a, b in zip(out, out[1:])):
+        raise ValueError(f"warmup: {list(warmup)} must be at least 1F1B's {own} and not "
+                         f"increase along the pipeline")
+    return out
+
+
+def inflight_limit(schedule: str, num_stages: int, microbatches: int,
+                   warmup: Sequence[int | None] | None = None) -> list[int]:
     """Per stage the most micro-batches a schedule keeps between their F and their last
     backward pass (B, or W under zero bubble): its activation memory in micro-batches."""
     p, m = num_stages, microbatches
+    if warmup is not None:
+        return [min(m, w + 1) for w in warmups(p, m, warmup)]
     if schedule == "gpipe":
         return [m] * p
     if schedule == "zb-h1":
@@ -165,4 +192,6 @@ def plan_lists(plan, pipeline: int = 0) -> list[list[Action]]:
     times = None
     if plan.schedule in ZERO_BUBBLE and all(s.passes_s for s in sub.stages):
         times = ([s.passes_s for s in sub.stages], [s.comm_s / 2 for s in sub.stages[:-1]])
-    return actions(plan.schedule, p, m, times)
+    warm = [s.warmup for s in sub.stages]
+    return actions(plan.schedule, p, m, times,
+                   warm if any(w is not None for w in warm) else None)

@@ -33,7 +33,7 @@ from typing import Sequence
 
 from skyjax.plan.schedules import Action, actions, inflight_peaks, plan_lists
 from skyjax.plan.extension import ExtraCost
-from skyjax.plan.stage_times import stage_actions_s, stage_weight_s
+from skyjax.plan.stage_times import stage_actions_s, stage_latency_s, stage_weight_s
 from skyjax.plan.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.spans import Span, link_events, stage_events, trace_json
@@ -68,7 +68,8 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
              schedule: str, microbatches: int, *, overlap_comm: bool = True,
              names: Sequence[str] | None = None, update_s: Sequence[float] | None = None,
              sync_s: float = 0.0, weight_s: Sequence[float] | None = None,
-             lists: Sequence[Sequence[Action]] | None = None) -> SimResult:
+             lists: Sequence[Sequence[Action]] | None = None,
+             latency_s: Sequence[float] | None = None) -> SimResult:
     """Event simulation of the schedule's action lists (see module doc).
 
     forward_s / backward_s: seconds per micro-batch of each stage's whole block; comm_s[k]: one-way
@@ -76,6 +77,9 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
     update, which follows the previous step's gradient-norm all-reduce: in the steady state stage
     k starts ``update_s[k]`` after the step boundary, and the step ends ``sync_s`` after its last
     action (the all-reduce), so the result is the period of back-to-back steps.
+    ``latency_s[k]``: the part of ``comm_s[k]`` that is latency; the rest is the link's bytes,
+    which it carries one message at a time per direction (a message departs when the link is
+    free). None: all latency (no queue).
     """
     p, m = len(forward_s), microbatches
     if len(backward_s) != p or len(comm_s) != max(p - 1, 0):
@@ -86,6 +90,20 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
         lists = actions(schedule, p, m, ([(float(forward_s[k]), float(backward_s[k]), w[k])
                                           for k in range(p)], [float(c) for c in comm_s]))
     fwd, bwd, delay = _durations(forward_s, backward_s, comm_s, overlap_comm)
+    # a link's delay is its latency and its bytes; the bytes hold the link (one message at a
+    # time per direction), the latency does not (transport.base.LinkClock)
+    lat = ([min(float(x), d) for x, d in zip(latency_s, delay)] if latency_s is not None
+           and overlap_comm else list(delay[: p - 1]))
+    link_free: dict[tuple[str, int], float] = {}
+    arrive: dict[tuple[str, int, int], float] = {}
+
+    def send(kind: str, k: int, to: int, i: int, ready: float) -> None:
+        link = min(k, to)
+        transfer = delay[link] - lat[link]
+        depart = max(ready, link_free.get((kind, link), 0.0))
+        link_free[(kind, link)] = depart + transfer
+        arrive[(kind, to, i)] = depart + transfer + lat[link]
+
     end: dict[tuple[str, int, int], float] = {}
     spans: list[list[Span]] = [[] for _ in range(p)]
     pos = [0] * p
@@ -99,18 +117,20 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
                 if a.kind == "W":  # its B ran earlier on this stage
                     dep, dur = 0.0, w[k]
                 elif a.kind == "F":
-                    dep = 0.0 if k == 0 else end.get(("F", k - 1, a.microbatch))
-                    dep = dep if k == 0 or dep is None else dep + delay[k - 1]
+                    dep = 0.0 if k == 0 else arrive.get(("F", k, a.microbatch))
                     dur = fwd[k]
                 else:
                     dep = end.get(("F", k, a.microbatch)) if k == p - 1 else \
-                        end.get(("B", k + 1, a.microbatch))
-                    dep = dep if k == p - 1 or dep is None else dep + delay[k]
+                        arrive.get(("B", k, a.microbatch))
                     dur = bwd[k]
                 if dep is None:
                     break
                 start = max(free[k], dep)
                 free[k] = end[(a.kind, k, a.microbatch)] = start + dur
+                if a.kind == "F" and k < p - 1:
+                    send("F", k, k + 1, a.microbatch, start + dur)
+                elif a.kind == "B" and k > 0:
+                    send("B", k, k - 1, a.microbatch, start + dur)
                 spans[k].append(Span(k, a.kind, a.microbatch, start, start + dur))
                 pos[k] += 1
                 remaining -= 1
@@ -143,7 +163,7 @@ def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True,
     out = simulate(fwd, [b - x for b, x in zip(bwd, w)], link, plan.schedule, plan.microbatches,
                    overlap_comm=overlap_comm, names=names,
                    update_s=[s.update_s for s in plan.stages], sync_s=float(profile.sync_s),
-                   weight_s=w, lists=plan_lists(plan))
+                   weight_s=w, lists=plan_lists(plan), latency_s=stage_latency_s(plan, profile))
     effect = extra.effect(plan, profile) if extra is not None else None
     out.slowdown = [1.0] * len(plan.stages)
     if effect is not None:
@@ -167,7 +187,8 @@ def _simulate_pipelines(plan: Plan, profile: Profile, overlap_comm: bool) -> Sim
         runs.append((simulate(fwd, [b - x for b, x in zip(bwd, w)], link, plan.schedule,
                               sub.microbatches, overlap_comm=overlap_comm,
                               update_s=[s.update_s for s in sub.stages], weight_s=w,
-                              lists=plan_lists(plan, i)),
+                              lists=plan_lists(plan, i),
+                              latency_s=stage_latency_s(sub, profile)),
                      link, plan.first_microbatch(i)))
         ids.append(plan.stage_ids(i))
     step = max(r.step_time_s for r, _, _ in runs) + plan.allreduce_s + float(profile.sync_s)

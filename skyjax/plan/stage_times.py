@@ -43,6 +43,13 @@ def stage_actions_s(plan: Plan, profile: Profile) -> tuple[list[float], list[flo
     return fwd, bwd, link
 
 
+def stage_latency_s(plan: Plan, profile: Profile) -> list[float]:
+    """Per link k -> k + 1 its latency: the part of its delay that does not hold the link (the
+    rest, its bytes over the bandwidth, goes one message at a time per direction)."""
+    st = plan.stages
+    return [float(profile.latency_s[a.device, b.device]) for a, b in zip(st, st[1:])]
+
+
 def stage_weight_s(plan: Plan, profile: Profile) -> list[float]:
     """Per stage the W pass of a zero-bubble schedule (the W part of its units' backward,
     :func:`skyjax.plan.cost.weight_s`), which its backward action then leaves out; zeros under

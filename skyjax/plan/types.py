@@ -39,6 +39,9 @@ class Stage:
     # zero-bubble schedules: seconds of one F, B (input gradient) and W (weight gradient) pass,
     # what the schedule's fill is built from (skyjax.plan.schedules.plan_lists); None otherwise
     passes_s: tuple[float, float, float] | None = None
+    # 1F1B: warm-up forwards deeper than 1F1B's p - k - 1, to keep a slow link's round trip
+    # covered (skyjax.plan.warmup); None: 1F1B's own
+    warmup: int | None = None
 
     @property
     def time_s(self) -> float:
@@ -56,6 +59,8 @@ class Stage:
             out["codec"] = self.codec
         if self.passes_s is not None:
             out["passes_s"] = list(self.passes_s)
+        if self.warmup is not None:
+            out["warmup"] = self.warmup
         return out
 
 
@@ -162,7 +167,8 @@ class Plan:
                         float(s["compute_s"]), float(s["comm_s"]), int(s["memory_bytes"]),
                         float(s.get("update_s", 0.0)), int(s.get("pipeline", 0)),
                         str(s.get("codec", "none")),
-                        tuple(float(x) for x in s["passes_s"]) if s.get("passes_s") else None)
+                        tuple(float(x) for x in s["passes_s"]) if s.get("passes_s") else None,
+                        int(s["warmup"]) if s.get("warmup") is not None else None)
                   for s in d["stages"]]
         shares = d.get("shares")
         return cls(d["strategy"], d["schedule"], int(d["microbatches"]), stages,

@@ -1,0 +1,150 @@
+"""Latency hidden by micro-batches in flight: 1F1B with a deeper warm-up before a slow link,
+priced by the window model (docs/design.md, "The cost model", "Latency and the window").
+
+1F1B keeps w_k = min(m, p - k) micro-batches in flight on stage k, and the cost model charges
+each link's latency inside t_k, once per micro-batch on the bottleneck. Where a link's latency
+is long, that is what a step costs: with few micro-batches in flight the stage before the link
+waits for each round trip. A stage that keeps more in flight waits less; with enough, the
+latency is paid once in the fill and drain. The window model prices per-stage warm-ups
+(``Stage.warmup``, :func:`skyjax.plan.schedules.warmups`):
+
+  x_k   = bytes_k / bandwidth_k: one hand-off over link k (its codec's bytes), one way
+  c_k   = t_k - 2 (latency_k + x_k): the stage's passes, message calls and coding
+  R_k   = sum_{j >= k} t_j: a micro-batch's round trip from stage k's forward to its backward
+  w_k   = min(m, warmup_k + 1): micro-batches in flight on stage k
+  P     = max(max_k c_k, max_k x_k, max_{k: w_k < m} R_k / w_k)
+  T_win = sum_k t_k + (m - 1) P + update_0 + sync_s
+
+A stage is busy c_k per micro-batch; a link carries one message at a time per direction, x_k
+each (the link's latency does not hold it: ``transport.base.LinkClock``); a stage with w_k in
+flight starts a micro-batch only when one returns, so it cannot go faster than w_k per round
+trip R_k. The fill and drain (sum t_k) pay every latency and both transfers once. With 1F1B's
+own warm-ups R_k / w_k <= max_j t_j, so T_win <= T: today's T, which charges the latency per
+micro-batch, stays the price of plans with 1F1B's own warm-ups (the searches minimise it, and
+plans stay what they were), an upper bound of their window price.
+
+``deepen`` (the planner, 1F1B, one pipeline): on the plan the search found, each stage gets the
+fewest warm-up forwards for which R_k / w_k is at most the latency-free period
+max(max c_j, max x_j), within its memory (stage k holds w_k micro-batches' activations) and
+never more than the stage before it; the plan is kept with them when its T_win is at least
+``MIN_GAIN`` below T_win at 1F1B's own warm-ups (deeper warm-ups hold more activations: they
+must buy a clear gain), with ``lower_bound_s`` the bound of the tables without links (every T_win
+is at least that plan's T: c_k and the message calls are in t_k, and the bound charges one
+micro-batch in flight).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+from skyjax.plan.cost import Tables
+from skyjax.plan.schedules import warmups
+from skyjax.plan.types import Plan
+
+MIN_GAIN = 0.01  # least relative gain of T_win for which a plan takes deeper warm-ups
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """The window model's terms of one plan (module doc)."""
+
+    times: list[float]  # t_k
+    busy: list[float]  # c_k
+    transfer: list[float]  # x_k, per link
+    latency: list[float]  # per link
+
+    def period(self, m: int, warm: Sequence[int]) -> float:
+        """P for warm-up forwards ``warm`` per stage."""
+        p = len(self.times)
+        out = max(max(self.busy), max(self.transfer, default=0.0))
+        for k in range(p - 1):
+            w = min(m, warm[k] + 1)
+            if w < m:
+                out = max(out, sum(self.times[k:]) / w)
+        return out
+
+    def step(self, m: int, warm: Sequence[int], extra_s: float) -> float:
+        """T_win = sum t_k + (m - 1) P + extra (update_0 + sync_s)."""
+        return float(sum(self.times) + (m - 1) * self.period(m, warm) + extra_s)
+
+
+def window(t: Tables, plan: Plan) -> Window:
+    """The window terms of a one-pipeline plan priced by ``t``."""
+    st = plan.stages
+    times = [s.time_s for s in st]
+    lat, xfer = [], []
+    for s, nxt in zip(st, st[1:]):
+        d, e, cut = s.device, nxt.device, s.units[1]
+        c = t.codec_names.index(s.codec)
+        lat.append(float(t.latency[d, e]))
+        xfer.append(float(t.codec_bytes[c, cut - 1] / t.bandwidth[d, e]))
+    busy = [tk - 2 * (lat[k] + xfer[k]) if k < len(st) - 1 else tk
+            for k, tk in enumerate(times)]
+    return Window(times, busy, xfer, lat)
+
+
+def _memory(t: Tables, a: int, b: int, inflight: int) -> float:
+    return float(t.state_prefix[b] - t.state_prefix[a]
+                 + inflight * (t.act_prefix[b] - t.act_prefix[a]))
+
+
+def choose(t: Tables, plan: Plan, win: Window) -> list[int]:
+    """Per stage the warm-up forwards ``deepen`` gives it (module doc)."""
+    p, m = len(plan.stages), t.microbatches
+    own = warmups(p, m)
+    free = max(max(win.busy), max(win.transfer, default=0.0))
+    out, prev = [], m
+    for k, s in enumerate(plan.stages):
+        need = own[k]
+        if k < p - 1 and free > 0:
+            need = max(need, min(m, int(np.ceil(sum(win.times[k:]) / free - 1e-9))) - 1)
+        fits = own[k]
+        while fits < min(need, prev) and _memory(t, *s.units, min(m, fits + 2)) \
+                <= t.memory[s.device]:
+            fits += 1
+        out.append(max(own[k], min(need, prev, fits)))
+        prev = out[-1]
+    return out
+
+
+def deepen(t: Tables, plan: Plan, bound_s: Callable[[], float]) -> Plan:
+    """``plan`` with deeper warm-ups where the window model says they pay (module doc);
+    ``bound_s()``: a lower bound on T_win of every plan (``lower_bound`` of ``linkless(t)``),
+    called only for a deepened plan. Other schedules, several pipelines: ``plan`` itself."""
+    if t.schedule != "1f1b" or plan.num_pipelines > 1 or len(plan.stages) < 2:
+        return plan
+    p, m = len(plan.stages), t.microbatches
+    win = window(t, plan)
+    own = warmups(p, m)
+    warm = choose(t, plan, win)
+    if warm == own:
+        return plan
+    extra = t.step_extra(plan.stages[0].update_s)
+    deep = win.step(m, warm, extra)
+    if deep >= win.step(m, own, extra) * (1 - MIN_GAIN):
+        return plan
+    stages = [dataclasses.replace(
+        s, warmup=w if w > o else None,
+        memory_bytes=int(round(_memory(t, *s.units, min(m, w + 1)))) if w > o else
+        s.memory_bytes) for s, w, o in zip(plan.stages, warm, own)]
+    return dataclasses.replace(plan, stages=stages, step_time_s=deep,
+                               bottleneck_s=win.period(m, warm), exact=False,
+                               lower_bound_s=min(float(bound_s()), deep))
+
+
+def step_time(t: Tables, plan: Plan) -> float:
+    """A one-pipeline 1F1B plan's price: T_win where a stage has a deeper warm-up, else T."""
+    if not any(s.warmup is not None for s in plan.stages):
+        return plan.step_time_s
+    warm = warmups(len(plan.stages), t.microbatches, [s.warmup for s in plan.stages])
+    return window(t, plan).step(t.microbatches, warm, t.step_extra(plan.stages[0].update_s))
+
+
+def linkless(t: Tables) -> Tables:
+    """``t`` with every link free (latency 0, bandwidth unbounded): its lower bound bounds
+    T_win of every plan (module doc)."""
+    n = t.num_devices
+    return dataclasses.replace(t, latency=np.zeros((n, n)), bandwidth=np.full((n, n), np.inf))

@@ -1,0 +1,195 @@
+"""Latency hidden by micro-batches in flight (docs/design.md, "Latency and the window"): 1F1B
+with per-stage warm-ups as data, the simulator's link queues, the window model against brute
+force and the simulator, its bound, the planner's choice, and the same math at run time."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from skyjax import plan as plan_lib
+from skyjax.plan import schedules, simulate, warmup
+from skyjax.plan.bounds import lower_bound
+from skyjax.plan.cost import evaluate_tables, tables
+from skyjax.plan.schedules import Action
+from skyjax.plan.types import InfeasibleError
+from tests.helpers import assignments, make_profile, random_profile
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 4), (4, 8), (3, 2)])
+def test_deeper_warmup_lists(p, m):
+    """Every warm-up vector at least 1F1B's and not increasing: each F and B once, F(i) before
+    B(i), both in micro-batch order (the backward order, so the gradient sums, are 1F1B's),
+    min(m, warmup + 1) in flight, and the simulator runs them without deadlock."""
+    own = schedules.warmups(p, m)
+    for warm in itertools.product(range(m + 1), repeat=p):
+        if any(w < o for w, o in zip(warm, own)) or any(a < b for a, b in zip(warm, warm[1:])):
+            with pytest.raises(ValueError, match="warmup"):
+                schedules.actions("1f1b", p, m, warmup=list(warm))
+            continue
+        lists = schedules.actions("1f1b", p, m, warmup=list(warm))
+        for acts in lists:
+            assert [a.microbatch for a in acts if a.kind == "F"] == list(range(m))
+            assert [a.microbatch for a in acts if a.kind == "B"] == list(range(m))
+            assert all(acts.index(Action("F", i)) < acts.index(Action("B", i))
+                       for i in range(m))
+        want = [min(m, w + 1) for w in warm]
+        assert schedules.inflight_peaks(lists) == want
+        assert schedules.inflight_limit("1f1b", p, m, list(warm)) == want
+        simulate.simulate([1.0] * p, [2.0] * p, [0.5] * (p - 1), "1f1b", m, lists=lists)
+    assert schedules.actions("1f1b", p, m, warmup=[None] * p) == schedules.actions("1f1b", p, m)
+    with pytest.raises(ValueError, match="only 1f1b"):
+        schedules.actions("gpipe", p, m, warmup=own)
+
+
+def test_links_are_queues_as_the_link_clock():
+    """A link carries one message at a time per direction (its bytes), latency beside: GPipe
+    with no compute over one link of latency L and x seconds of bytes ends 2 L + 2 m x after
+    it starts (the transports' LinkClock gives the same due times); as a pure delay, 2 L + 2 x."""
+    from skyjax.cluster.emulation import LinkEmulation
+    from skyjax.transport.base import LinkClock
+
+    lat, x, m = 0.04, 0.01, 5
+    queued = simulate.simulate([0.0, 0.0], [0.0, 0.0], [lat + x], "gpipe", m, latency_s=[lat])
+    assert queued.step_time_s == pytest.approx(2 * lat + 2 * m * x)
+    delay = simulate.simulate([0.0, 0.0], [0.0, 0.0], [lat + x], "gpipe", m)
+    assert delay.step_time_s == pytest.approx(2 * lat + 2 * x)
+    now = [0.0]
+    clock = LinkClock(LinkEmulation(np.array([[0, lat], [lat, 0]]),
+                                    np.array([[0, 1e6], [1e6, 0]])), None, lambda: now[0])
+    dues = [clock.due(0, 1, int(x * 1e6)) for _ in range(m)]
+    assert dues == pytest.approx([lat + (i + 1) * x for i in range(m)])
+    assert clock.due(1, 0, int(x * 1e6)) == pytest.approx(lat + x)  # the other direction: free
+
+
+def _slow_profile(rng, d=3, u=5):
+    """random_profile with a slow link's latency in the range of a stage's compute."""
+    prof = random_profile(rng, d, u)
+    lat = np.asarray(prof.latency_s, float) * rng.uniform(5, 40)
+    return dataclasses.replace(prof, latency_s=lat)
+
+
+def _warmup_vectors(p, m):
+    own = schedules.warmups(p, m)
+    for warm in itertools.product(*(range(o, m + 1) for o in own)):
+        if all(a >= b for a, b in zip(warm, warm[1:])):
+            yield list(warm)
+
+
+def test_window_model_brute_force_and_bound():
+    """On every plan of small random profiles with slow links: T_win at the warm-ups ``choose``
+    gives is the least over every warm-up vector that fits memory, never above 1F1B's T, and
+    the bound of the link-free tables stays below every one of them."""
+    rng = np.random.default_rng(3)
+    checked = 0
+    for _ in range(6):
+        prof = _slow_profile(rng)
+        m = int(rng.integers(2, 7))
+        t = tables(prof, "1f1b", m)
+        bound = lower_bound(warmup.linkless(t))
+        for a in assignments(prof.num_units, prof.num_devices):
+            try:
+                plan = evaluate_tables(prof, t, a, "x", False, None)
+            except InfeasibleError:
+                continue
+            if len(plan.stages) < 2:
+                continue
+            win = warmup.window(t, plan)
+            extra = t.step_extra(plan.stages[0].update_s)
+            fits = []
+            for warm in _warmup_vectors(len(plan.stages), m):
+                mem = [warmup._memory(t, *s.units, min(m, w + 1)) for s, w in
+                       zip(plan.stages, warm)]
+                if all(x <= t.memory[s.device] for x, s in zip(mem, plan.stages)):
+                    fits.append(win.step(m, warm, extra))
+            got = win.step(m, warmup.choose(t, plan, win), extra)
+            assert got == pytest.approx(min(fits), rel=1e-12)
+            assert got <= plan.step_time_s * (1 + 1e-12)
+            assert bound <= min(fits) * (1 + 1e-9)
+            checked += 1
+    assert checked > 50
+
+
+def test_planner_deepens_where_it_pays_and_the_simulator_agrees():
+    """warmup="auto": plans whose window price pays take deeper warm-ups (recorded, within
+    memory, priced T_win, lower bound below it); the simulator's replay of their lists with
+    link queues lands within 20 % of T_win; "1f1b" keeps the plan bit for bit."""
+    rng = np.random.default_rng(12)
+    deepened = 0
+    for _ in range(30):
+        prof = _slow_profile(rng, 3, 6)
+        m = int(rng.integers(4, 9))
+        try:
+            base = plan_lib.plan(prof, "optimal", "1f1b", m)
+        except InfeasibleError:
+            continue
+        assert plan_lib.plan(prof, "optimal", "1f1b", m, warmup="1f1b").to_json() == \
+            base.to_json()
+        got = plan_lib.plan(prof, "optimal", "1f1b", m, warmup="auto")
+        if got.to_json() == base.to_json():
+            continue
+        deepened += 1
+        assert [s.units for s in got.stages] == [s.units for s in base.stages]
+        assert any(s.warmup is not None for s in got.stages) and not got.exact
+        assert got.step_time_s < base.step_time_s * (1 - warmup.MIN_GAIN)
+        assert got.lower_bound_s <= got.step_time_s
+        for s in got.stages:
+            assert s.memory_bytes <= prof.devices[s.device]["memory_bytes"]
+        again = plan_lib.Plan.from_json(got.to_json())
+        assert [s.warmup for s in again.stages] == [s.warmup for s in got.stages]
+        t = tables(prof, "1f1b", m)
+        assert warmup.step_time(t, again) == pytest.approx(got.step_time_s, rel=1e-12)
+        sim = simulate.simulate_plan(got, prof).step_time_s
+        assert abs(sim - got.step_time_s) <= 0.2 * got.step_time_s, (sim, got.step_time_s)
+        peaks = schedules.inflight_peaks(schedules.plan_lists(got))
+        assert peaks == [min(m, (s.warmup if s.warmup is not None else len(got.stages) - k - 1)
+                             + 1) for k, s in enumerate(got.stages)]
+    assert deepened >= 3
+
+
+def test_no_latency_nothing_changes():
+    """Links without latency: warmup="auto" gives 1F1B's plan bit for bit."""
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        prof = random_profile(rng, 3, 5)
+        prof = dataclasses.replace(prof, latency_s=np.zeros_like(prof.latency_s))
+        try:
+            base = plan_lib.plan(prof, "optimal", "1f1b", 6)
+        except InfeasibleError:
+            continue
+        assert plan_lib.plan(prof, "optimal", "1f1b", 6, warmup="auto").to_json() == \
+            base.to_json()
+
+
+def test_bad_warmup_is_one_clear_line():
+    prof = make_profile(np.ones((2, 2)))
+    with pytest.raises(ValueError, match="warmup: expected one of"):
+        plan_lib.plan(prof, "optimal", "1f1b", 2, warmup="deep")
+
+
+@pytest.mark.slow
+def test_deeper_warmup_losses_equal_1f1b():
+    """The same seed gives the same losses as 1F1B: a deeper warm-up runs every micro-batch's
+    backward in 1F1B's order, so the gradient sums are the same bits."""
+    import jax
+    import optax
+
+    from skyjax.runtime.local_executor import LocalExecutor
+    from tests.helpers import BATCH, SEQ, fresh_chain, make_batch, make_plan, rng_for
+
+    chain = fresh_chain("layer")
+    blocks, m, steps = [(0, 2), (2, 4), (4, 5)], 4, 3
+    runs = []
+    for warm in ([None] * 3, [3, 1, None]):
+        plan = make_plan(blocks, "1f1b", m)
+        plan.stages = [dataclasses.replace(s, warmup=w) for s, w in zip(plan.stages, warm)]
+        ex = LocalExecutor(chain, plan, jax.devices()[:len(blocks)], batch_size=BATCH,
+                           seq_len=SEQ, optimizer=optax.adamw(1e-3), max_grad_norm=0.5,
+                           rng=rng_for)
+        assert schedules.inflight_peaks(ex.actions[0]) == [4 if warm[0] else 3, 2, 1]
+        runs.append([ex.train_step(step, make_batch(step)).loss for step in range(steps)])
+        ex.close()
+    assert runs[0] == runs[1]
