@@ -33,11 +33,11 @@ EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 # Hand-off codecs (skyjax.codecs), with their bits per value on the wire, and the values per
 # scale of the blockwise ones; averaging modes across pipelines, least to most relaxed
-# (skyjax.relax).
+# (skyjax.relax; "-across": exact inside a link group, relaxed between groups).
 CODECS = ("none", "bf16", "int8", "int4")
 CODEC_BITS = {"none": 32, "bf16": 16, "int8": 8, "int4": 4}
 CODEC_BLOCK = 64
-AVERAGING = ("exact", "int8", "diloco")
+AVERAGING = ("exact", "int8-across", "int8", "diloco-across", "diloco")
 
 # config.train.compute_dtype once resolved ("auto" is resolved per platform,
 # skyjax.models.build.resolve_compute_dtype), and every value it takes

@@ -4,17 +4,21 @@ per link and chooses within (docs/design.md, "Relaxation on slow links").
 * Stage hand-offs: each link of a pipeline may carry activations and cotangents in any codec of
   :mod:`skyjax.codecs` with at least ``handoff_bits`` bits per value (32: exact, the default).
 * Averaging across pipelines (several pipelines only), from exact to most relaxed:
-  ``exact`` (the summed gradients, bit-identical on every owner); ``int8`` (each pipeline's
-  gradients in the int8 codec, with error feedback: what rounding dropped is added to the next
-  step's gradients, so over steps nothing is lost, only delayed, as in BAGUA's ByteGrad and
-  1-bit Adam); ``diloco`` (each pipeline takes ``outer_every`` = H inner optimizer steps on its
-  own share, then the pipelines average their pseudo-gradients, the parameters' change since the
-  last outer step, and an outer Nesterov SGD (``outer_lr``, ``outer_momentum``) moves the
-  common parameters: one exchange every H steps). ``averaging`` names the most relaxed one
-  allowed; the planner picks the cheapest allowed for the plan's split. DiLoCo's 0.7 and 0.9
-  are for thousands of outer steps; over the tens of a short fine-tuning run momentum 0.9
-  overshoots and the demo does not learn, where 0.5 does (``experiments/relax_bench.py``):
-  hence 0.7 and 0.5 here.
+  ``exact`` (the summed gradients, bit-identical on every owner); ``int8-across`` (exact inside
+  each link group (region), the groups' partial sums in the int8 codec between groups, with
+  error feedback at each group's representative); ``int8`` (each pipeline's gradients in the
+  int8 codec, with error feedback: what rounding dropped is added to the next step's gradients,
+  so over steps nothing is lost, only delayed, as in BAGUA's ByteGrad and 1-bit Adam);
+  ``diloco-across`` (each region's pipelines are one exact data-parallel group every step, and
+  the regions take DiLoCo's outer step every H steps, INTELLECT-1's pattern); ``diloco`` (each
+  pipeline takes ``outer_every`` = H inner optimizer steps on its own share, then the pipelines
+  average their pseudo-gradients, the parameters' change since the last outer step, and an
+  outer Nesterov SGD (``outer_lr``, ``outer_momentum``) moves the common parameters: one
+  exchange every H steps). ``averaging`` names the most relaxed one allowed, every mode before
+  it in that order allowed too; the planner picks the cheapest allowed for the plan's split.
+  DiLoCo's 0.7 and 0.9 are for thousands of outer steps; over the tens of a short fine-tuning
+  run momentum 0.9 overshoots and the demo does not learn, where 0.5 does
+  (``experiments/relax_bench.py``): hence 0.7 and 0.5 here.
 
 The planner takes a relaxed plan only where its predicted step is at least ``min_gain`` below
 the exact plan's: a relaxation changes the math, and the cost model does not price what it may
@@ -52,7 +56,7 @@ class Relaxation:
         if not 0 <= self.min_gain < 1:
             raise ValueError(f"relax.min_gain: expected a fraction in [0, 1), got "
                              f"{self.min_gain!r}")
-        if self.averaging == "diloco" and self.outer_every < 1:
+        if self.averaging.startswith("diloco") and self.outer_every < 1:
             raise ValueError(f"relax.outer_every: expected a positive integer for diloco, got "
                              f"{self.outer_every!r}")
 
@@ -69,8 +73,9 @@ class Relaxation:
     @property
     def measured_codecs(self) -> tuple[str, ...]:
         """The codecs the profiler must time for this bound: the hand-off codecs allowed, and
-        int8 where the averaging may be int8."""
-        names = set(self.handoff_codecs[1:]) | ({"int8"} if "int8" in self.averagings else set())
+        int8 where the averaging may be int8 (across link groups or everywhere)."""
+        coded = any(a.startswith("int8") for a in self.averagings)
+        names = set(self.handoff_codecs[1:]) | ({"int8"} if coded else set())
         return tuple(c for c in CODECS if c in names)
 
     @property

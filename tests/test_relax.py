@@ -249,7 +249,10 @@ def test_profile_codecs_round_trip_and_name_bad_fields():
 def test_the_bound():
     assert Relaxation().is_exact and Relaxation().handoff_codecs == ("none",)
     assert Relaxation(8).handoff_codecs == ("none", "bf16", "int8")
-    assert Relaxation(averaging="diloco").averagings == ("exact", "int8", "diloco")
+    assert Relaxation(averaging="diloco").averagings == ("exact", "int8-across", "int8",
+                                                         "diloco-across", "diloco")
+    assert Relaxation(averaging="int8-across").averagings == ("exact", "int8-across")
+    assert Relaxation(averaging="int8-across").measured_codecs == ("int8",)
     assert Relaxation(16, "int8").measured_codecs == ("bf16", "int8")
     for bad, match in (({"handoff_bits": 5}, "relax.handoff_bits"),
                        ({"averaging": "topk"}, "relax.averaging"),

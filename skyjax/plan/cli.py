@@ -153,8 +153,12 @@ def _averaging(plan: Plan) -> str:
     """How the pipelines average, as the step time's term names it (``skyjax.relax``)."""
     if plan.averaging == "int8":
         return "int8 gradient exchange (error feedback)"
-    if plan.averaging == "diloco":
-        return (f"DiLoCo outer step every {plan.outer_every} steps (lr {plan.outer_lr:g}, "
+    if plan.averaging == "int8-across":
+        return "gradient exchange, int8 between regions (error feedback)"
+    if plan.averaging.startswith("diloco"):
+        where = " between regions" if plan.averaging == "diloco-across" else ""
+        return (f"{'exact all-reduce in each region + ' if where else ''}DiLoCo outer step"
+                f"{where} every {plan.outer_every} steps (lr {plan.outer_lr:g}, "
                 f"momentum {plan.outer_momentum:g}), amortised")
     return "gradient all-reduce"
 

@@ -105,20 +105,24 @@ def declare(plan: Plan, profile: Profile) -> Declared:
                           if s.codec != "none" else float(profile.units[end]["output_bytes"]))
                 wire[d, e] = wire[e, d] = nbytes  # activations one way, cotangents back
     gprefix = grad_prefix(profile)
-    coded = plan.averaging == "int8"
+    coded = plan.averaging.startswith("int8")
     rate = np.asarray(profile.codecs["int8"]["seconds_per_byte"], float) if coded else None
     coding = np.zeros((n, n))
     chains = [[(s.device, *s.units) for s in plan.pipeline(i).stages]
               for i in range(plan.num_pipelines)]
-    exact = plan.averaging == "exact"  # relaxed modes exchange directly
-    route = routing(chains, plan.exchange_groups if exact else None, np.diff(gprefix),
-                    plan.exchange_reps if exact else None)
+    direct = plan.averaging in ("int8", "diloco")  # the others route through the link groups
+    route = routing(chains, None if direct else plan.exchange_groups, np.diff(gprefix),
+                    None if direct else plan.exchange_reps)
+    # int8: every message coded; int8-across: the partial sums between groups (phase 2)
+    across = {(m.src, m.dst) for m in route.messages if m.phase == 1}
     for (d, e), sizes in message_bytes(route, gprefix).items():
         # pipelines.exchange_s's messages; a pair with two (in a group: partial sums one way,
-        # totals back in a later phase) declares their mean, so the pair's total is the model's
+        # totals back in a later phase) declares their mean, so the pair's total is the model's;
+        # diloco-across's outer step repeats the pairs' messages of phases 2 and 3
         g = sum(sizes) / len(sizes)
-        wire[d, e] = g * (INT8_WIRE if coded else 1.0)
-        coding[d, e] = float(rate[d]) * g if coded else 0.0
+        on = coded and (plan.averaging == "int8" or (d, e) in across)
+        wire[d, e] = g * (INT8_WIRE if on else 1.0)
+        coding[d, e] = float(rate[d]) * g if on else 0.0
     return Declared([times[g] for g in range(len(plan.stages))], wire, coding,
                     np.asarray(profile.latency_s, float), np.asarray(profile.bandwidth_Bps, float))
 

@@ -22,7 +22,10 @@ bytes / bandwidth`` (plus coding), the phases one after another:
 
   AR = sum over phases of max_d sum over d's messages in the phase of c(message)
 
-the direct exchange's AR when every group is one device. ``routing`` and ``routing_s`` are what
+the direct exchange's AR when every group is one device. Averaging per link class
+(``skyjax.relax``) runs some phases relaxed: ``int8-across`` sends phase 2's partial sums in the
+int8 codec (``coded``), ``diloco-across`` runs phases 1 and 3 every step and phases 2 and 3 at
+its outer step (``phases``). ``routing`` and ``routing_s`` are what
 the planner (``pipelines.best_exchange``), the declared times (``plan.declared``) and the
 runtime (``runtime.exchange``) share.
 """
@@ -127,17 +130,22 @@ def routing(chains: Sequence[Sequence[tuple[int, int, int]]],
 
 
 def routing_s(r: Routing, gprefix: np.ndarray, latency: np.ndarray, bandwidth: np.ndarray,
-              wire: float = 1.0, coder_s: np.ndarray | None = None
+              wire: float = 1.0, coder_s: np.ndarray | None = None,
+              phases: Sequence[int] = (0, 1, 2), coded: Sequence[int] = (0, 1, 2)
               ) -> tuple[float, dict[int, float]]:
-    """AR of a routing (module doc) and each sending device's seconds summed over phases.
-    ``gprefix`` [U+1]: prefix sums of a unit's gradient bytes; ``wire``: bytes on the wire per
-    gradient byte; ``coder_s`` [D]: a sender's coding seconds per gradient byte."""
+    """AR of a routing (module doc) over the ``phases`` that run, and each sending device's
+    seconds summed over them. ``gprefix`` [U+1]: prefix sums of a unit's gradient bytes;
+    ``wire``: bytes on the wire per gradient byte and ``coder_s`` [D]: a sender's coding seconds
+    per gradient byte, in the ``coded`` phases (the others send float32)."""
     per_phase = [dict() for _ in range(PHASES)]
     for m in r.messages:
+        if m.phase not in phases:
+            continue
         g = float(sum(gprefix[u + 1] - gprefix[u] for u in m.units))
         bw = float(bandwidth[m.src, m.dst])
-        cost = float(latency[m.src, m.dst]) + g * wire / bw if bw > 0 else math.inf
-        if coder_s is not None:
+        w = wire if m.phase in coded else 1.0
+        cost = float(latency[m.src, m.dst]) + g * w / bw if bw > 0 else math.inf
+        if coder_s is not None and m.phase in coded:
             cost += float(coder_s[m.src]) * g
         ph = per_phase[m.phase]
         ph[m.src] = ph.get(m.src, 0.0) + cost
@@ -147,6 +155,22 @@ def routing_s(r: Routing, gprefix: np.ndarray, latency: np.ndarray, bandwidth: n
         for d, s in ph.items():
             per[d] = per.get(d, 0.0) + s
     return float(total), per
+
+
+def pipeline_groups(chains: Sequence[Sequence[tuple[int, int, int]]],
+                    groups: Sequence[Sequence[int]] | None) -> list[int] | None:
+    """Per pipeline the index of its link group, groups numbered by their first pipeline; None
+    when a pipeline's devices lie in several groups (``diloco-across`` needs each pipeline in
+    one group: the group's pipelines are then one data-parallel replica set)."""
+    label = group_labels(groups, [d for c in chains for d, _, _ in c])
+    seen: dict[int, int] = {}
+    out = []
+    for chain in chains:
+        mine = {label[d] for d, _, _ in chain}
+        if len(mine) != 1:
+            return None
+        out.append(seen.setdefault(mine.pop(), len(seen)))
+    return out
 
 
 def message_bytes(r: Routing, gprefix: np.ndarray) -> dict[tuple[int, int], list[float]]:

@@ -398,7 +398,8 @@ def without_devices(profile: Profile, plan: Plan, lost: Sequence[int]) -> Plan |
     shares = greedy_shares([step_fn(c) for c in chains], plan.microbatches)
     if shares is None:
         return None
-    out = evaluate_pipelines(profile, chains, shares, plan.schedule, plan.strategy)
+    out = evaluate_pipelines(profile, chains, shares, plan.schedule, plan.strategy,
+                             averaging=plan.averaging if len(chains) > 1 else None)
     # what the plan relaxed stays relaxed: each kept stage's codec, and the averaging
     codec = {(s.device, s.units): s.codec for s in plan.stages}
     out.stages = [dataclasses.replace(s, codec=codec[s.device, s.units]) for s in out.stages]

@@ -46,7 +46,7 @@ from skyjax.plan import heuristic
 from skyjax.plan.bounds import min_bottleneck
 from skyjax.plan.classes import device_classes, labels
 from skyjax.plan.cost import Tables, check_assignment, check_fits, stage_costs, tables
-from skyjax.plan.exchange import routing, routing_s
+from skyjax.plan.exchange import pipeline_groups, routing, routing_s
 from skyjax.plan.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
 
@@ -129,9 +129,10 @@ def fractional_bound(t: Tables) -> float:
 
 def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares: Sequence[int],
                strategy: str, exact: bool, lower_bound_s: float | None,
-               check: bool = True) -> Plan:
+               check: bool = True, averaging: str | None = None) -> Plan:
     """The Plan of pipelines (chains of global devices) and their shares, priced as the module
-    doc says: pipeline i on tables with m_i micro-batches; raises InfeasibleError (``check``)."""
+    doc says: pipeline i on tables with m_i micro-batches; raises InfeasibleError (``check``).
+    ``averaging``: that mode (a plan kept after losing devices), else the cheapest allowed."""
     if len(chains) != len(shares) or not chains:
         raise ValueError(f"need one share per pipeline: {len(chains)} pipelines, "
                          f"{len(shares)} shares")
@@ -155,7 +156,8 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
                 raise InfeasibleError(f"pipeline {i}: {e}") from None
         steps.append(pipeline_step(own, int(m_i)))
         stages += [dataclasses.replace(s, pipeline=i) for s in own]
-    ar, averaging, groups = relaxed_exchange(chains, grad_prefix(profile), profile)
+    ar, averaging, groups = relaxed_exchange(chains, grad_prefix(profile), profile,
+                                             None if averaging is None else (averaging,))
     if check and math.isinf(ar):
         raise InfeasibleError("gradient exchange: two stages that share units cannot reach "
                               "one another (bandwidth_Bps 0)")
@@ -169,21 +171,23 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
                 exchange_reps=None if groups is None else [
                     list(r) for _, r in sorted(routing(chains, groups,
                                                        np.diff(grad_prefix(profile))).rep.items())],
-                **(outer_step(profile.relax) if averaging == "diloco" else {}))
+                **(outer_step(profile.relax) if averaging.startswith("diloco") else {}))
 
 
 def evaluate_pipelines(profile: Profile, assignments: Sequence[Chain], shares: Sequence[int],
-                       schedule: str = "1f1b", strategy: str = "custom") -> Plan:
+                       schedule: str = "1f1b", strategy: str = "custom",
+                       averaging: str | None = None) -> Plan:
     """The Plan of given pipelines ([(device, start, end), ...] each, disjoint devices) and
     shares (micro-batches per pipeline) under the cost model; raises InfeasibleError if a stage
     does not fit or two peers cannot reach one another, ValueError for a malformed input. One
-    pipeline gives what ``cost.evaluate`` gives (``shares`` None)."""
+    pipeline gives what ``cost.evaluate`` gives (``shares`` None). ``averaging``: price that
+    mode (else the cheapest ``profile.relax`` allows)."""
     if len(assignments) == 1 and len(shares) == 1:
         from skyjax.plan.cost import evaluate
 
         return evaluate(profile, assignments[0], schedule, int(shares[0]), strategy)
     return build_plan(profile, schedule, [list(a) for a in assignments], shares, strategy,
-                      False, None)
+                      False, None, averaging=averaging)
 
 
 @dataclasses.dataclass
@@ -282,42 +286,70 @@ def outer_step(relax) -> dict:
 INT8_WIRE = (1 + 4 / CODEC_BLOCK) / 4  # int8 bytes + a float32 scale per block, per fp32 byte
 
 
-def relaxed_exchange(chains: Sequence[Chain], gprefix: np.ndarray,
-                     profile: Profile) -> tuple[float, str, list[list[int]] | None]:
-    """The least AR over the averaging modes ``profile.relax`` allows, that mode (ties go to
-    the less relaxed) and the exchange's groups (None: direct). ``exact``: the cheaper of the
-    direct exchange and the one through the regions (:func:`region_groups`; ties to direct);
-    ``int8`` the direct exchange in the int8 codec's bytes plus its coding time; ``diloco`` the
-    direct exact exchange of the pseudo-gradients once every ``outer_every`` steps, AR / H per
-    step (both relaxed modes exchange directly: ``runtime.averaging``)."""
+def _int8_rate(profile: Profile) -> np.ndarray:
+    """The int8 codec's seconds per byte per device; a clear error where the profile lacks it."""
+    if "int8" in profile.codecs:
+        return np.asarray(profile.codecs["int8"]["seconds_per_byte"], float)
+    named = profile.relax.averaging  # the bound allows every mode up to the one it names
+    why = (": pricing the int8 exchange" if named.startswith("int8") else " also allows the "
+           "int8 exchange (every mode up to the one named): pricing it")
+    raise ValueError(f"relax.averaging={named}{why} needs the int8 codec's timings "
+                     "(profile.codecs.int8), which this profile lacks: profile again with this "
+                     "bound")
+
+
+def relaxed_exchange(chains: Sequence[Chain], gprefix: np.ndarray, profile: Profile,
+                     modes: Sequence[str] | None = None
+                     ) -> tuple[float, str, list[list[int]] | None]:
+    """The least AR over the averaging modes ``profile.relax`` allows (or ``modes``), that mode
+    (ties go to the less relaxed) and the exchange's groups (None: direct).
+
+    * ``exact``: the cheaper of the direct exchange and the one through the regions
+      (:func:`region_groups`, the devices used; ties to direct);
+    * ``int8-across``: through the regions, phase 2 (the partial sums between representatives)
+      in the int8 codec's bytes plus its coding time, phases 1 and 3 exact;
+    * ``int8``: the direct exchange in the int8 codec's bytes plus its coding time;
+    * ``diloco-across`` (each pipeline inside one region, two regions or more): phases 1 and 3
+      every step, plus phases 2 and 3 of the outer step's exchange / H;
+    * ``diloco``: the direct exact exchange of the pseudo-gradients once every ``outer_every``
+      steps, AR / H per step.
+
+    The across modes are priced only where some region holds two used devices (else they are
+    ``int8`` and ``diloco``)."""
     lat, bw = profile.latency_s, profile.bandwidth_Bps
+    modes = profile.relax.averagings if modes is None else tuple(modes)
     direct = exchange_s(chains, gprefix, lat, bw)[0]
-    best = (direct, "exact", None)
     if len(chains) < 2:
-        return best
+        return direct, "exact", None
     groups = [g for g in region_groups(profile) if len(g) > 1]
     if groups:
         used = {d for c in chains for d, _, _ in c}
         groups = [sorted(used & set(g)) for g in groups]
         groups = [g for g in groups if len(g) > 1]
-    if groups:
-        ar = exchange_s(chains, gprefix, lat, bw, groups=groups)[0]
-        if ar < direct:
-            best = (ar, "exact", groups)
-    for mode in profile.relax.averagings[1:]:
-        if mode == "int8":
-            rate = np.asarray(profile.codecs["int8"]["seconds_per_byte"], float) \
-                if "int8" in profile.codecs else None
-            if rate is None:  # the bound allows every mode up to the one it names
-                named = profile.relax.averaging
-                why = (": pricing the int8 exchange" if named == "int8" else " also allows the "
-                       "int8 exchange (every mode up to the one named): pricing it")
-                raise ValueError(f"relax.averaging={named}{why} needs the int8 codec's timings "
-                                 "(profile.codecs.int8), which this profile lacks: profile again "
-                                 "with this bound")
-            ar = exchange_s(chains, gprefix, lat, bw, INT8_WIRE, rate)[0]
+    route = routing(chains, groups, np.diff(gprefix)) if groups else None
+    best = (math.inf, "", None)
+    for mode in modes:
+        if mode == "exact":
+            ar, via = direct, None
+            if route is not None:
+                grouped = routing_s(route, gprefix, lat, bw)[0]
+                if grouped < direct:
+                    ar, via = grouped, groups
+        elif mode == "int8-across" and route is not None:
+            ar, via = routing_s(route, gprefix, lat, bw, INT8_WIRE, _int8_rate(profile),
+                                coded=(1,))[0], groups
+        elif mode == "int8":
+            ar, via = exchange_s(chains, gprefix, lat, bw, INT8_WIRE, _int8_rate(profile))[0], None
+        elif mode == "diloco-across" and route is not None \
+                and len(set(pipeline_groups(chains, groups) or [0])) > 1:
+            ar = (routing_s(route, gprefix, lat, bw, phases=(0, 2))[0]
+                  + routing_s(route, gprefix, lat, bw, phases=(1, 2))[0]
+                  / profile.relax.outer_every)
+            via = groups
+        elif mode == "diloco":
+            ar, via = direct / profile.relax.outer_every, None
         else:
-            ar = direct / profile.relax.outer_every
-        if ar < best[0]:
-            best = (ar, mode, None)
-    return best
+            continue
+        if ar < best[0] or not best[1]:
+            best = (ar, mode, via)
+    return best if best[1] else (math.inf, modes[0], None)

@@ -16,6 +16,17 @@ does instead of summing its replicas exactly (``PipelineStage.reduce_replicas``)
   anchor: v = mu v + delta; params = anchor - lr (delta + mu v) (DiLoCo; PyTorch's Nesterov).
   Every replica then holds the same parameters; the inner optimizer states stay per pipeline.
   The anchor and v cost two copies of the stage's parameters.
+* ``int8-across`` and ``diloco-across``: the same, relaxed between link groups (regions) only,
+  on the exact exchange's routes (``runtime.exchange``). ``int8-across``: the owners sum at their
+  group's representative exactly; the representative sends its partial sum plus its residual
+  in the int8 codec, keeps what rounding dropped as the unit's residual, and sums the decoded
+  partial sums, its own decoded too, in group order; the total goes back exactly. Every owner
+  holds the same bits. ``diloco-across``: each region's pipelines sum their gradients exactly
+  every step (no exchange between groups), scaled to the region's mean (m / m_g, m_g its
+  pipelines' micro-batches) and clipped by the region's norm; every ``outer_every`` steps the
+  representatives exchange w_g (anchor - params), w_g = m_g / m, sum them in group order and
+  send the sum back, and every owner takes the outer Nesterov step as ``diloco``. With one
+  group both are the exact exchange, bit for bit.
 
 The state travels as per-unit trees (``export_state`` / ``import_state``, named by ``STATE``;
 ``SHARED``: the names equal on every replica; ``REPLICAS_DIFFER``: whether a replica's params
@@ -31,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from skyjax import codecs
+from skyjax.plan.exchange import pipeline_groups
 
 
 @jax.jit
@@ -157,6 +169,106 @@ class DilocoAveraging(_StateTrees):
         self.anchor = _copy(new)
 
 
+class Int8AcrossAveraging(_StateTrees):
+    """Per stage: the exchange through the link groups (``runtime.exchange``), the groups'
+    partial sums in the int8 codec between them, with error feedback at the representatives
+    (module doc)."""
+
+    name = "int8-across"
+    STATE = ("residual",)  # per unit, non-zero where the stage represents it across groups
+    own_norm = False  # the summed gradients: clipped by the global norm, as exact
+
+    def __init__(self, stage: Any):
+        self.first = stage.first_unit
+        self.residual = jax.tree.map(jnp.zeros_like, stage.state.grads)
+
+    def grad_scale(self, stage: Any) -> float:
+        return 1.0
+
+    def reduce(self, stage: Any, step: int) -> None:
+        stage.state.grads = stage.routes.run(stage, step, stage.state.grads, coder=self)
+
+    def encode(self, units: list[int], partials: list) -> tuple[list, list]:
+        """(int8 codes of the units' partial sums + residuals, what they decode to); keeps the
+        new residuals."""
+        if not units:
+            return [], []
+        at = [u - self.first for u in units]
+        coded, kept = _encode_with_feedback(partials, [self.residual[j] for j in at])
+        residual = list(self.residual)
+        for j, r in zip(at, kept):
+            residual[j] = r
+        self.residual = residual
+        return coded, _decode(coded, partials)
+
+    def decode(self, coded: list, like: list) -> list:
+        return _decode(coded, like)
+
+    def after_update(self, stage: Any, step: int) -> None:
+        pass
+
+
+class DilocoAcrossAveraging(_StateTrees):
+    """Per stage: its region's pipelines one exact data-parallel group every step, DiLoCo's
+    outer step between the regions every H steps (module doc)."""
+
+    name = "diloco-across"
+    STATE = SHARED = ("anchor", "momentum")
+    REPLICAS_DIFFER = True  # params of different regions between outer steps
+
+    def __init__(self, stage: Any, plan: Any):
+        groups = replica_groups(plan)
+        self.norm_groups = groups if len(set(groups)) > 1 else None  # one group: exact
+        self.own_norm = self.norm_groups is not None
+        shares = plan.pipeline_shares()
+        self.share = sum(x for x, g in zip(shares, groups) if g == groups[stage.pipeline])
+        self.every, self.lr, self.mu = (int(plan.outer_every), float(plan.outer_lr),
+                                        float(plan.outer_momentum))
+        self.anchor = _copy(stage.state.params)
+        self.momentum = jax.tree.map(jnp.zeros_like, stage.state.params)
+
+    def grad_scale(self, stage: Any) -> float:
+        """m / m_g: the region's summed gradients become its share's mean (1: one group)."""
+        return stage.program.loss_microbatches / self.share
+
+    def reduce(self, stage: Any, step: int) -> None:
+        stage.state.grads = stage.routes.run(stage, step, stage.state.grads, phases=(0, 2))
+
+    def after_update(self, stage: Any, step: int) -> None:
+        if self.norm_groups is None or (step + 1) % self.every:
+            return
+        weight = jnp.float32(self.share / stage.program.loss_microbatches)
+        delta = _weighted_delta(self.anchor, stage.state.params, weight)
+        total = stage.routes.run(stage, step, delta, phases=(1, 2))
+        new, self.momentum = _outer_update(self.anchor, self.momentum, total, self.lr, self.mu)
+        stage.state.params = new
+        self.anchor = _copy(new)
+
+
+def replica_groups(plan: Any) -> list[int]:
+    """Per pipeline its link group (``plan.exchange_groups``), groups numbered by their first
+    pipeline: the replica groups of ``diloco-across``."""
+    chains = [[(s.device, *s.units) for s in plan.pipeline(i).stages]
+              for i in range(plan.num_pipelines)]
+    groups = pipeline_groups(chains, plan.exchange_groups)
+    if groups is None:
+        raise ValueError("plan.averaging='diloco-across' needs every pipeline's devices in one "
+                         "of plan.exchange_groups")
+    return groups
+
+
+def norm_groups(plan: Any) -> list[int] | None:
+    """Per pipeline the group whose stages clip by one norm; None: one global norm."""
+    if plan.num_pipelines < 2:
+        return None
+    if plan.averaging == "diloco":
+        return list(range(plan.num_pipelines))
+    if plan.averaging == "diloco-across":
+        groups = replica_groups(plan)
+        return groups if len(set(groups)) > 1 else None
+    return None
+
+
 def make_averaging(plan: Any, stage: Any) -> Any:
     """The plan's relaxed averaging for one stage; None for exact (or one pipeline)."""
     if plan.num_pipelines < 2 or plan.averaging == "exact":
@@ -165,4 +277,8 @@ def make_averaging(plan: Any, stage: Any) -> Any:
         return Int8Averaging(stage)
     if plan.averaging == "diloco":
         return DilocoAveraging(stage, plan.outer_every, plan.outer_lr, plan.outer_momentum)
+    if plan.averaging == "int8-across":
+        return Int8AcrossAveraging(stage)
+    if plan.averaging == "diloco-across":
+        return DilocoAcrossAveraging(stage, plan)
     raise ValueError(f"plan.averaging: unknown mode {plan.averaging!r}")

@@ -19,7 +19,7 @@ from skyjax.plan.schedules import plan_lists
 from skyjax.transport import group as distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
-from skyjax.runtime.averaging import make_averaging
+from skyjax.runtime.averaging import make_averaging, norm_groups
 from skyjax.runtime.exchange import stage_routes
 from skyjax.runtime.pipeline import PipelineStage, norm_allreduce, sq_to_norm
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
@@ -166,7 +166,7 @@ class DistributedExecutor:
             total = self.stage.last_sq_norm
         elif self.max_grad_norm or self.plan.num_pipelines > 1:  # as PipelineStage.update
             total = norm_allreduce(self.transport, step, 0.0, self.max_grad_norm, -1,
-                                   self.plan.num_pipelines, self.plan.averaging == "diloco")
+                                   self.plan.num_pipelines, norm_groups(self.plan))
         if gathered is None:
             return StepMetrics(float("nan"), float("nan"), result.wall_s, [result],
                                grad_norm=sq_to_norm(total), has_loss=False)

@@ -8,8 +8,10 @@ sends depend only on earlier phases' receives, so the exchange cannot deadlock. 
 fixed order (a group's gradients in pipeline order, then the groups' partial sums in group
 order), computed once per group by its representative and sent on as they are, so every owner
 of a unit ends with the same bits; with every group of one device the additions are those of
-the direct exchange (pipeline order), bit for bit. Relaxed averaging (``runtime.averaging``)
-keeps its own, direct, exchange.
+the direct exchange (pipeline order), bit for bit. Averaging per link class
+(``runtime.averaging``) runs the same routes relaxed between groups: ``int8-across`` codes the
+partial sums of phase 2, ``diloco-across`` runs phases 1 and 3 every step and phases 2 and 3 at
+its outer step; ``int8`` and ``diloco`` keep their own, direct, exchange.
 """
 
 from __future__ import annotations
@@ -53,21 +55,48 @@ class Routes:
 
     def reduce(self, stage: Any, step: int) -> None:
         """Replaces ``stage``'s gradients by the sum over every pipeline (module doc)."""
+        stage.state.grads = self.run(stage, step, stage.state.grads)
+
+    def represents(self, u: int) -> bool:
+        """Whether this device sends unit ``u``'s partial sum to other groups (phase 2)."""
+        return self.device in self.rep[u] and len(self.rep[u]) > 1
+
+    def run(self, stage: Any, step: int, trees: list, phases: Sequence[int] = (0, 1, 2),
+            coder: Any = None) -> list:
+        """Per unit of ``stage`` (``trees``: one entry each) what the exchange's ``phases``
+        leave on every owner: all three, the sum over every pipeline; (0, 2), the sum over the
+        device's group; (1, 2), the sum over the groups of their representatives' entries
+        (each group's owners holding the same). ``coder`` (``runtime.averaging``): phase 2
+        carries ``coder.encode(units, partial sums)`` = (codes, what each code decodes to) and
+        each representative sums ``coder.decode(codes, like)`` of the others and its own
+        decoded in group order."""
         tag = tags.replica_grads(step, stage.program.loss_microbatches)
         a, d, link = stage.first_unit, self.device, stage.replica_link
-        own = {a + j: g for j, g in enumerate(stage.state.grads)}
+        own = {a + j: g for j, g in enumerate(trees)}
         held = {(u, d): g for u, g in own.items()}  # (unit, device) -> what d has of it
-        partial: dict[int, Any] = {}
+        partial: dict[int, Any] = {} if 0 in phases else {
+            u: g for u, g in own.items() if d in self.rep[u]}
         total: dict[int, Any] = {}
-        for phase in range(3):
-            source = own if phase == 0 else partial if phase == 1 else total
+        sent: dict[int, Any] = {}  # phase 2's entries on the wire (coded: the codes)
+        for phase in phases:
+            if phase == 1:
+                sent = dict(partial)
+                if coder is not None:
+                    units = [u for u in sorted(partial) if self.represents(u)]
+                    codes, decoded = coder.encode(units, [partial[u] for u in units])
+                    sent.update(zip(units, codes))
+                    for u, g in zip(units, decoded):
+                        held[u, d] = g  # its own partial sum as the others decode it
+            source = own if phase == 0 else sent if phase == 1 else total
             for m in self.messages:
                 if m.phase == phase and m.src == d:
                     link.send(tag, [source[u] for u in m.units], self.address[m.dst])
             for m in self.messages:
                 if m.phase == phase and m.dst == d:
-                    got = link.recv(tag, [tree_shapes(own[u]) for u in m.units],
-                                    self.address[m.src])
+                    like = [tree_shapes(own[u] if phase != 1 else sent[u]) for u in m.units]
+                    got = link.recv(tag, like, self.address[m.src])
+                    if phase == 1 and coder is not None:
+                        got = coder.decode(got, [own[u] for u in m.units])
                     for u, g in zip(m.units, got):
                         if phase == 2:
                             total[u] = g
@@ -78,9 +107,11 @@ class Routes:
                     group = next(g for g in self.order[u] if d in g)
                     partial[u] = _sum([held[u, e] for e in group])
                 elif phase == 1 and d in self.rep[u]:
-                    total[u] = _sum([partial[u] if r == d else held[u, r]
-                                     for r in self.rep[u]])
-        stage.state.grads = [total[u] for u in sorted(own)]
+                    mine = held[u, d] if coder is not None and self.represents(u) else partial[u]
+                    total[u] = _sum([mine if r == d else held[u, r] for r in self.rep[u]])
+            if phase == 0 and 1 not in phases:
+                total.update(partial)  # no phase 2: the group's sum is the total
+        return [total[u] for u in sorted(own)]
 
 
 def stage_routes(plan: Any, k: int, address: Sequence[int]) -> Routes | None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -53,18 +53,21 @@ from skyjax.tree import tree_shapes
 
 
 def norm_allreduce(link: Any, step: int, local: float, max_grad_norm: float | None,
-                   pipeline: int, num_pipelines: int, per_pipeline: bool) -> float:
+                   pipeline: int, num_pipelines: int,
+                   groups: Sequence[int] | None) -> float:
     """The squared gradient norm every stage clips by: the sum of ``local`` over all stages
-    (one all-reduce), or, ``per_pipeline`` (DiLoCo's inner steps, clipping on), over this
-    pipeline's stages (an all-reduce per pipeline, every stage joining each). With several
+    (one all-reduce), or, with ``groups`` (each pipeline's replica group: DiLoCo's inner steps,
+    a pipeline each, or a region's pipelines under ``diloco-across``; clipping on), over this
+    pipeline's group's stages (an all-reduce per group, every stage joining each). With several
     pipelines the all-reduce also runs without clipping: it is the step's commit point, which
     every process passes or none (runtime.recovery). A process without a stage joins with
     ``local`` 0 and ``pipeline`` -1."""
-    if per_pipeline and max_grad_norm:
-        sums = [link.allreduce_sum(local if i == pipeline else 0.0,
-                                   tags.pipeline_norm(step, i, num_pipelines))
-                for i in range(num_pipelines)]
-        return sums[pipeline] if pipeline >= 0 else 0.0
+    if groups is not None and max_grad_norm:
+        mine = groups[pipeline] if pipeline >= 0 else -1
+        sums = [link.allreduce_sum(local if g == mine else 0.0,
+                                   tags.pipeline_norm(step, g, num_pipelines))
+                for g in range(max(groups) + 1)]
+        return sums[mine] if pipeline >= 0 else 0.0
     if max_grad_norm or num_pipelines > 1:
         return link.allreduce_sum(local, tags.grad_norm(step))
     return 0.0
@@ -375,14 +378,18 @@ class PipelineStage:
         returns this stage's squared gradient norm (None: clipping off, not computed). The
         global one is kept in :attr:`last_sq_norm`. With several pipelines only pipeline 0's
         stages count their (summed, identical) gradients, so each unit counts once; under
-        DiLoCo every pipeline updates on its own and clips by its own norm."""
-        own = self.averaging is not None and self.averaging.own_norm
+        DiLoCo every pipeline updates on its own and clips by its own norm (``diloco-across``:
+        each region's pipelines by their group's, its first pipeline counting)."""
+        groups = None
+        if self.averaging is not None and self.averaging.own_norm:
+            groups = getattr(self.averaging, "norm_groups", None) or range(self.num_pipelines)
         grad_scale = self.averaging.grad_scale(self) if self.averaging is not None else 1.0
-        counts = max_grad_norm and (self.pipeline == 0 or own)
+        counts = max_grad_norm and self.pipeline == (
+            0 if groups is None else list(groups).index(groups[self.pipeline]))
         # the step's one read of the gradients (clipping on): waits for its last backward
         local = float(jax.device_get(global_sq_norm(self.state.grads))) if counts else 0.0
         total = norm_allreduce(self.link, step, local, max_grad_norm, self.pipeline,
-                               self.num_pipelines, own)
+                               self.num_pipelines, groups)
         if self.declared is not None:  # the step's synchronisation as the profile declares it
             wait_declared(self.declared.sync_s)
         self.last_sq_norm = float(total) if max_grad_norm else None

@@ -63,7 +63,7 @@ def report(path: str, time_scale: float, plan: Plan, profile: Profile,
     steps = step_times[1:] or step_times
     # DiLoCo exchanges every H steps and the model amortises it (AR / H): the mean, not the
     # median, is what it predicts
-    average = statistics.mean if plan.averaging == "diloco" else statistics.median
+    average = statistics.mean if plan.averaging.startswith("diloco") else statistics.median
     measured = average(steps) if steps else float("nan")
     return {
         "profile": path, "time_scale": time_scale,
