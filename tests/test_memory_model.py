@@ -88,3 +88,66 @@ def test_temp_bytes_is_optional_and_checked():
     d["units"][1]["temp_bytes"] = -1
     with pytest.raises(ProfileError, match=r"units\[1\]\.temp_bytes"):
         Profile.from_json(d)
+
+
+def _relaxed_profile(memory: float, outer_every: int = 8) -> Profile:
+    """Two devices over a 100 B/s link, two units of 400 state bytes (100 gradient bytes each):
+    two one-stage pipelines hold 800 bytes each; exchanging their 200 gradient bytes costs 2 s
+    exact, about 0.53 s in int8, 2 / H s with DiLoCo, against 6 s of compute per pipeline."""
+    import dataclasses
+
+    from skyjax.relax import Relaxation
+
+    prof = make_profile(np.ones((2, 2)), state=np.full(2, 400.0), memory=np.full(2, memory),
+                        bandwidth=np.array([[1e12, 100.0], [100.0, 1e12]]))
+    d = prof.to_json()
+    d["codecs"] = {"int8": {"output_bytes": [1.0, 1.0], "seconds_per_byte": [1e-9, 1e-9]}}
+    return dataclasses.replace(Profile.from_json(d),
+                               relax=Relaxation(averaging="diloco", outer_every=outer_every))
+
+
+@pytest.mark.parametrize("memory,mode,held", [
+    (1e9, "diloco", 1200),  # anchor + outer momentum: two copies of each stage's 200 bytes
+    (1200, "diloco", 1200),  # exactly fits
+    (1199, "int8", 1000),  # DiLoCo's state does not fit: the residual (one copy) does
+    (999, "exact", 800),  # no relaxed state fits: exact
+])
+def test_a_relaxed_averagings_state_is_charged_and_must_fit(memory, mode, held):
+    prof = _relaxed_profile(memory)
+    chains = [[(0, 0, 2)], [(1, 0, 2)]]
+    plan = plan_lib.evaluate_pipelines(prof, chains, [1, 1])
+    assert plan.averaging == mode
+    assert [s.memory_bytes for s in plan.stages] == [held, held]
+    want = {"exact": 2.0, "int8": None, "diloco": 2.0 / 8}[mode]
+    if want is not None:
+        assert plan.allreduce_s == pytest.approx(want)
+    # the search prices the split the same way: its plan is that one (one pipeline takes 12 s
+    # on one device, 9 s across the link), whose stages fit with the state
+    best = plan_lib.plan(prof, strategy="optimal", schedule="1f1b", microbatches=2,
+                         max_pipelines=2, relax=prof.relax)
+    if mode != "exact":
+        assert best.averaging == mode and best.step_time_s == pytest.approx(plan.step_time_s)
+    assert all(s.memory_bytes <= memory for s in best.stages)
+
+
+def test_the_charge_is_what_the_runtime_holds():
+    """``pipelines.state_copies`` copies of each stage's gradients (float32, as params) is what
+    the averaging objects hold (``runtime.memory.averaging_bytes``)."""
+    import optax
+
+    from skyjax.plan.pipelines import state_copies
+    from skyjax.runtime.local_executor import LocalExecutor
+    from skyjax.runtime.memory import averaging_bytes
+    from tests.helpers import BATCH, SEQ, fresh_chain, rng_for
+
+    chain = fresh_chain()
+    params = [tree_nbytes(u.params) for u in chain]
+    stages = [plan_lib.Stage(d, block, 0.0, 0.0, 0, pipeline=i)
+              for i, (d, block) in enumerate([(0, (0, 5)), (1, (0, 5))])]
+    for mode, outer in [("exact", {}), ("int8", {}), ("diloco", {"outer_every": 2})]:
+        plan = plan_lib.Plan("manual", "1f1b", 2, stages, 0.0, 0.0, False, shares=[1, 1],
+                             averaging=mode, **outer)
+        ex = LocalExecutor(chain, plan, jax.devices(), batch_size=BATCH, seq_len=SEQ,
+                           optimizer=optax.adamw(1e-3), max_grad_norm=None, rng=rng_for)
+        assert averaging_bytes(ex) == 2 * state_copies(mode) * sum(params), mode
+        ex.close()

@@ -340,8 +340,13 @@ def _screen(cache: ChainCache, splits: list, rate: np.ndarray, gprefix: np.ndarr
 def _exchange(priced: Sequence[Priced], gprefix: np.ndarray, profile: Profile) -> float:
     """AR of the pipelines in the plan's order (by least device, as ``search`` builds it): the
     routing, so its cost, depends on the pipelines' order."""
-    chains = sorted((p.chain for p in priced), key=lambda c: min(d for d, _, _ in c))
-    return relaxed_exchange(chains, gprefix, profile)[0]
+    from skyjax.plan.pipelines import fitting_modes
+
+    chains = [p.chain for p in priced]
+    # a relaxed mode is priced only where its state fits every stage (pipelines.fitting_modes)
+    modes = fitting_modes(profile.relax.averagings, chains, [p.free for p in priced], gprefix)
+    chains = sorted(chains, key=lambda c: min(d for d, _, _ in c))
+    return relaxed_exchange(chains, gprefix, profile, modes)[0]
 
 
 def _pow2(x: float) -> int:
@@ -364,7 +369,8 @@ class _step_fn:
             p = None
             if self.ref is not None and m <= self.m_ref:
                 step = self.cache.step_of(self.ref.chain, m)
-                p = Priced(self.ref.chain, step, False) if math.isfinite(step) else None
+                p = Priced(self.ref.chain, step, False, self.cache.free_of(
+                    self.ref.chain, m)) if math.isfinite(step) else None
             if p is None:
                 p = self.cache.get(self.devices, m, quick=True)
             self._memo[m] = p

@@ -18,6 +18,11 @@ fixed order, so every owner holds the same bits. A message d -> e carrying units
   AR = sum over the three phases of max_d (sum of d's messages' c in the phase)
   T  = max_i T_i + AR + sync_s
 
+A relaxed averaging keeps state on every stage (``runtime.averaging``): ``state_copies`` copies
+of the stage's gradient bytes (int8's residual 1, DiLoCo's anchor and outer momentum 2), charged
+in its memory_k; a mode whose state does not fit every stage is not priced for that split
+(``fitting_modes``), and the plan's stages record the chosen mode's charge.
+
 Every group of one device is the direct exchange (each stage sends what it shares to every
 peer): ``relaxed_exchange`` prices it and the exchange through the regions and keeps the
 cheaper. With one pipeline AR = 0 and T is the single-pipeline T. What the model does not
@@ -62,6 +67,32 @@ def grad_prefix(profile: Profile) -> np.ndarray:
     g = [float(u["param_bytes"]) if "param_bytes" in u else float(u["state_bytes"]) / 4
          for u in profile.units]
     return np.concatenate([[0.0], np.cumsum(g)])
+
+
+def state_copies(mode: str) -> int:
+    """Copies of a stage's gradients (float32, ``grad_bytes`` of its units) a stage keeps for an
+    averaging mode (``runtime.averaging``): the int8 error-feedback residual 1, DiLoCo's anchor
+    and outer momentum 2, exact 0."""
+    return 1 if mode.startswith("int8") else 2 if mode.startswith("diloco") else 0
+
+
+def state_charge(mode: str, gprefix: np.ndarray, a: int, b: int) -> int:
+    """Bytes of ``mode``'s state on a stage over units [a, b) (what its memory_k adds)."""
+    return int(round(state_copies(mode) * float(gprefix[b] - gprefix[a])))
+
+
+def free_bytes(t: Tables, chain: Chain) -> tuple[float, ...]:
+    """Per stage of ``chain`` (on ``t``'s micro-batches) the memory its device has left."""
+    return tuple(float(t.memory[s.device] - s.memory_bytes) for s in stage_costs(t, chain))
+
+
+def fitting_modes(modes: Sequence[str], chains: Sequence[Chain],
+                  free: Sequence[Sequence[float] | None], gprefix: np.ndarray) -> tuple[str, ...]:
+    """The modes of ``modes`` whose state fits on every stage (``free[i]``: ``free_bytes`` of
+    chain i; None: not known, not checked): a relaxed mode that does not fit is not priced."""
+    return tuple(m for m in modes if not state_copies(m) or all(
+        f is None or all(state_charge(m, gprefix, a, b) <= x for (_, a, b), x in zip(c, f))
+        for c, f in zip(chains, free)))
 
 
 def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray,
@@ -138,7 +169,7 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
                          f"{len(shares)} shares")
     seen: set[int] = set()
     stages: list[Stage] = []
-    steps = []
+    steps, free = [], []
     for i, (chain, m_i) in enumerate(zip(chains, shares)):
         if int(m_i) != m_i or m_i < 1:
             raise ValueError(f"shares[{i}]: expected a positive integer, got {m_i!r}")
@@ -156,8 +187,19 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
                 raise InfeasibleError(f"pipeline {i}: {e}") from None
         steps.append(pipeline_step(own, int(m_i)))
         stages += [dataclasses.replace(s, pipeline=i) for s in own]
-    ar, averaging, groups = relaxed_exchange(chains, grad_prefix(profile), profile,
-                                             None if averaging is None else (averaging,))
+        free.append(tuple(float(t.memory[s.device] - s.memory_bytes) for s in own))
+    gprefix = grad_prefix(profile)
+    allowed = profile.relax.averagings if averaging is None else (averaging,)
+    modes = fitting_modes(allowed, chains, free, gprefix)
+    if not modes:  # a given relaxed mode (exact always fits)
+        if check:
+            raise InfeasibleError(f"{averaging} averaging: its state ({state_copies(averaging)} "
+                                  f"copies of each stage's gradients) does not fit the memory "
+                                  f"of every stage")
+        modes = allowed
+    ar, averaging, groups = relaxed_exchange(chains, gprefix, profile, modes)
+    stages = [dataclasses.replace(s, memory_bytes=s.memory_bytes + state_charge(
+        averaging, gprefix, *s.units)) for s in stages]  # the mode's state, as priced
     if check and math.isinf(ar):
         raise InfeasibleError("gradient exchange: two stages that share units cannot reach "
                               "one another (bandwidth_Bps 0)")
@@ -198,6 +240,7 @@ class Priced:
     chain: Chain
     step_s: float
     exact: bool
+    free: tuple[float, ...] | None = None  # free_bytes at m_i, where relaxed modes are allowed
 
 
 class ChainCache:
@@ -241,7 +284,7 @@ class ChainCache:
         if chain is None:
             return None
         mapped = self._map(rep, devices, chain)
-        return Priced(mapped, self.step_of(mapped, m), exact)
+        return Priced(mapped, self.step_of(mapped, m), exact, self.free_of(mapped, m))
 
     def _search(self, devices: list[int], m: int, quick: bool):
         sub = restrict_tables(self.t, devices, m, self.profile.input_s)
@@ -267,6 +310,13 @@ class ChainCache:
             dst = [d for d in devices if self.class_of[d] == c]
             to.update(zip(src, dst))
         return [(to[d], a, b) for d, a, b in chain]
+
+    def free_of(self, chain: Chain, m: int) -> tuple[float, ...] | None:
+        """``free_bytes`` of a chain at m_i = m, where the bound allows a relaxed averaging
+        (its state must fit: ``fitting_modes``); None otherwise."""
+        if len(self.profile.relax.averagings) < 2:
+            return None
+        return free_bytes(self.tables_for(m), chain)
 
     def step_of(self, chain: Chain, m: int) -> float:
         """T_i of a chain at m_i = m; inf if it does not fit memory or links at m."""
