@@ -1,103 +1,135 @@
-"""What bounds a pipeline across a slow link: exact against int8 hand-offs
-on a profile, priced by the cost model, by the simulator with 1F1B's own lists, and by the
-simulator with the warm-up of the stage before each slow link raised to m (every micro-batch in
-flight there: the link's latency paid once per step, not once per p - k micro-batches), next
-to the two floors no schedule goes below: compute ((m + p - 1) x the slowest stage's f + b, the
-fill and drain of a pipeline with no waits) and the slow link (2 latency + 2 m bytes /
-bandwidth: one round trip, and every micro-batch's hand-off both ways, serialised as the
-runtime's link emulation does).
+"""What bounds a pipeline across a slow link: exact against int8 hand-offs on a profile, the
+planner's plan with 1F1B's own warm-ups and with deeper ones (``--warmup auto``, the window
+model: docs/design.md, "Latency and the window"), the simulator's replay of the latter (links
+as queues, as the transports' link emulation), the best window price over every plan (device
+subsets, orders, cuts; brute force), and a bound no schedule goes below.
 
     python -m skyjax.profile --config configs/local_demo.py --out /tmp/lat/profile.json \\
       --config.cluster.slowdowns="(1,1,1,1)" --config.cluster.regions="('eu','eu','us','us')" \\
       --config.cluster.link_latency_s=0.04 --config.cluster.link_bandwidth_Bps=12.5e6 \\
       --config.cluster.memory_caps_bytes="(20000000,20000000,20000000,20000000)" \\
       --config.relax.handoff_bits=8
-    python experiments/latency_bound.py --profile /tmp/lat/profile.json --microbatches 4 8
+    python experiments/latency_bound.py --profile /tmp/lat/profile.json --microbatches 4 8 16
 
-The plans are the planner's (one pipeline, 1F1B); with --bandwidth_Bps / --latency_s the
-cross-region links of the profile are replaced first.
+With --bandwidth_Bps / --latency_s the cross-region links of the profile are replaced first.
 
-On this 2-core host (the demo, plan d0[0,1) > d2[1,3) > d3[3,6), the slow link after stage 0),
-exact / int8 at m = 4: model 443 / 382 ms (1.16x), simulated 1F1B 267 / 237 ms (1.13x), deep
-warm-up 180 / 164 ms (1.09x: the simulator does not serialise a link's bytes, so it hides them
-with the latency), compute floor 89 ms both, link floor 166 / 104 ms (1.60x). At m = 8 the link
-floor is 252 / 127 ms (1.98x). The 1.5x goal at m = 4 is bounded by the link floor plus the
-round trip's compute behind the link: one round trip (2 x 40 ms) is paid by every schedule and
-the bytes save only 2 m (10.6 - 2.8) ms = 62 ms of it.
+The bound (``chain``): any plan crosses the slow link (the memory caps force it), so some unit
+u after the crossing runs all m micro-batches' forward and backward on one device, after the
+first micro-batch's forward reached it (one latency and hand-off) and before the last one's
+backward leaves it (the other latency and hand-off, then the units before u):
+T >= 2 latency + 2 x + sum_{v != u} work_v + m work_u, with each unit's least work over the
+devices and x the fewest bytes' hand-off, the least over cuts c of the largest over u >= c (or
+m/2 of the work before c, two devices on the first side).
+
+On this 2-core host (the demo: 6 units, 0.2 / 7.3 / 7.3 / 7.3 / 7.3 / 0.1 ms of work per
+micro-batch of 8; a hand-off 132 kB: 10.6 ms at 100 Mbit/s, 2.8 ms in int8), exact / int8:
+
+    m   1F1B T (model)     auto T_win         simulated         best plan T_win    chain bound
+    4   443 / 382  1.16x   180 / 164  1.09x   180 / 164  1.09x  170 / 145  1.17x   132 / 117
+    8   853 / 730  1.17x   239 / 224  1.07x   239 / 224  1.07x  239 / 224  1.07x   133 / 118
+    16  1673 / 1428 1.17x  357 / 342  1.04x   357 / 343  1.04x  357 / 342  1.04x   235 / 226
+
+(the best plan at m = 4 puts two devices on each side, d0[0,2) > d1[2,3) w3 > d2[3,4) > d3[4,6);
+simulated 172.5 / 144.7 ms.)
+
+1.5x is out of reach: the compute per micro-batch of a stage of two layers (14.6 ms) exceeds the
+exact hand-off (10.6 ms one way), so once the latency is hidden the bytes int8 saves are off the
+critical path but for the fill (2 x 7.8 ms per step). At m = 4 no schedule reaches it: 1.5x needs
+int8 at most 172.5 / 1.5 = 115.0 ms (the simulator's best exact plan, 172.5 ms), below the chain
+bound's 116.7 ms. At m = 8 and 16 no plan reaches it with any warm-up (1.07x and 1.04x at best;
+brute force over plans of the window model, which the simulator matches within 0.3 % here). A
+link floor of 2 latency + 2 m x (1.98x at m = 8) counts both directions as one queue, where the
+link clock keeps one per direction, and leaves the compute out.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 
-from skyjax.plan import planner
-from skyjax.plan.schedules import Action
-from skyjax.plan.simulate import simulate
-from skyjax.plan.stage_times import stage_actions_s
-from skyjax.profile.format import load_profile
+import numpy as np
+
+from skyjax.plan import planner, warmup
+from skyjax.plan.cost import evaluate_tables, tables
+from skyjax.plan.simulate import simulate_plan
+from skyjax.plan.types import InfeasibleError
+from skyjax.profile.format import Profile, load_profile
 from skyjax.relax import Relaxation
 
 
-def deep_warmup(p: int, m: int, slow: set[int]) -> list[list[Action]]:
-    """1F1B's lists with every micro-batch's forward first on the stages before a slow link."""
-    out = []
-    for k in range(p):
-        warm = m if k in slow else min(p - k - 1, m)
-        acts = [Action("F", i) for i in range(warm)]
-        for i in range(m - warm):
-            acts += [Action("F", warm + i), Action("B", i)]
-        out.append(acts + [Action("B", i) for i in range(m - warm, m)])
-    return out
+def best_window(prof: Profile, m: int):
+    """The least T_win over every plan with the warm-ups ``warmup.choose`` gives (brute force),
+    and its simulated step."""
+    t = tables(prof, "1f1b", m)
+    u, d = prof.num_units, prof.num_devices
+    best = None
+    for p in range(1, min(u, d) + 1):
+        for devs in itertools.permutations(range(d), p):
+            for cuts in itertools.combinations(range(1, u), p - 1):
+                ends = [0, *cuts, u]
+                try:
+                    plan = evaluate_tables(prof, t, [(e, ends[i], ends[i + 1])
+                                                     for i, e in enumerate(devs)], "x", False,
+                                           None)
+                except InfeasibleError:
+                    continue
+                plan = warmup.deepen(t, plan, lambda: 0.0)
+                if best is None or plan.step_time_s < best.step_time_s:
+                    best = plan
+    return best, simulate_plan(best, prof).step_time_s
 
 
-def row(name: str, plan, profile, m: int) -> tuple[str, float, float, float, float, float]:
-    fwd, bwd, link = stage_actions_s(plan, profile)
-    slow = {k for k, c in enumerate(link) if c > 5 * min(link + [1.0])} if link else set()
-    slow = slow or ({max(range(len(link)), key=link.__getitem__)} if link else set())
-    kw = dict(update_s=[s.update_s for s in plan.stages], sync_s=float(profile.sync_s))
-    sim = simulate(fwd, bwd, link, "1f1b", m, **kw).step_time_s
-    deep = simulate(fwd, bwd, link, "1f1b", m, lists=deep_warmup(len(fwd), m, slow),
-                    **kw).step_time_s
-    compute = (m + len(fwd) - 1) * max(f + b for f, b in zip(fwd, bwd))
-    on_link = 0.0
-    for k in slow:
-        s, e = plan.stages[k], plan.stages[k + 1]
-        lat = float(profile.latency_s[s.device, e.device])
-        on_link = max(on_link, 2 * lat + 2 * m * (link[k] - lat))
-    return name, plan.step_time_s, sim, deep, compute, on_link
+def chain_bound(prof: Profile, m: int, codec: str, latency: float, bandwidth: float) -> float:
+    """The module doc's bound for a plan crossing one link of ``latency`` and ``bandwidth``."""
+    work = (np.asarray(prof.forward_s) + np.asarray(prof.backward_s)).min(axis=1)
+    out = np.array([float(x["output_bytes"]) for x in prof.units]) if codec == "none" else \
+        np.asarray(prof.codecs[codec]["output_bytes"], float)
+    x = out / bandwidth
+    u = len(work)
+    return float(min(max([2 * latency + 2 * x[c - 1] + work.sum() + (m - 1) * work[v]
+                          for v in range(c, u)] + [m * work[:c].sum() / 2])
+                     for c in range(1, u)))
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", required=True)
-    p.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--latency_s", type=float)
     p.add_argument("--bandwidth_Bps", type=float)
     args = p.parse_args(argv)
     prof = load_profile(args.profile)
     region = [d.get("region", "") for d in prof.devices]
-    for i in range(prof.num_devices):
-        for j in range(prof.num_devices):
-            if region[i] != region[j]:
-                if args.latency_s is not None:
-                    prof.latency_s[i, j] = args.latency_s
-                if args.bandwidth_Bps is not None:
-                    prof.bandwidth_Bps[i, j] = args.bandwidth_Bps
-    head = (f"{'m':>3} {'plan':<6} {'model T':>9} {'sim 1F1B':>9} {'sim deep':>9} "
-            f"{'compute':>9} {'link':>9}   stages")
+    cross = [(i, j) for i in range(prof.num_devices) for j in range(prof.num_devices)
+             if region[i] != region[j]]
+    for i, j in cross:
+        if args.latency_s is not None:
+            prof.latency_s[i, j] = args.latency_s
+        if args.bandwidth_Bps is not None:
+            prof.bandwidth_Bps[i, j] = args.bandwidth_Bps
+    lat = max(float(prof.latency_s[i, j]) for i, j in cross)
+    bw = min(float(prof.bandwidth_Bps[i, j]) for i, j in cross)
+    head = (f"{'m':>3} {'plan':<6} {'1F1B T':>9} {'auto T':>9} {'sim auto':>9} "
+            f"{'best T':>9} {'sim best':>9} {'chain':>9}   auto plan")
     print(head + "\n" + "-" * len(head))
     for m in args.microbatches:
         rows = []
         for name, relax in (("exact", Relaxation()), ("int8", Relaxation(8, min_gain=0))):
-            plan = planner.plan(dataclasses.replace(prof), "optimal", "1f1b", m,
-                                max_pipelines=1, relax=relax)
-            rows.append(row(name, plan, prof, m))
-            print(f"{m:>3} {name:<6} " + " ".join(f"{x * 1e3:>7.1f}ms" for x in rows[-1][1:])
-                  + "   " + " > ".join(f"d{s.device}[{s.units[0]},{s.units[1]})"
-                                       + ("" if s.codec == "none" else f" {s.codec}")
-                                       for s in plan.stages))
-        (_, *a), (_, *b) = rows
+            own = planner.plan(dataclasses.replace(prof), "optimal", "1f1b", m,
+                               max_pipelines=1, relax=relax)
+            auto = planner.plan(dataclasses.replace(prof), "optimal", "1f1b", m,
+                                max_pipelines=1, relax=relax, warmup="auto")
+            best, best_sim = best_window(dataclasses.replace(prof, relax=relax), m)
+            rows.append((own.step_time_s, auto.step_time_s,
+                         simulate_plan(auto, prof).step_time_s, best.step_time_s, best_sim,
+                         chain_bound(prof, m, "none" if name == "exact" else "int8", lat, bw)))
+            print(f"{m:>3} {name:<6} " + " ".join(f"{x * 1e3:>7.1f}ms" for x in rows[-1])
+                  + "   " + " > ".join(
+                      f"d{s.device}[{s.units[0]},{s.units[1]})"
+                      + ("" if s.codec == "none" else f" {s.codec}")
+                      + ("" if s.warmup is None else f" w{s.warmup}") for s in auto.stages))
+        a, b = rows
         print(f"{m:>3} {'exact/int8':<10}" + " ".join(f"{x / y:>9.2f}x" for x, y in zip(a, b)))
 
 
