@@ -193,3 +193,26 @@ def test_deeper_warmup_losses_equal_1f1b():
         runs.append([ex.train_step(step, make_batch(step)).loss for step in range(steps)])
         ex.close()
     assert runs[0] == runs[1]
+
+
+def test_replanning_keeps_deeper_warmups():
+    """Re-planning a deepened plan (calibration, ``dynamic``) prices the running plan and the
+    candidate with the window model, so neither loses its warm-ups to a price that ignores
+    them."""
+    from skyjax.plan import replan
+
+    rng = np.random.default_rng(12)
+    for _ in range(30):
+        prof = _slow_profile(rng, 3, 6)
+        m = int(rng.integers(4, 9))
+        try:
+            got = plan_lib.plan(prof, "optimal", "1f1b", m, warmup="auto")
+        except InfeasibleError:
+            continue
+        if any(s.warmup is not None for s in got.stages):
+            break
+    busy = [s.compute_s * m for s in got.stages]  # as predicted: nothing to correct
+    decision = replan.decide(prof, got, busy)
+    assert [s.warmup for s in decision.current.stages] == [s.warmup for s in got.stages]
+    assert decision.current.step_time_s == pytest.approx(got.step_time_s, rel=1e-9)
+    assert decision.candidate.step_time_s <= got.step_time_s * (1 + 1e-9)

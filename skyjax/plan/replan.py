@@ -18,7 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from skyjax.plan import cost, planner
+from skyjax.plan import cost, planner, warmup
+from skyjax.plan.bounds import lower_bound
 from skyjax.plan.extension import ExtraCost
 from skyjax.plan.stage_times import stage_actions_s
 from skyjax.plan.types import Plan
@@ -143,6 +144,11 @@ def decide(profile: Profile, plan: Plan, busy_s: Sequence[float],
     fixed, factors = corrected_profile(profile, plan, busy_s, comm_s, extra)
     current = cost.evaluate(fixed, _assignment(plan), plan.schedule, plan.microbatches,
                             strategy=plan.strategy, extra=extra)
-    candidate = planner.plan(fixed, "optimal", plan.schedule, plan.microbatches, extra=extra)
+    deep = any(s.warmup is not None for s in plan.stages)  # --warmup auto: kept, re-chosen
+    if deep and extra is None:
+        t = cost.tables(fixed, plan.schedule, plan.microbatches)
+        current = warmup.deepen(t, current, lambda: lower_bound(warmup.linkless(t)))
+    candidate = planner.plan(fixed, "optimal", plan.schedule, plan.microbatches, extra=extra,
+                             warmup="auto" if deep else "1f1b")
     candidate.strategy = plan.strategy
     return Decision(fixed, current, candidate, factors)
