@@ -327,3 +327,31 @@ def test_a_per_class_plan_gives_the_same_losses_in_one_process_or_several(mode, 
 
     results = run_as_processes(process, 4, transport, timeout_s=300)
     np.testing.assert_allclose(results[0], local, atol=1e-6, rtol=0)
+
+
+def test_a_plan_kept_after_a_loss_keeps_its_per_class_mode_or_its_math():
+    """The survivors' plan (``pipeline_split.without_devices``) keeps the plan's mode where the
+    pipelines left still offer it, else the mode of its math there: one region left,
+    diloco-across is exact; no region of two devices left, each is its all-pipelines mode."""
+    from skyjax.plan.pipeline_split import without_devices
+
+    same = np.arange(4)[:, None] // 2 == np.arange(4)[None, :] // 2
+    prof = with_regions(make_profile(np.full((6, 4), 0.002), state=np.full(6, 4e6),
+                                     latency=np.where(same, 1e-4, 0.04),
+                                     bandwidth=np.where(same, 4e9, 12.5e6)),
+                        [0, 0, 1, 1], 4e-10, np.full(6, 1e6))
+    prof = dataclasses.replace(prof, relax=Relaxation(averaging="diloco", outer_every=4))
+    chains = [[(d, 0, 6)] for d in range(4)]
+    for mode, after in (("int8-across", {(1,): "int8-across", (2, 3): "int8-across",
+                                         (1, 3): "int8"}),
+                        ("diloco-across", {(1,): "diloco-across", (2, 3): "exact",
+                                           (1, 3): "diloco"})):
+        plan = plan_lib.evaluate_pipelines(prof, chains, [1, 1, 1, 1], averaging=mode)
+        assert plan.averaging == mode and plan.exchange_groups == [[0, 1], [2, 3]]
+        for lost, want in after.items():
+            kept = without_devices(prof, plan, list(lost))
+            assert (kept.averaging, kept.num_pipelines) == (want, 4 - len(lost)), lost
+            if want != "exact":
+                assert kept.allreduce_s == relaxed_exchange(
+                    [[(d, 0, 6)] for d in range(4) if d not in lost], grad_prefix(prof), prof,
+                    (want,))[0]

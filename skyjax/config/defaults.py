@@ -161,10 +161,13 @@ def _relax() -> ml_collections.ConfigDict:
     # fewest bits per value a stage hand-off may carry: 32 exact | 16 bf16 | 8 int8 (blockwise
     # scales) | 4 int4 (Hadamard-rotated blocks); the planner picks per link where it pays
     r.handoff_bits = 32
-    # the most relaxed averaging across pipelines allowed: "exact" | "int8" (8-bit exchange with
-    # error feedback) | "diloco" (an outer Nesterov step every outer_every steps)
+    # the most relaxed averaging across pipelines allowed, every mode before it allowed too:
+    # "exact" | "int8-across" (exact inside a region, 8-bit between regions, error feedback) |
+    # "int8" (8-bit exchange with error feedback) | "diloco-across" (exact inside a region, an
+    # outer Nesterov step between regions every outer_every steps) | "diloco" (an outer step
+    # between all pipelines every outer_every steps)
     r.averaging = "exact"
-    r.outer_every = 10  # diloco: inner steps per outer step (H)
+    r.outer_every = 10  # diloco(-across): inner steps per outer step (H)
     # diloco: the outer SGD's learning rate and Nesterov momentum. DiLoCo's 0.9 is for
     # thousands of outer steps; over tens of them it overshoots (experiments/relax_bench.py)
     r.outer_lr = 0.7

@@ -410,6 +410,6 @@ def without_devices(profile: Profile, plan: Plan, lost: Sequence[int]) -> Plan |
     codec = {(s.device, s.units): s.codec for s in plan.stages}
     out.stages = [dataclasses.replace(s, codec=codec[s.device, s.units]) for s in out.stages]
     if out.num_pipelines > 1:
-        out.averaging, out.outer_every = plan.averaging, plan.outer_every
+        out.outer_every = plan.outer_every  # the averaging: as priced (evaluate_pipelines)
         out.outer_lr, out.outer_momentum = plan.outer_lr, plan.outer_momentum
     return out

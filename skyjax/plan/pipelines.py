@@ -189,6 +189,8 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
         stages += [dataclasses.replace(s, pipeline=i) for s in own]
         free.append(tuple(float(t.memory[s.device] - s.memory_bytes) for s in own))
     gprefix = grad_prefix(profile)
+    if averaging is not None:
+        averaging = same_math(averaging, chains, profile)
     allowed = profile.relax.averagings if averaging is None else (averaging,)
     modes = fitting_modes(allowed, chains, free, gprefix)
     if not modes:  # a given relaxed mode (exact always fits)
@@ -403,3 +405,21 @@ def relaxed_exchange(chains: Sequence[Chain], gprefix: np.ndarray, profile: Prof
         if ar < best[0] or not best[1]:
             best = (ar, mode, via)
     return best if best[1] else (math.inf, modes[0], None)
+
+
+def same_math(mode: str, chains: Sequence[Chain], profile: Profile) -> str:
+    """``mode`` kept for other pipelines (a plan after a loss), or the mode of its math on
+    ``chains`` where they do not offer it: ``int8-across`` without a region of two used devices
+    is ``int8``; ``diloco-across`` is ``exact`` with every pipeline in one region, ``diloco``
+    without a region of two used devices or with a pipeline across regions."""
+    if not mode.endswith("-across") or len(chains) < 2:
+        return mode
+    used = {d for c in chains for d, _, _ in c}
+    groups = [g for g in ([d for d in g if d in used] for g in region_groups(profile))
+              if len(g) > 1]
+    if not groups:
+        return mode[:-len("-across")]
+    if mode == "diloco-across":
+        pg = pipeline_groups(chains, groups)
+        return "diloco" if pg is None else "exact" if len(set(pg)) == 1 else mode
+    return mode
