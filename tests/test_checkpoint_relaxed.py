@@ -169,3 +169,38 @@ def test_a_commit_needs_every_pipelines_state(tmp_path, chain):
                      extra_expected=relaxed.expected(plan, chain, _optimizer()))
     ex.close()
     assert checkpoint.committed_steps(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+def test_each_process_writes_its_stages_state_and_together_they_write_the_plans(chain):
+    """Distributed executors (threads over one transport, one process left idle): each process
+    writes the relaxed tensors of its own stage, no name twice, together exactly what a commit
+    of the plan expects, with the values the local executor holds after the same steps."""
+    from skyjax.runtime.distributed_executor import DistributedExecutor
+    from skyjax.transport import LocalTransport
+    from tests.helpers import run_as_processes
+
+    plan = _plan(TWO, [3, 1], "diloco", **OUTER)
+    steps = 2  # mid-period: the replicas differ
+    ex = _executor(chain, plan)
+    _train(ex, 0, steps)
+    local = {n: np.asarray(x) for n, x in relaxed.entries(ex, chain)}
+    ex.close()
+    devices = jax.local_devices()[:4]
+    transport = LocalTransport(devices, timeout_s=120)
+
+    def process(k):
+        ex = DistributedExecutor(chain, plan, transport.for_stage(k), k, devices[k],
+                                 batch_size=BATCH, seq_len=SEQ, optimizer=_optimizer(),
+                                 max_grad_norm=CLIP, rng=rng_for)
+        _train(ex, 0, steps)
+        return {n: np.asarray(x) for n, x in relaxed.entries(ex, chain)}
+
+    written = run_as_processes(process, 4, transport, timeout_s=300)
+    assert written[3] == {}  # the idle process
+    names = [n for w in written for n in w]
+    assert len(names) == len(set(names))
+    assert set(names) == set(relaxed.expected(plan, chain, _optimizer())) == set(local)
+    for w in written:
+        for name, x in w.items():
+            np.testing.assert_allclose(x, local[name], atol=1e-6, rtol=0, err_msg=name)

@@ -26,8 +26,10 @@ the direct exchange's AR when every group is one device. Averaging per link clas
 (``skyjax.relax``) runs some phases relaxed: ``int8-across`` sends phase 2's partial sums in the
 int8 codec (``coded``), ``diloco-across`` runs phases 1 and 3 every step and phases 2 and 3 at
 its outer step (``phases``). ``routing`` and ``routing_s`` are what
-the planner (``pipelines.best_exchange``), the declared times (``plan.declared``) and the
-runtime (``runtime.exchange``) share.
+the planner (``pipelines.build_plan``, ``pipeline_split``), the declared times
+(``plan.declared``) and the runtime (``runtime.exchange``) share; :func:`relaxed_exchange`
+prices each averaging mode on them (``skyjax.relax``) and keeps the least, :func:`same_math`
+maps a kept plan's mode onto pipelines that no longer offer it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ from typing import Sequence
 
 import numpy as np
 
+from skyjax.names import CODEC_BLOCK
+from skyjax.profile.format import Profile
+
 PHASES = 3  # in the group, between groups, back
+Chains = Sequence[Sequence[tuple[int, int, int]]]  # pipelines: [(device, start, end), ...] each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +79,7 @@ def group_labels(groups: Sequence[Sequence[int]] | None, devices: Sequence[int])
     return out
 
 
-def routing(chains: Sequence[Sequence[tuple[int, int, int]]],
+def routing(chains: Chains,
             groups: Sequence[Sequence[int]] | None,
             weights: Sequence[float] | None = None,
             given: Sequence[Sequence[int]] | None = None) -> Routing:
@@ -157,7 +163,7 @@ def routing_s(r: Routing, gprefix: np.ndarray, latency: np.ndarray, bandwidth: n
     return float(total), per
 
 
-def pipeline_groups(chains: Sequence[Sequence[tuple[int, int, int]]],
+def pipeline_groups(chains: Chains,
                     groups: Sequence[Sequence[int]] | None) -> list[int] | None:
     """Per pipeline the index of its link group, groups numbered by their first pipeline; None
     when a pipeline's devices lie in several groups (``diloco-across`` needs each pipeline in
@@ -180,3 +186,104 @@ def message_bytes(r: Routing, gprefix: np.ndarray) -> dict[tuple[int, int], list
         g = float(sum(gprefix[u + 1] - gprefix[u] for u in m.units))
         out.setdefault((m.src, m.dst), []).append(g)
     return out
+
+
+def region_groups(profile: Profile) -> list[list[int]]:
+    """The link groups the exchange may reduce in first: the devices of each region (the
+    profile's ``region``; all devices one group when none is named)."""
+    names = [str(d.get("region") or "") for d in profile.devices]
+    out: dict[str, list[int]] = {}
+    for d, r in enumerate(names):
+        out.setdefault(r, []).append(d)
+    return list(out.values())
+
+
+INT8_WIRE = (1 + 4 / CODEC_BLOCK) / 4  # int8 bytes + a float32 scale per block, per fp32 byte
+
+
+def _int8_rate(profile: Profile) -> np.ndarray:
+    """The int8 codec's seconds per byte per device; a clear error where the profile lacks it."""
+    if "int8" in profile.codecs:
+        return np.asarray(profile.codecs["int8"]["seconds_per_byte"], float)
+    named = profile.relax.averaging  # the bound allows every mode up to the one it names
+    why = (": pricing the int8 exchange" if named.startswith("int8") else " also allows the "
+           "int8 exchange (every mode up to the one named): pricing it")
+    raise ValueError(f"relax.averaging={named}{why} needs the int8 codec's timings "
+                     "(profile.codecs.int8), which this profile lacks: profile again with this "
+                     "bound")
+
+
+def relaxed_exchange(chains: Chains, gprefix: np.ndarray, profile: Profile,
+                     modes: Sequence[str] | None = None
+                     ) -> tuple[float, str, list[list[int]] | None]:
+    """The least AR over the averaging modes ``profile.relax`` allows (or ``modes``), that mode
+    (ties go to the less relaxed) and the exchange's groups (None: direct).
+
+    * ``exact``: the cheaper of the direct exchange and the one through the regions
+      (:func:`region_groups`, the devices used; ties to direct);
+    * ``int8-across``: through the regions, phase 2 (the partial sums between representatives)
+      in the int8 codec's bytes plus its coding time, phases 1 and 3 exact;
+    * ``int8``: the direct exchange in the int8 codec's bytes plus its coding time;
+    * ``diloco-across`` (each pipeline inside one region, two regions or more): phases 1 and 3
+      every step, plus phases 2 and 3 of the outer step's exchange / H;
+    * ``diloco``: the direct exact exchange of the pseudo-gradients once every ``outer_every``
+      steps, AR / H per step.
+
+    The across modes are priced only where some region holds two used devices (else they are
+    ``int8`` and ``diloco``)."""
+    lat, bw = profile.latency_s, profile.bandwidth_Bps
+    modes = profile.relax.averagings if modes is None else tuple(modes)
+    direct = routing_s(routing(chains, None), gprefix, lat, bw)[0]
+    if len(chains) < 2:
+        return direct, "exact", None
+    groups = [g for g in region_groups(profile) if len(g) > 1]
+    if groups:
+        used = {d for c in chains for d, _, _ in c}
+        groups = [sorted(used & set(g)) for g in groups]
+        groups = [g for g in groups if len(g) > 1]
+    route = routing(chains, groups, np.diff(gprefix)) if groups else None
+    best = (math.inf, "", None)
+    for mode in modes:
+        if mode == "exact":
+            ar, via = direct, None
+            if route is not None:
+                grouped = routing_s(route, gprefix, lat, bw)[0]
+                if grouped < direct:
+                    ar, via = grouped, groups
+        elif mode == "int8-across" and route is not None:
+            ar, via = routing_s(route, gprefix, lat, bw, INT8_WIRE, _int8_rate(profile),
+                                coded=(1,))[0], groups
+        elif mode == "int8":
+            ar, via = routing_s(routing(chains, None), gprefix, lat, bw, INT8_WIRE,
+                                _int8_rate(profile))[0], None
+        elif mode == "diloco-across" and route is not None \
+                and len(set(pipeline_groups(chains, groups) or [0])) > 1:
+            ar = (routing_s(route, gprefix, lat, bw, phases=(0, 2))[0]
+                  + routing_s(route, gprefix, lat, bw, phases=(1, 2))[0]
+                  / profile.relax.outer_every)
+            via = groups
+        elif mode == "diloco":
+            ar, via = direct / profile.relax.outer_every, None
+        else:
+            continue
+        if ar < best[0] or not best[1]:
+            best = (ar, mode, via)
+    return best if best[1] else (math.inf, modes[0], None)
+
+
+def same_math(mode: str, chains: Chains, profile: Profile) -> str:
+    """``mode`` kept for other pipelines (a plan after a loss), or the mode of its math on
+    ``chains`` where they do not offer it: ``int8-across`` without a region of two used devices
+    is ``int8``; ``diloco-across`` is ``exact`` with every pipeline in one region, ``diloco``
+    without a region of two used devices or with a pipeline across regions."""
+    if not mode.endswith("-across") or len(chains) < 2:
+        return mode
+    used = {d for c in chains for d, _, _ in c}
+    groups = [g for g in ([d for d in g if d in used] for g in region_groups(profile))
+              if len(g) > 1]
+    if not groups:
+        return mode[:-len("-across")]
+    if mode == "diloco-across":
+        pg = pipeline_groups(chains, groups)
+        return "diloco" if pg is None else "exact" if len(set(pg)) == 1 else mode
+    return mode

@@ -44,14 +44,14 @@ from typing import Sequence
 
 import numpy as np
 
-from skyjax.names import CODEC_BLOCK
 from skyjax.plan import exact as exact_search
 
 from skyjax.plan import heuristic
 from skyjax.plan.bounds import min_bottleneck
 from skyjax.plan.classes import device_classes, labels
 from skyjax.plan.cost import Tables, check_assignment, check_fits, stage_costs, tables
-from skyjax.plan.exchange import pipeline_groups, routing, routing_s
+from skyjax.plan.exchange import (INT8_WIRE, pipeline_groups, region_groups,  # noqa: F401
+                                  relaxed_exchange, routing, routing_s, same_math)
 from skyjax.plan.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
 
@@ -106,16 +106,6 @@ def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray
     :func:`relaxed_exchange`)."""
     return routing_s(routing(chains, groups, np.diff(gprefix)), gprefix, latency, bandwidth,
                      wire, coder_s)
-
-
-def region_groups(profile: Profile) -> list[list[int]]:
-    """The link groups the exchange may reduce in first: the devices of each region (the
-    profile's ``region``; all devices one group when none is named)."""
-    names = [str(d.get("region") or "") for d in profile.devices]
-    out: dict[str, list[int]] = {}
-    for d, r in enumerate(names):
-        out.setdefault(r, []).append(d)
-    return list(out.values())
 
 
 def pipeline_step(stages: Sequence[Stage], microbatches: int) -> float:
@@ -333,93 +323,3 @@ def outer_step(relax) -> dict:
     """The Plan fields of a DiLoCo outer step (``skyjax.relax.Relaxation``)."""
     return {"outer_every": relax.outer_every, "outer_lr": relax.outer_lr,
             "outer_momentum": relax.outer_momentum}
-
-
-INT8_WIRE = (1 + 4 / CODEC_BLOCK) / 4  # int8 bytes + a float32 scale per block, per fp32 byte
-
-
-def _int8_rate(profile: Profile) -> np.ndarray:
-    """The int8 codec's seconds per byte per device; a clear error where the profile lacks it."""
-    if "int8" in profile.codecs:
-        return np.asarray(profile.codecs["int8"]["seconds_per_byte"], float)
-    named = profile.relax.averaging  # the bound allows every mode up to the one it names
-    why = (": pricing the int8 exchange" if named.startswith("int8") else " also allows the "
-           "int8 exchange (every mode up to the one named): pricing it")
-    raise ValueError(f"relax.averaging={named}{why} needs the int8 codec's timings "
-                     "(profile.codecs.int8), which this profile lacks: profile again with this "
-                     "bound")
-
-
-def relaxed_exchange(chains: Sequence[Chain], gprefix: np.ndarray, profile: Profile,
-                     modes: Sequence[str] | None = None
-                     ) -> tuple[float, str, list[list[int]] | None]:
-    """The least AR over the averaging modes ``profile.relax`` allows (or ``modes``), that mode
-    (ties go to the less relaxed) and the exchange's groups (None: direct).
-
-    * ``exact``: the cheaper of the direct exchange and the one through the regions
-      (:func:`region_groups`, the devices used; ties to direct);
-    * ``int8-across``: through the regions, phase 2 (the partial sums between representatives)
-      in the int8 codec's bytes plus its coding time, phases 1 and 3 exact;
-    * ``int8``: the direct exchange in the int8 codec's bytes plus its coding time;
-    * ``diloco-across`` (each pipeline inside one region, two regions or more): phases 1 and 3
-      every step, plus phases 2 and 3 of the outer step's exchange / H;
-    * ``diloco``: the direct exact exchange of the pseudo-gradients once every ``outer_every``
-      steps, AR / H per step.
-
-    The across modes are priced only where some region holds two used devices (else they are
-    ``int8`` and ``diloco``)."""
-    lat, bw = profile.latency_s, profile.bandwidth_Bps
-    modes = profile.relax.averagings if modes is None else tuple(modes)
-    direct = exchange_s(chains, gprefix, lat, bw)[0]
-    if len(chains) < 2:
-        return direct, "exact", None
-    groups = [g for g in region_groups(profile) if len(g) > 1]
-    if groups:
-        used = {d for c in chains for d, _, _ in c}
-        groups = [sorted(used & set(g)) for g in groups]
-        groups = [g for g in groups if len(g) > 1]
-    route = routing(chains, groups, np.diff(gprefix)) if groups else None
-    best = (math.inf, "", None)
-    for mode in modes:
-        if mode == "exact":
-            ar, via = direct, None
-            if route is not None:
-                grouped = routing_s(route, gprefix, lat, bw)[0]
-                if grouped < direct:
-                    ar, via = grouped, groups
-        elif mode == "int8-across" and route is not None:
-            ar, via = routing_s(route, gprefix, lat, bw, INT8_WIRE, _int8_rate(profile),
-                                coded=(1,))[0], groups
-        elif mode == "int8":
-            ar, via = exchange_s(chains, gprefix, lat, bw, INT8_WIRE, _int8_rate(profile))[0], None
-        elif mode == "diloco-across" and route is not None \
-                and len(set(pipeline_groups(chains, groups) or [0])) > 1:
-            ar = (routing_s(route, gprefix, lat, bw, phases=(0, 2))[0]
-                  + routing_s(route, gprefix, lat, bw, phases=(1, 2))[0]
-                  / profile.relax.outer_every)
-            via = groups
-        elif mode == "diloco":
-            ar, via = direct / profile.relax.outer_every, None
-        else:
-            continue
-        if ar < best[0] or not best[1]:
-            best = (ar, mode, via)
-    return best if best[1] else (math.inf, modes[0], None)
-
-
-def same_math(mode: str, chains: Sequence[Chain], profile: Profile) -> str:
-    """``mode`` kept for other pipelines (a plan after a loss), or the mode of its math on
-    ``chains`` where they do not offer it: ``int8-across`` without a region of two used devices
-    is ``int8``; ``diloco-across`` is ``exact`` with every pipeline in one region, ``diloco``
-    without a region of two used devices or with a pipeline across regions."""
-    if not mode.endswith("-across") or len(chains) < 2:
-        return mode
-    used = {d for c in chains for d, _, _ in c}
-    groups = [g for g in ([d for d in g if d in used] for g in region_groups(profile))
-              if len(g) > 1]
-    if not groups:
-        return mode[:-len("-across")]
-    if mode == "diloco-across":
-        pg = pipeline_groups(chains, groups)
-        return "diloco" if pg is None else "exact" if len(set(pg)) == 1 else mode
-    return mode
