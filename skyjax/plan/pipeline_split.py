@@ -340,12 +340,11 @@ def _screen(cache: ChainCache, splits: list, rate: np.ndarray, gprefix: np.ndarr
 def _exchange(priced: Sequence[Priced], gprefix: np.ndarray, profile: Profile) -> float:
     """AR of the pipelines in the plan's order (by least device, as ``search`` builds it): the
     routing, so its cost, depends on the pipelines' order."""
-    from skyjax.plan.pipelines import fitting_modes
+    from skyjax.plan.pipelines import fitting_modes  # a mode only where its state fits
 
-    chains = [p.chain for p in priced]
-    # a relaxed mode is priced only where its state fits every stage (pipelines.fitting_modes)
-    modes = fitting_modes(profile.relax.averagings, chains, [p.free for p in priced], gprefix)
-    chains = sorted(chains, key=lambda c: min(d for d, _, _ in c))
+    modes = fitting_modes(profile.relax.averagings, [p.chain for p in priced],
+                          [p.free for p in priced], gprefix)
+    chains = sorted((p.chain for p in priced), key=lambda c: min(d for d, _, _ in c))
     return relaxed_exchange(chains, gprefix, profile, modes)[0]
 
 
