@@ -286,8 +286,8 @@ def _by_candidates(cache: ChainCache, low: int, high: int, gprefix: np.ndarray,
     t = cache.t
     rate = _rates(t)
     relax = cache.profile.relax  # a relaxed exchange sends fewer bytes per step, at least:
-    least = min([1.0] + [INT8_WIRE] * ("int8" in relax.averagings)
-                + [1.0 / relax.outer_every] * ("diloco" in relax.averagings))
+    least = min([1.0] + [INT8_WIRE] * any(a.startswith("int8") for a in relax.averagings)
+                + [1.0 / relax.outer_every] * any(a.startswith("diloco") for a in relax.averagings))
     group = np.empty(t.num_devices, dtype=np.int64)
     for g, members in enumerate(region_groups(cache.profile)):
         group[members] = g
