@@ -229,19 +229,16 @@ def relaxed_exchange(chains: Chains, gprefix: np.ndarray, profile: Profile,
     * ``diloco``: the direct exact exchange of the pseudo-gradients once every ``outer_every``
       steps, AR / H per step.
 
-    The across modes are priced only where some region holds two used devices (else they are
-    ``int8`` and ``diloco``)."""
+    The per-class modes are priced only where they differ from both exact and their
+    all-pipelines mode (:func:`_offered`)."""
     lat, bw = profile.latency_s, profile.bandwidth_Bps
     modes = profile.relax.averagings if modes is None else tuple(modes)
     direct = routing_s(routing(chains, None), gprefix, lat, bw)[0]
     if len(chains) < 2:
         return direct, "exact", None
-    groups = [g for g in region_groups(profile) if len(g) > 1]
-    if groups:
-        used = {d for c in chains for d, _, _ in c}
-        groups = [sorted(used & set(g)) for g in groups]
-        groups = [g for g in groups if len(g) > 1]
+    groups = _used_groups(chains, profile)
     route = routing(chains, groups, np.diff(gprefix)) if groups else None
+    offered = _offered(chains, groups, route)
     best = (math.inf, "", None)
     for mode in modes:
         if mode == "exact":
@@ -250,14 +247,13 @@ def relaxed_exchange(chains: Chains, gprefix: np.ndarray, profile: Profile,
                 grouped = routing_s(route, gprefix, lat, bw)[0]
                 if grouped < direct:
                     ar, via = grouped, groups
-        elif mode == "int8-across" and route is not None:
+        elif mode == "int8-across" and "int8-across" in offered:
             ar, via = routing_s(route, gprefix, lat, bw, INT8_WIRE, _int8_rate(profile),
                                 coded=(1,))[0], groups
         elif mode == "int8":
             ar, via = routing_s(routing(chains, None), gprefix, lat, bw, INT8_WIRE,
                                 _int8_rate(profile))[0], None
-        elif mode == "diloco-across" and route is not None \
-                and len(set(pipeline_groups(chains, groups) or [0])) > 1:
+        elif mode == "diloco-across" and "diloco-across" in offered:
             ar = (routing_s(route, gprefix, lat, bw, phases=(0, 2))[0]
                   + routing_s(route, gprefix, lat, bw, phases=(1, 2))[0]
                   / profile.relax.outer_every)
@@ -271,19 +267,44 @@ def relaxed_exchange(chains: Chains, gprefix: np.ndarray, profile: Profile,
     return best if best[1] else (math.inf, modes[0], None)
 
 
+def _used_groups(chains: Chains, profile: Profile) -> list[list[int]]:
+    """The regions' devices that ``chains`` use, regions with two or more of them."""
+    used = {d for c in chains for d, _, _ in c}
+    groups = [sorted(used & set(g)) for g in region_groups(profile)]
+    return [g for g in groups if len(g) > 1]
+
+
+def _offered(chains: Chains, groups: Sequence[Sequence[int]] | None,
+             route: Routing | None) -> set[str]:
+    """The per-class modes that are neither exact nor their all-pipelines mode here:
+    ``int8-across`` where some unit sums inside a group (phase 1) and crosses groups (phase 2);
+    ``diloco-across`` where every pipeline lies in one group, some group holds two pipelines
+    and there are two groups or more."""
+    out = set()
+    if route is None:
+        return out
+    if {m.phase for m in route.messages} >= {0, 1}:
+        out.add("int8-across")
+    pg = pipeline_groups(chains, groups)
+    if pg is not None and 1 < len(set(pg)) < len(pg):
+        out.add("diloco-across")
+    return out
+
+
 def same_math(mode: str, chains: Chains, profile: Profile) -> str:
-    """``mode`` kept for other pipelines (a plan after a loss), or the mode of its math on
-    ``chains`` where they do not offer it: ``int8-across`` without a region of two used devices
-    is ``int8``; ``diloco-across`` is ``exact`` with every pipeline in one region, ``diloco``
-    without a region of two used devices or with a pipeline across regions."""
+    """``mode`` kept for other pipelines (a plan after a loss), or the mode of the same math on
+    ``chains`` where they do not offer it (:func:`_offered`): ``int8-across`` is ``exact``
+    with nothing crossing a group, else ``int8``; ``diloco-across`` is ``exact`` with every
+    pipeline in one group, ``diloco`` with every pipeline a group of its own (and where a
+    pipeline spans groups, the nearest)."""
     if not mode.endswith("-across") or len(chains) < 2:
         return mode
-    used = {d for c in chains for d, _, _ in c}
-    groups = [g for g in ([d for d in g if d in used] for g in region_groups(profile))
-              if len(g) > 1]
-    if not groups:
-        return mode[:-len("-across")]
-    if mode == "diloco-across":
-        pg = pipeline_groups(chains, groups)
-        return "diloco" if pg is None else "exact" if len(set(pg)) == 1 else mode
-    return mode
+    groups = _used_groups(chains, profile)
+    route = routing(chains, groups) if groups else None
+    if mode in _offered(chains, groups, route):
+        return mode
+    if mode == "int8-across":
+        crosses = route is None or any(m.phase == 1 for m in route.messages)
+        return "int8" if crosses else "exact"
+    pg = pipeline_groups(chains, groups) if groups else None
+    return "exact" if pg is not None and len(set(pg)) == 1 else "diloco"
