@@ -107,8 +107,10 @@ def slow_link_bytes(run: dict) -> tuple[float, str]:
     if len(by_pipe) > 1:  # each stage sends its replicated gradients to its cross-region peers
         g = grad_prefix(prof)
         averaging = plan.get("averaging", "exact")
+        # the direct exchange's bytes across (an upper bound for the -across modes, which send
+        # one copy of a unit per region)
         per = {"exact": 1.0, "int8": INT8_WIRE,
-               "diloco": 1.0 / max(plan.get("outer_every", 1), 1)}[averaging]
+               "diloco": 1.0 / max(plan.get("outer_every", 1), 1)}[averaging.split("-")[0]]
         pipes = list(by_pipe.values())
         for a in pipes:
             for b in pipes:

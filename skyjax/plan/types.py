@@ -87,8 +87,9 @@ class Plan:
     shares: list[int] | None = None
     allreduce_s: float = 0.0  # the step's exchange of replicated gradients (cost model)
     pipeline_step_s: list[float] | None = None  # each pipeline's T_i (without sync_s)
-    # how the pipelines average (skyjax.relax): "exact" | "int8" | "diloco" (an outer step every
-    # ``outer_every`` steps; allreduce_s is then the exchange's time per step, amortised)
+    # how the pipelines average (skyjax.relax): "exact" | "int8-across" | "int8" |
+    # "diloco-across" | "diloco" (an outer step every ``outer_every`` steps; allreduce_s is then
+    # the exchange's time per step, amortised); "-across": exact inside exchange_groups
     averaging: str = "exact"
     outer_every: int = 0
     outer_lr: float = 0.0
