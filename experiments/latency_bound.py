@@ -47,6 +47,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 
@@ -92,13 +97,60 @@ def chain_bound(prof: Profile, m: int, codec: str, latency: float, bandwidth: fl
                      for c in range(1, u)))
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rehearse(profile: str, m: int, bits: int, warm: str, scale: float, steps: int,
+             workdir: str) -> dict:
+    """One rehearsal (``configs/rehearse.py``: the real runtime and link clocks, every call and
+    message taking the time ``profile`` declares x ``scale``); its summary's ``rehearsal``."""
+    cmd = [sys.executable, "-m", "skyjax.main", f"--config={REPO}/configs/rehearse.py",
+           f"--workdir={workdir}", f"--config.rehearse.profile={profile}",
+           f"--config.rehearse.time_scale={scale}", f"--config.relax.handoff_bits={bits}",
+           "--config.relax.min_gain=0", f"--config.pipeline.warmup={warm}",
+           "--config.allocation.max_pipelines=1", f"--config.pipeline.microbatches={m}",
+           f"--config.data.batch_size={4 * m}", f"--config.train.steps={steps}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
+    if proc.returncode:
+        raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n"
+                         f"{proc.stderr[-3000:]}")
+    with open(os.path.join(workdir, "summary.json")) as f:
+        return json.load(f)["rehearsal"]
+
+
+def measured(args) -> None:
+    """--rehearse: exact and int8 under 1F1B's own and auto warm-ups, measured by rehearsals of
+    the profile (times in the profile's base, i.e. divided by the time scale)."""
+    print(f"{'m':>3} {'warmup':<6} {'exact meas':>10} {'int8 meas':>10} {'gain':>6}   "
+          f"{'exact pred':>10} {'int8 pred':>10} {'gain':>6}")
+    for m in args.microbatches:
+        for warm in ("1f1b", "auto"):
+            got = [rehearse(args.profile, m, bits, warm, args.time_scale, args.steps,
+                            tempfile.mkdtemp(prefix=f"lat_{m}_{warm}_{bits}_"))
+                   for bits in (32, 8)]
+            meas = [r["measured_step_s"] / args.time_scale for r in got]
+            pred = [r["model_step_s"] / args.time_scale for r in got]
+            print(f"{m:>3} {warm:<6} {meas[0] * 1e3:>8.1f}ms {meas[1] * 1e3:>8.1f}ms "
+                  f"{meas[0] / meas[1]:>5.2f}x   {pred[0] * 1e3:>8.1f}ms {pred[1] * 1e3:>8.1f}ms "
+                  f"{pred[0] / pred[1]:>5.2f}x", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", required=True)
     p.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--latency_s", type=float)
     p.add_argument("--bandwidth_Bps", type=float)
+    p.add_argument("--rehearse", action="store_true",
+                   help="measure instead: rehearsals of the profile (the runtime, declared times)")
+    p.add_argument("--time_scale", type=float, default=4.0)
+    p.add_argument("--steps", type=int, default=20)
     args = p.parse_args(argv)
+    if args.rehearse:
+        if args.latency_s is not None or args.bandwidth_Bps is not None:
+            raise SystemExit("--rehearse runs the profile's own links: write them into it")
+        return measured(args)
     prof = load_profile(args.profile)
     region = [d.get("region", "") for d in prof.devices]
     cross = [(i, j) for i in range(prof.num_devices) for j in range(prof.num_devices)
