@@ -25,12 +25,17 @@ OUTER = {"outer_every": 3, "outer_lr": 0.7, "outer_momentum": 0.5}
 TWO = [[(0, (0, 3)), (1, (3, 5))], [(2, (0, 5))]]
 
 
-def _plan(pipelines, shares, averaging="exact", **outer):
+# three pipelines, 0 and 1 in region {0, 1}, 2 in region {2, 3}: the per-link-class modes
+THREE = [[(0, (0, 5))], [(1, (0, 5))], [(2, (0, 2)), (3, (2, 5))]]
+REGIONS = [[0, 1], [2, 3]]
+
+
+def _plan(pipelines, shares, averaging="exact", groups=None, **outer):
     stages = [plan_lib.Stage(d, block, 0.0, 0.0, 0, pipeline=i)
               for i, stages in enumerate(pipelines) for d, block in stages]
     return plan_lib.Plan("manual", "1f1b", sum(shares), stages, 0.0, 0.0, False,
                          shares=list(shares) if len(shares) > 1 else None,
-                         averaging=averaging, **outer)
+                         averaging=averaging, exchange_groups=groups, **outer)
 
 
 def _optimizer():
@@ -74,17 +79,20 @@ def chain():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,outer", [("int8", {}), ("diloco", OUTER)])
-def test_a_stopped_and_resumed_relaxed_run_equals_the_uninterrupted_one(tmp_path, chain, mode,
-                                                                       outer):
-    plan = _plan(TWO, [2, 2], mode, **outer)
+@pytest.mark.parametrize("mode,outer,pipelines,shares,groups", [
+    ("int8", {}, TWO, [2, 2], None), ("diloco", OUTER, TWO, [2, 2], None),
+    ("int8-across", {}, THREE, [1, 1, 2], REGIONS),
+    ("diloco-across", OUTER, THREE, [1, 1, 2], REGIONS)])
+def test_a_stopped_and_resumed_relaxed_run_equals_the_uninterrupted_one(
+        tmp_path, chain, mode, outer, pipelines, shares, groups):
+    plan = _plan(pipelines, shares, mode, groups, **outer)
     ex = _executor(chain, plan)
     want = _train(ex, 0, STEPS)
     ex.close()
     head, written = _stopped(tmp_path, chain, plan)
     np.testing.assert_array_equal(head, want[:STOP])
     meta = find_resume(str(tmp_path)).meta
-    assert meta["averaging"] == {"mode": mode, "pipelines": 2}
+    assert meta["averaging"] == {"mode": mode, "pipelines": len(shares)}
     # every tensor the trainer wrote is in the commit, checksummed with the rest
     assert set(written) <= set(meta["tensors"]) and set(written)
     assert any(n.startswith("pipelines/1/") for n in written)
@@ -97,7 +105,8 @@ def test_a_stopped_and_resumed_relaxed_run_equals_the_uninterrupted_one(tmp_path
     tail = _train(ex, STOP, STEPS)
     ex.close()
     np.testing.assert_allclose(tail, want[STOP:], atol=1e-5, rtol=0)
-    assert restored == (["residual"] if mode == "int8" else ["anchor", "momentum", "replicas"])
+    assert restored == (["residual"] if mode.startswith("int8")
+                        else ["anchor", "momentum", "replicas"])
 
 
 @pytest.mark.slow
