@@ -213,3 +213,57 @@ def test_each_process_writes_its_stages_state_and_together_they_write_the_plans(
     for w in written:
         for name, x in w.items():
             np.testing.assert_allclose(x, local[name], atol=1e-6, rtol=0, err_msg=name)
+
+
+def _regions_profile(path):
+    """The demo's 6 units on 4 equal devices, each its own region, 100 Mbit/s and 40 ms between
+    them, ample memory, the int8 codec timed (slow, so that DiLoCo is the cheapest averaging):
+    the planner's best plan is pipelines in data parallel (``tests/test_relax_quality.py``)."""
+    from skyjax.profile.format import Profile, save_profile
+    from tests.helpers import make_profile
+
+    n = 4
+    lat, bw = np.full((n, n), 0.04), np.full((n, n), 12.5e6)
+    np.fill_diagonal(lat, 0.0)
+    d = make_profile(np.full((6, n), 2e-2), state=np.full(6, 8e6), act=np.full(6, 1e5),
+                     out=np.full(6, 131072.0), memory=np.full(n, 1e12), latency=lat,
+                     bandwidth=bw).to_json()
+    for j, dev in enumerate(d["devices"]):
+        dev["region"] = f"r{j}"
+    d["codecs"] = {"int8": {"output_bytes": [u["output_bytes"] * 0.27 for u in d["units"]],
+                            "seconds_per_byte": [1e-7] * n}}
+    save_profile(Profile.from_json(d), str(path))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_trainer_resumes_a_relaxed_run_with_the_uninterrupted_losses(tmp_path):
+    """``python -m skyjax.main`` end to end: a DiLoCo run (H = 3) killed once its checkpoint of
+    step 2 is committed and run again logs the losses of the run never stopped (steps 3 and 4,
+    across an outer step), and its plan is relaxed."""
+    import json
+
+    from tests.helpers import DEMO, kill_and_resume_local, run_main
+
+    _regions_profile(tmp_path / "profile.json")
+    flags = ["--config.train.steps=4", f"--config.profile.path={tmp_path / 'profile.json'}",
+             "--config.allocation.calibrate_steps=0", "--config.cluster.slowdowns=(1,1,1,1)",
+             "--config.relax.averaging=diloco", "--config.relax.outer_every=3",
+             "--config.relax.min_gain=0", "--config.train.log_every=1",
+             "--config.data.eval_examples=0", "--config.checkpoint.every=2"]
+
+    def losses(workdir):
+        with open(workdir / "metrics.jsonl") as f:
+            rows = [json.loads(line) for line in f]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r and "split" not in r}
+
+    whole = run_main(tmp_path / "whole", *flags)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    plan = json.loads((tmp_path / "whole" / "plan.json").read_text())
+    assert plan["averaging"] == "diloco" and len(plan["shares"]) > 1, plan
+    args = [f"--config={DEMO}", *flags]
+    part = kill_and_resume_local(str(tmp_path / "part"), args, args, kill_after_checkpoint=2)
+    assert part["resumed_from_step"] == 2, part
+    want, got = losses(tmp_path / "whole"), losses(tmp_path / "part")
+    assert set(got) >= {3, 4}
+    np.testing.assert_allclose([got[3], got[4]], [want[3], want[4]], atol=1e-5, rtol=0)
