@@ -21,7 +21,8 @@ chooses within each run's bound (``config.relax``) from the run's own profile.
   Then exact, int8 and int4 again at ``--narrow_Bps`` (10 Mbit/s), timing only: at 100 Mbit/s
   and 40 ms the demo's 1F1B step is mostly waits for the link's latency (a stage 2 hops before
   the slow link holds at most 3 micro-batches in flight, each a round trip over it), which no
-  codec shortens.
+  codec shortens; ``--config.pipeline.warmup=auto`` hides it (more in flight there), and
+  ``experiments/latency_bound.py`` measures what int8 gains then.
 * ``noise``: the exact run again at another seed: how far two equally good runs end apart,
   the yardstick for the relaxed runs' differences at these small losses.
 * ``regions``: no memory caps, devices emulated 4x slower (each call sleeps 3x its compute, so
