@@ -129,15 +129,19 @@ def restore(resume: Any, executor: Any, chain: Sequence[Any], optimizer: Any,
         return []
     if saved.get("mode") != mode:
         logging.warning("checkpoint %d: its %s averaging state is not used under this plan's "
-                        "averaging %s; every replica starts from pipeline 0's params", step,
-                        saved.get("mode"), mode)
+                        "averaging %s (every replica starts from pipeline 0's params and "
+                        "optimizer state)", step, saved.get("mode"), mode)
         return []
     same = int(saved.get("pipelines", 0)) == plan.num_pipelines
     if not same:
-        logging.warning("checkpoint %d was saved by %s pipelines, this plan has %d: the %s "
-                        "state shared by the replicas is restored, each pipeline's own starts "
-                        "afresh (every replica from pipeline 0's params)", step,
-                        saved.get("pipelines"), plan.num_pipelines, mode)
+        cls = state_class(mode)
+        own = [n for n in cls.STATE if n not in cls.SHARED]
+        parts = ([f"restored: {', '.join(cls.SHARED)} (equal on every replica)"] * bool(cls.SHARED)
+                 + [f"afresh: {', '.join(own)} (each pipeline's own)"] * bool(own)
+                 + ["every replica from pipeline 0's params and optimizer state"]
+                 * cls.REPLICAS_DIFFER)
+        logging.warning("checkpoint %d was saved by %s pipelines, this plan has %d: %s", step,
+                        saved.get("pipelines"), plan.num_pipelines, "; ".join(parts))
     index = store.TensorIndex(resume.path)
 
     def read(name: str, like: Any) -> np.ndarray:
