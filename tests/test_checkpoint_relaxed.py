@@ -241,6 +241,10 @@ def test_the_trainer_resumes_a_relaxed_run_with_the_uninterrupted_losses(tmp_pat
     assert whole.returncode == 0, whole.stderr[-3000:]
     plan = json.loads((tmp_path / "whole" / "plan.json").read_text())
     assert plan["averaging"] == "diloco" and len(plan["shares"]) > 1, plan
+    summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    # every pipeline's stages hold an anchor and a momentum: two float32 copies of the model
+    held = summary["memory"]["processes"][0]["averaging_state_bytes"]
+    assert held == 2 * 4 * summary["num_params"] * len(plan["shares"]), summary["memory"]
     args = [f"--config={DEMO}", *flags]
     part = kill_and_resume_local(str(tmp_path / "part"), args, args, kill_after_checkpoint=2)
     assert part["resumed_from_step"] == 2, part
