@@ -132,3 +132,17 @@ def test_a_relaxed_plan_gives_the_same_losses_in_one_process_or_several(mode, ou
 
     results = run_as_processes(process, 4, transport, timeout_s=300)
     np.testing.assert_allclose(results[0], local, atol=1e-6, rtol=0)
+
+
+def test_every_relaxed_mode_has_its_state_named_and_charged():
+    """Each averaging mode's runtime class names its state (what checkpoints save) and the
+    planner charges as many copies of a stage's gradients as it holds."""
+    from skyjax.names import AVERAGING
+    from skyjax.plan.pipelines import state_copies
+
+    assert averaging.state_class("exact") is None and state_copies("exact") == 0
+    for mode in AVERAGING[1:]:
+        cls = averaging.state_class(mode)
+        assert cls is not None and cls.name == mode, mode
+        assert len(cls.STATE) == state_copies(mode) > 0, mode
+        assert set(cls.SHARED) <= set(cls.STATE), mode
