@@ -53,7 +53,7 @@ from skyjax.plan.classes import device_classes
 from skyjax.plan.cost import Tables, evaluate_tables, tables
 from skyjax.plan.even import even_assignment
 from skyjax.plan.group_bound import GroupBound, group_bound
-from skyjax.plan.warmup import deepen, linkless
+from skyjax.plan.warmup import linkless, plan_auto
 from skyjax.plan.refine import refine_plan
 from skyjax.plan.extension import ExtraCost
 from skyjax.plan.types import InfeasibleError, Plan
@@ -173,7 +173,9 @@ def _plan(profile: Profile, strategy: str, schedule: str, microbatches: int,
             else:
                 out.exact, out.lower_bound_s = True, None
     if deep and extra is None:  # 1F1B: deeper warm-ups before slow links, where they pay
-        out = deepen(t, out, lambda: lower_bound(linkless(t)))
+        out = plan_auto(profile, t, out, lambda t0: exact_search.search(
+            t0, device_classes(t0)) if exact else heuristic.search(t0, min_bottleneck(t0)),
+            lambda: lower_bound(linkless(t)))
     return out
 
 

@@ -23,7 +23,9 @@ own warm-ups R_k / w_k <= max_j t_j, so T_win <= T: today's T, which charges the
 micro-batch, stays the price of plans with 1F1B's own warm-ups (the searches minimise it, and
 plans stay what they were), an upper bound of their window price.
 
-``deepen`` (the planner, 1F1B, one pipeline): on the plan the search found, each stage gets the
+``plan_auto`` (the planner, 1F1B, one pipeline, ``--warmup auto``): the plan the search found and
+the one it finds with every latency 0, each deepened, the lower price kept. ``deepen``: on a
+plan, each stage gets the
 fewest warm-up forwards for which R_k / w_k is at most the latency-free period
 max(max c_j, max x_j), within its memory (stage k holds w_k micro-batches' activations) and
 never more than the stage before it; the plan is kept with them when its T_win is at least
@@ -133,6 +135,27 @@ def deepen(t: Tables, plan: Plan, bound_s: Callable[[], float]) -> Plan:
     return dataclasses.replace(plan, stages=stages, step_time_s=deep,
                                bottleneck_s=win.period(m, warm), exact=False,
                                lower_bound_s=min(float(bound_s()), deep))
+
+
+def plan_auto(profile, t: Tables, plan: Plan, search: Callable[[Tables], object | None],
+              bound_s: Callable[[], float]) -> Plan:
+    """``--warmup auto``'s plan: the searched ``plan`` deepened, or the plan ``search`` finds
+    with every link's latency 0 (the latency hidden, what is left of each stage and link is what
+    the steady state pays), priced on ``t`` and deepened, whichever has the lower price."""
+    from skyjax.plan.cost import evaluate_tables
+
+    out = deepen(t, plan, bound_s)
+    sol = search(latency_free(t))
+    if sol is None:
+        return out
+    other = deepen(t, evaluate_tables(profile, t, sol.assignment, plan.strategy, False, None),
+                   bound_s)
+    return other if other.step_time_s < out.step_time_s else out
+
+
+def latency_free(t: Tables) -> Tables:
+    """``t`` with every link's latency 0."""
+    return dataclasses.replace(t, latency=np.zeros_like(t.latency))
 
 
 def step_time(t: Tables, plan: Plan) -> float:
