@@ -8,9 +8,9 @@ devices (``pipelines.ChainCache``); devices that chain leaves unused are idle.
 * Small instances (``exhaustive``: <= ``EXHAUSTIVE_DEVICES`` devices and the count of
   (partition, composition) pairs and the chain searches they need within budget): every set
   partition of the devices into 1..max_pipelines blocks, every composition of m into as many
-  positive parts, each block's least-T_i chain for its share, AR priced on those chains. This is
-  exact given each pipeline's least-T_i chain (``exact`` when every chain search was the exact
-  DP); a chain with a larger T_i but a cheaper exchange is not considered.
+  positive parts, each block's least-T_i chain for its share; then every chain of every block
+  (:mod:`skyjax.plan.every_chain`: a larger T_i may have a cheaper exchange), pruned by lower
+  bounds on AR. ``exact`` when that pass finished within its budgets.
 * Larger instances: candidate splits from link groups (regions; ``classes.link_groups``, over
   ``MAX_GROUPS`` coarsened) and speeds: each set partition of the groups (or one block, or one
   group per block, when there are many; groups may be left out), each block's devices dealt round-robin, fastest first
@@ -40,6 +40,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from skyjax.plan.classes import coarse_groups, link_groups
+from skyjax.plan.every_chain import EveryChain
 from skyjax.plan.exact import exact_cost
 from skyjax.plan.pipelines import (INT8_WIRE, ChainCache, Priced, build_plan, evaluate_pipelines,
                                    fractional_bound, grad_prefix, region_groups,
@@ -132,16 +133,18 @@ def search(profile: Profile, schedule: str, microbatches: int, max_pipelines: in
     # every split up to the most pipelines that fits; candidates for more (monotone: module doc)
     top = max([k for k in range(2, max_pipelines + 1) if exhaustive_fits(cache, k)], default=1)
     exhaustive = top == max_pipelines
+    one_exact = single is None or single.exact
     if top > 1:
         if single is None:  # that no one pipeline fits counts as the search's finding
             cache.get(range(t.num_devices), microbatches)
-        _exhaustive(cache, top, gprefix, best)
+            one_exact = cache.all_exact
+        exhaustive &= _exhaustive(cache, top, gprefix, best)
     if not exhaustive:
         _by_candidates(cache, top + 1, max_pipelines, gprefix, best)
     if best.chains is None and single is None:
         raise InfeasibleError("no feasible plan: no split of the devices into at most "
                               f"{max_pipelines} pipelines fits memory and links")
-    exact = exhaustive and cache.all_exact and (single is None or single.exact)
+    exact = exhaustive and one_exact
     if best.chains is None:
         if exact:
             return single
@@ -156,12 +159,12 @@ def search(profile: Profile, schedule: str, microbatches: int, max_pipelines: in
 
 
 def _exhaustive(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
-                best: _Best) -> None:
-    """Every partition into 2..max_pipelines blocks x every composition (module doc)."""
+                best: _Best) -> bool:
+    """Every partition into 2..max_pipelines blocks x every composition, each block's least-T_i
+    chain, then every chain (module doc); whether that finished within its budgets."""
     t, m, sync = cache.t, cache.t.microbatches, cache.t.sync_s
-    for part in set_partitions(t.num_devices, min(max_pipelines, m)):
-        if len(part) < 2:
-            continue
+    parts = [p for p in set_partitions(t.num_devices, min(max_pipelines, m)) if len(p) > 1]
+    for part in parts:
         for shares in compositions(m, len(part)):
             priced = []
             for block, m_i in zip(part, shares):
@@ -174,6 +177,8 @@ def _exhaustive(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
                 if top < best.step_s:
                     ar = _exchange(priced, gprefix, cache.profile)
                     best.offer(top + ar, priced, shares)
+    every = EveryChain(cache, gprefix, best, lambda p: _exchange(p, gprefix, cache.profile))
+    return every.run(parts, lambda k: compositions(m, k))
 
 
 def candidate_splits(t: Tables, max_pipelines: int) -> list[list[list[int]]]:

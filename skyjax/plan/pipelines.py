@@ -278,6 +278,12 @@ class ChainCache:
         mapped = self._map(rep, devices, chain)
         return Priced(mapped, self.step_of(mapped, m), exact, self.free_of(mapped, m))
 
+    def exact_at(self, devices: Sequence[int], m: int) -> bool:
+        """Whether ``get(devices, m)`` came from the exact DP (its T_i the least, or no chain
+        fits); False before it is asked."""
+        hit = self._found.get((self.key(sorted(devices)), m, False))
+        return hit is not None and hit[2]
+
     def _search(self, devices: list[int], m: int, quick: bool):
         sub = restrict_tables(self.t, devices, m, self.profile.input_s)
         self.searches += 1

@@ -1,0 +1,269 @@
+"""Small instances: the split search exact over every chain of every pipeline.
+
+T = max_i T_i + AR + sync_s, and AR depends on which units each device owns, so a pipeline's
+least-T_i chain is not always its best: a chain with a larger T_i may own units where the
+exchange is cheaper. The exhaustive split search (:mod:`skyjax.plan.pipeline_split`) first
+prices every (partition, shares) with each block's least-T_i chain; that plan is the incumbent
+``best``. This pass then takes, per (partition, shares), the least T over every tuple of chains
+(one per block: any ordered subset of the block's devices, any cuts), pruned by two bounds:
+
+* **The exchange's floor.** With two or more pipelines every owner of a unit sends that unit's
+  gradient at least once, to an owner in another pipeline (:mod:`skyjax.plan.exchange`: a
+  non-representative to its representative, a representative back to its group or, alone in its
+  group, to the other groups' representatives). AR is at least any device's seconds summed over
+  the phases, so a device d holding units [a, b) gives AR >= F(d, a, b) = L_d + g(a, b) / B_d,
+  L_d the least latency and B_d the most bandwidth from d to a device outside its block, g the
+  gradient bytes; with the relaxed modes the bound allows, the least of that, L_d + w g / B_d
+  (int8: w its bytes per gradient byte; coding time >= 0) and F / H (DiLoCo: AR / H per step).
+  A chain's floor F is the most over its stages; T >= T_i + F + sync_s for each pipeline.
+* **Chains.** Per (block, m_i) the chains with T_i + F < best - sync_s, found depth first stage
+  by stage: a partial chain's sum of stage times (the last one's outgoing link not yet known),
+  (m_i - 1) times their most, update_0 and its floor only grow, so it is cut where they reach
+  the bound; memory is checked at the fewest micro-batches any stage keeps in flight, then every
+  found chain is priced by ``ChainCache.step_of`` (the model's T_i, its real in-flight counts).
+* **Tuples.** Chains in T_i order, a tuple dropped where max T_i + max F + sync_s >= best; AR
+  is priced (``pipeline_split._exchange``: every averaging mode the bound allows, direct and
+  through the regions) once per tuple of chains, whatever the shares.
+
+Within ``NODES`` partial chains and ``TUPLES`` priced tuples the result is exact (brute force
+over every chain checks it: ``tests/test_pipelines_plan.py``); past them the pass stops, keeps
+the best it has found, and the plan is not marked exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from skyjax.plan.pipelines import INT8_WIRE, Chain, ChainCache, Priced, region_groups
+
+NODES = 100_000  # most partial chains the depth-first searches visit, all blocks together
+TUPLES = 3000  # most tuples of chains whose exchange is priced
+SLACK = 1e-9  # relative: what the bounds keep beyond the incumbent (their sums round otherwise)
+
+
+class Floors:
+    """Lower bounds on AR (module doc): F(d, a, b) per block, and per partition over cuts."""
+
+    def __init__(self, cache: ChainCache, gprefix: np.ndarray):
+        prof = cache.profile
+        self.lat = np.asarray(prof.latency_s, float)
+        self.bw = np.asarray(prof.bandwidth_Bps, float)
+        self.gprefix = gprefix
+        self.units = cache.t.num_units
+        self.regions = [np.asarray(g) for g in region_groups(prof)]
+        modes = prof.relax.averagings  # the least factors of any mode allowed: latency, bytes
+        slow = 1.0 / prof.relax.outer_every if any(x.startswith("diloco") for x in modes) else 1
+        wire = INT8_WIRE if any(x.startswith("int8") for x in modes) else 1.0
+        self.lat_f, self.byte_f = slow, min(slow, wire)
+
+    def _cut(self, inside: np.ndarray, outside: np.ndarray, g: float, senders: int) -> float:
+        top = float(self.bw[np.ix_(inside, outside)].max())
+        if top <= 0:
+            return math.inf
+        return (self.lat_f * float(self.lat[np.ix_(inside, outside)].min())
+                + self.byte_f * g / (senders * top))
+
+    def of_partition(self, part: Sequence[Sequence[int]]) -> float:
+        """AR >= L + G / (n B) over every cut S | rest of the devices such that S is a union
+        of blocks: one block, the blocks inside one region, and their complements. Every unit
+        has an owner on both sides, so G bytes leave S, sent by its n <= sum min(|block|, U)
+        devices at bandwidth B <= the most across, each message at latency >= L."""
+        g = float(self.gprefix[-1])
+        blocks = [np.asarray(b) for b in part]
+        region_of = {}
+        for r, members in enumerate(self.regions):
+            for d in members:
+                region_of[int(d)] = r
+        k = len(blocks)
+        sides = {frozenset([i]) for i in range(k)}
+        for r in range(len(self.regions)):
+            sides.add(frozenset(i for i, b in enumerate(blocks)
+                                if all(region_of[int(d)] == r for d in b)))
+        sides |= {frozenset(range(k)) - x for x in sides}
+        best = 0.0
+        for cut in sorted(sorted(x) for x in sides if 0 < len(x) < k):
+            rest = [i for i in range(k) if i not in cut]
+            inside = np.concatenate([blocks[i] for i in cut])
+            outside = np.concatenate([blocks[i] for i in rest])
+            n = sum(min(len(blocks[i]), self.units) for i in cut)
+            best = max(best, self._cut(inside, outside, g, n))
+        return best
+
+    def of_block(self, block: Sequence[int]) -> Callable[[int, int, int], float]:
+        """F(d, a, b) of a device of ``block`` holding [a, b) (receivers: outside the block)."""
+        rest = np.setdiff1d(np.arange(len(self.lat)), np.asarray(block, dtype=np.int64))
+        lat = {d: float(self.lat[d, rest].min()) for d in block}
+        top = {d: float(self.bw[d, rest].max()) for d in block}
+        g, lf, bf = self.gprefix, self.lat_f, self.byte_f
+
+        def floor(d: int, a: int, b: int) -> float:
+            if top[d] <= 0:
+                return math.inf
+            return lf * lat[d] + bf * (g[b] - g[a]) / top[d]
+        return floor
+
+
+class EveryChain:
+    """The pass of the module doc over one search's partitions (``run``)."""
+
+    def __init__(self, cache: ChainCache, gprefix: np.ndarray, best, exchange: Callable):
+        self.cache, self.best, self.exchange = cache, best, exchange
+        self.floors = Floors(cache, gprefix)
+        self.sync = cache.t.sync_s
+        self.nodes = self.tuples = 0
+        self.complete = True
+        self._ar: dict[tuple, float] = {}
+
+    def least(self, block: Sequence[int], m: int) -> float | None:
+        """A lower bound on T_i over the chains on ``block`` at m_i = m (None: none fits):
+        the least-T_i chain's where its search was exact and T_i is the searches' objective
+        (zero bubble: they credit what T_i does not), else 0."""
+        p = self.cache.get(block, m)
+        if not self.cache.exact_at(block, m) or self.cache.t.credit_factor:
+            return 0.0
+        return None if p is None else p.step_s
+
+    def run(self, parts: Sequence[Sequence[Sequence[int]]], shares_of: Callable) -> bool:
+        """Every (partition, shares) whose bound is below the incumbent, every tuple of chains
+        on it offered to ``best``; whether it finished within the budgets."""
+        best, sync = self.best, self.sync
+        limit = best.step_s - sync
+        live = []
+        for part in parts:
+            floor = None
+            for shares in shares_of(len(part)):
+                lows = [self.least(b, m_i) for b, m_i in zip(part, shares)]
+                if None in lows or max(lows) + sync >= best.step_s:
+                    continue
+                if floor is None:
+                    floor = self.floors.of_partition(part)
+                if max(lows) + floor + sync < best.step_s:
+                    live.append((max(lows), part, shares, floor))
+        # a chain on a block is kept if T_i + its floor stays below the bound, with the least
+        # partition floor of the live splits it is part of
+        need: dict[tuple, float] = {}
+        for _, part, shares, floor in live:
+            for b, m_i in zip(part, shares):
+                need[tuple(b), m_i] = min(need.get((tuple(b), m_i), math.inf), floor)
+        found: dict[tuple, list] = {}
+        for low, part, shares, floor in sorted(live, key=lambda x: x[0]):
+            if low + floor + sync >= best.step_s:
+                continue
+            lists = []
+            for b, m_i in zip(part, shares):
+                key = (tuple(b), m_i)
+                if key not in found:
+                    found[key] = sorted(self._search(list(b), m_i, limit, need[key]),
+                                        key=lambda x: x[0])
+                if not self.complete:
+                    return False
+                lists.append(found[key])
+            if all(lists):
+                self._offer(lists, shares, floor)
+            if not self.complete:
+                return False
+        return True
+
+    def _search(self, block: list[int], m: int, limit: float,
+                floor0: float) -> list[tuple[float, float, Chain]]:
+        """(T_i, F, chain) of every chain on ``block`` at m_i = m with T_i + F < ``limit``, F
+        the chain's floor and at least ``floor0`` (the search is cut when over budget)."""
+        cache = self.cache
+        t = cache.tables_for(m)
+        u = t.num_units
+        lim = limit * (1 + SLACK) if math.isfinite(limit) else math.inf
+        floor = self.floors.of_block(block)
+        least = t.least_inflight
+        cuts = np.arange(1, u)
+        links: dict[tuple[int, int], list[float]] = {}
+        out: list[tuple[float, float, Chain]] = []
+        stages: list[tuple[int, int, int]] = []
+
+        def fits(d: int, a: int, b: int) -> bool:
+            return (t.state_prefix[b] - t.state_prefix[a]
+                    + least * (t.act_prefix[b] - t.act_prefix[a])) <= t.memory[d]
+
+        def base(d: int, a: int, b: int) -> float:  # compute + incoming message calls
+            return float(t.prefix[d, b] - t.prefix[d, a] + t.fixed[d]
+                         + (t.in_msg[d] if a > 0 else 0.0))
+
+        def grow(a: int, done: float, top: float, upd0: float, fmax: float, last: float,
+                 used: set[int]) -> None:
+            self.nodes += 1
+            if self.nodes > NODES:
+                self.complete = False
+                return
+            if a == u:
+                chain = list(stages)
+                step = cache.step_of(chain, m)
+                if math.isfinite(step) and step + fmax < lim:
+                    out.append((step, fmax, chain))
+                return
+            prev = stages[-1][0]
+            for e in block:
+                if e in used or not self.complete:
+                    continue
+                if (prev, e) not in links:
+                    links[prev, e] = t.comm(prev, e, cuts).tolist()
+                t_prev = last + links[prev, e][a - 1]
+                if math.isinf(t_prev):
+                    continue
+                s, mx = done + t_prev, max(top, t_prev)
+                for b in range(a + 1, u + 1):  # every term grows with b: cut at the bound
+                    if not fits(e, a, b):
+                        break
+                    x, f = base(e, a, b), max(fmax, floor(e, a, b))
+                    if s + x + (m - 1) * max(mx, x) + upd0 + f >= lim:
+                        break
+                    stages.append((e, a, b))
+                    used.add(e)
+                    grow(b, s, mx, upd0, f, x, used)
+                    used.discard(e)
+                    stages.pop()
+
+        for d in block:
+            for b in range(1, u + 1):
+                if not fits(d, 0, b):
+                    break
+                x, upd0 = base(d, 0, b), float(t.first_update(d, b))
+                f = max(floor0, floor(d, 0, b))
+                if m * x + upd0 + f >= lim:
+                    break
+                stages.append((d, 0, b))
+                grow(b, 0.0, 0.0, upd0, f, x, {d})
+                stages.pop()
+        return out
+
+    def _offer(self, lists: list[list], shares: Sequence[int], floor: float) -> None:
+        """The least T over every tuple of chains, one from each list, offered to ``best``."""
+        best, sync = self.best, self.sync
+        picked: list[tuple[float, float, Chain]] = []
+
+        def pick(i: int, tmax: float, fmax: float) -> None:
+            if not self.complete:
+                return
+            if i == len(lists):
+                key = tuple(sorted(tuple(c) for _, _, c in picked))
+                if key not in self._ar:
+                    self.tuples += 1
+                    if self.tuples > TUPLES:
+                        self.complete = False
+                        return
+                    self._ar[key] = self.exchange([Priced(c, s, True) for s, _, c in picked])
+                best.offer(tmax + self._ar[key] + sync,
+                           [Priced(c, s, True) for s, _, c in picked], shares)
+                return
+            for item in lists[i]:
+                step, f, _ = item
+                if step + fmax + sync >= best.step_s:
+                    break  # least T_i first
+                if max(tmax, step) + max(fmax, f) + sync >= best.step_s:
+                    continue
+                picked.append(item)
+                pick(i + 1, max(tmax, step), max(fmax, f))
+                picked.pop()
+
+        pick(0, 0.0, floor)
