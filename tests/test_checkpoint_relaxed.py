@@ -251,3 +251,44 @@ def test_the_trainer_resumes_a_relaxed_run_with_the_uninterrupted_losses(tmp_pat
     want, got = losses(tmp_path / "whole"), losses(tmp_path / "part")
     assert set(got) >= {3, 4}
     np.testing.assert_allclose([got[3], got[4]], [want[3], want[4]], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_processes_resume_a_relaxed_run_with_the_uninterrupted_losses(tmp_path):
+    """``python -m skyjax.launch``, one process per device: a DiLoCo run (H = 3) checkpointed
+    after steps 2 and 4; with checkpoint 4 removed, the run again resumes from step 2, each
+    process restoring its own pipeline's replica and state, and logs the same losses."""
+    import json
+    import shutil
+
+    from skyjax.checkpoint import layout
+    from tests.helpers import DEMO, run_module
+
+    _regions_profile(tmp_path / "profile.json")
+    workdir = tmp_path / "run"
+    args = ["--num_processes", "4", "--timeout", "400", "--", f"--config={DEMO}",
+            f"--workdir={workdir}", "--config.cluster.mode=distributed",
+            "--config.train.steps=4", f"--config.profile.path={tmp_path / 'profile.json'}",
+            "--config.allocation.calibrate_steps=0", "--config.cluster.slowdowns=(1,1,1,1)",
+            "--config.relax.averaging=diloco", "--config.relax.outer_every=3",
+            "--config.relax.min_gain=0", "--config.train.log_every=1",
+            "--config.data.eval_examples=0", "--config.checkpoint.every=2"]
+
+    def losses():
+        with open(workdir / "metrics.jsonl") as f:
+            rows = [json.loads(line) for line in f]
+        return [(r["step"], r["loss"]) for r in rows if "loss" in r and "split" not in r]
+
+    first = run_module("skyjax.launch", *args, timeout=600)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+    plan = json.loads((workdir / "plan.json").read_text())
+    assert plan["averaging"] == "diloco" and len(plan["shares"]) > 1, plan
+    want = dict(losses())
+    shutil.rmtree(layout.step_dir(layout.checkpoints_dir(str(workdir)), 4))
+    again = run_module("skyjax.launch", *args, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert json.loads((workdir / "summary.json").read_text())["resumed_from_step"] == 2
+    got = losses()  # the first run's up to step 2, then the second run's
+    assert [s for s, _ in got] == [1, 2, 3, 4], got
+    np.testing.assert_allclose([x for _, x in got[2:]], [want[3], want[4]], atol=1e-5, rtol=0)
