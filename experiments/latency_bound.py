@@ -30,28 +30,30 @@ On this 2-core host (the demo: 6 units, 0.2 / 7.3 / 7.3 / 7.3 / 7.3 / 0.1 ms of 
 micro-batch of 8; a hand-off 132 kB: 10.6 ms at 100 Mbit/s, 2.8 ms in int8), exact / int8:
 
     m   1F1B T (model)     auto T_win         simulated         best plan T_win    chain bound
-    4   443 / 382  1.16x   180 / 164  1.09x   180 / 164  1.09x  170 / 145  1.17x   132 / 117
+    4   443 / 382  1.16x   180 / 145  1.24x   180 / 145  1.24x  170 / 145  1.17x   132 / 117
     8   853 / 730  1.17x   239 / 224  1.07x   239 / 224  1.07x  239 / 224  1.07x   133 / 118
     16  1673 / 1428 1.17x  357 / 342  1.04x   357 / 343  1.04x  357 / 342  1.04x   235 / 226
 
-(the best plan at m = 4 puts two devices on each side, d0[0,2) > d1[2,3) w3 > d2[3,4) > d3[4,6);
-simulated 172.5 / 144.7 ms.)
+(at m = 4 the best plans put two devices on each side, d0[0,2) > d1[2,3) w3 > d2[3,4) > d3[4,6),
+simulated 172.5 / 144.7 ms; auto finds it for int8, by the search without latencies, and keeps
+d0[0,1) w3 > d2[1,3) > d3[3,6) for exact.)
 
 Measured (``--rehearse``, time scale 4, 20 steps, in the profile's times; predicted: the plan's
 T, the window model's T_win under auto), exact / int8:
 
     link               m   1F1B's own warm-ups              auto warm-ups
-    100 Mbit/s, 40 ms  4   279 / 245 1.14x (443 / 382)      190 / 177 1.07x (180 / 164 1.09x)
+    100 Mbit/s, 40 ms  4   277 / 254 1.09x (443 / 382)      189 / 157 1.20x (180 / 145 1.24x)
                        8   521 / 462 1.13x (853 / 730)      255 / 239 1.07x (239 / 224 1.07x)
     25 Mbit/s, 40 ms   4   457 / 280 1.63x (696 / 450)      358 / 192 1.87x (325 / 182 1.79x)
                        8   822 / 526 1.56x (1358 / 867)     542 / 260 2.09x (494 / 241 2.05x)
 
 (the 25 Mbit/s profile: this one with its cross-region bandwidths set to 3.125e6.) Deeper
-warm-ups take the exact step at 100 Mbit/s from 279 to 190 ms (m = 4) and from 521 to 255 ms
+warm-ups take the exact step at 100 Mbit/s from 277 to 189 ms (m = 4) and from 521 to 255 ms
 (m = 8); today's T of 1F1B's own warm-ups, which charges the latency per micro-batch, is an
-upper bound (443 against 279 measured), the window model within 10 % of the measured step.
+upper bound (443 against 277 measured), the window model within 10 % of the measured step.
+Repeated runs of a row differ by up to 4 % (1F1B's own at m = 4, int8: 245 and 254 ms).
 
-1.5x is out of reach at 100 Mbit/s: the compute per micro-batch of a stage of two layers (14.6 ms) exceeds the
+1.5x is out of reach at 100 Mbit/s against the best exact plan: the compute per micro-batch of a stage of two layers (14.6 ms) exceeds the
 exact hand-off (10.6 ms one way), so once the latency is hidden the bytes int8 saves are off the
 critical path but for the fill (2 x 7.8 ms per step). At m = 4 no schedule reaches it: 1.5x needs
 int8 at most 172.5 / 1.5 = 115.0 ms (the simulator's best exact plan, 172.5 ms), below the chain
