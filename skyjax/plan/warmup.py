@@ -42,9 +42,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from skyjax.plan.cost import Tables
+from skyjax.plan.cost import Solution, Tables, evaluate_tables
 from skyjax.plan.schedules import warmups
 from skyjax.plan.types import Plan
+from skyjax.profile.format import Profile
 
 MIN_GAIN = 0.01  # least relative gain of T_win for which a plan takes deeper warm-ups
 
@@ -137,20 +138,22 @@ def deepen(t: Tables, plan: Plan, bound_s: Callable[[], float]) -> Plan:
                                lower_bound_s=min(float(bound_s()), deep))
 
 
-def plan_auto(profile, t: Tables, plan: Plan, search: Callable[[Tables], object | None],
-              bound_s: Callable[[], float]) -> Plan:
+def plan_auto(profile: Profile, t: Tables, plan: Plan,
+              search: Callable[[Tables], Solution | None], bound_s: Callable[[], float]) -> Plan:
     """``--warmup auto``'s plan: the searched ``plan`` deepened, or the plan ``search`` finds
     with every link's latency 0 (the latency hidden, what is left of each stage and link is what
     the steady state pays), priced on ``t`` and deepened, whichever has the lower price."""
-    from skyjax.plan.cost import evaluate_tables
-
     out = deepen(t, plan, bound_s)
     sol = search(latency_free(t))
     if sol is None:
         return out
     other = deepen(t, evaluate_tables(profile, t, sol.assignment, plan.strategy, False, None),
                    bound_s)
-    return other if other.step_time_s < out.step_time_s else out
+    if other.step_time_s >= out.step_time_s:
+        return out
+    if other.lower_bound_s is None:  # not deepened: T, at least T_win, at least the bound
+        other.lower_bound_s = min(float(bound_s()), other.step_time_s)
+    return other
 
 
 def latency_free(t: Tables) -> Tables:
