@@ -151,3 +151,77 @@ def test_the_charge_is_what_the_runtime_holds():
                            optimizer=optax.adamw(1e-3), max_grad_norm=None, rng=rng_for)
         assert averaging_bytes(ex) == 2 * state_copies(mode) * sum(params), mode
         ex.close()
+
+
+def _relaxed_brute_force(prof: Profile, schedule: str, m: int, charge: bool = True) -> float:
+    """The least T over one pipeline and every split into 2..3 pipelines x shares x chains x
+    averaging mode the bound allows whose state fits every stage (each stage's memory, priced
+    exact, plus copies x its gradient bytes, checked here; ``charge`` False: not charged), AR
+    priced per mode."""
+    import dataclasses
+    import itertools
+
+    from skyjax.plan.pipelines import grad_prefix, relaxed_exchange
+    from skyjax.relax import EXACT
+    from tests.helpers import assignments, brute_force
+
+    copies = {"exact": 0, "int8-across": 1, "int8": 1, "diloco-across": 2, "diloco": 2}
+    exact_prof = dataclasses.replace(prof, relax=EXACT)
+    g = grad_prefix(prof)
+    best = brute_force(prof, schedule, m)
+    n = prof.num_devices
+    for labels in itertools.product(range(3), repeat=n):
+        blocks = [[d for d in range(n) if labels[d] == b] for b in range(3)]
+        blocks = [b for b in blocks if b]
+        if len(blocks) < 2 or labels[0] != 0 or (max(labels) == 2 and 1 not in labels):
+            continue  # each partition once (first appearance order)
+        for cuts in itertools.combinations(range(1, m), len(blocks) - 1):
+            b = (0,) + cuts + (m,)
+            shares = [y - x for x, y in zip(b, b[1:])]
+            options = [[[(blk[d], a, e) for d, a, e in c]
+                        for c in assignments(prof.num_units, len(blk))] for blk in blocks]
+            for chains in itertools.product(*options):
+                try:
+                    plan = plan_lib.evaluate_pipelines(exact_prof, chains, shares, schedule)
+                except plan_lib.InfeasibleError:
+                    continue
+                order = sorted(range(len(chains)), key=lambda i: min(d for d, _, _ in chains[i]))
+                chains = [chains[i] for i in order]
+                top = max(plan.pipeline_step_s) + prof.sync_s
+                for mode in prof.relax.averagings:
+                    if all(s.memory_bytes + charge * round(
+                            copies[mode] * (g[s.units[1]] - g[s.units[0]]))
+                           <= prof.devices[s.device]["memory_bytes"] for s in plan.stages):
+                        ar = relaxed_exchange(chains, g, prof, (mode,))[0]
+                        best = min(best, top + ar)
+    return best
+
+
+def test_the_planner_prices_each_mode_only_where_its_state_fits():
+    """Random 3-device instances whose memory leaves room for some relaxed states and not
+    others, any averaging up to DiLoCo allowed: the planner's T is the brute force's, which
+    takes a mode for a split only where its state fits every stage."""
+    import dataclasses
+
+    from skyjax.relax import Relaxation
+    from tests.helpers import random_profile
+
+    rng = np.random.default_rng(7)
+    binds = 0
+    for i in range(12):
+        prof = random_profile(rng, 3, 3)
+        d = prof.to_json()
+        whole = sum(u["state_bytes"] + 3 * u["activation_bytes"] for u in d["units"])
+        for j, dev in enumerate(d["devices"]):  # 40-90% of a whole pipeline at m = 3
+            dev["memory_bytes"] = float(whole * rng.uniform(0.4, 0.9))
+            dev["region"] = f"r{j % 2}"
+        d["codecs"] = {"int8": {"output_bytes": [u["output_bytes"] * 0.27 for u in d["units"]],
+                                "seconds_per_byte": [1e-10] * 3}}
+        prof = dataclasses.replace(Profile.from_json(d), relax=Relaxation(
+            averaging="diloco", outer_every=4, min_gain=0.0))
+        schedule, m = ("gpipe", "1f1b")[i % 2], 3
+        want = _relaxed_brute_force(prof, schedule, m)
+        got = plan_lib.plan(prof, "optimal", schedule, m, max_pipelines=3, relax=prof.relax)
+        assert got.step_time_s == pytest.approx(want, rel=1e-9), i
+        binds += want > _relaxed_brute_force(prof, schedule, m, charge=False) * (1 + 1e-9)
+    assert binds >= 3  # instances where the state's charge changes the optimum
