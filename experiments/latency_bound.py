@@ -51,7 +51,10 @@ T, the window model's T_win under auto), exact / int8:
 warm-ups take the exact step at 100 Mbit/s from 277 to 189 ms (m = 4) and from 521 to 255 ms
 (m = 8); today's T of 1F1B's own warm-ups, which charges the latency per micro-batch, is an
 upper bound (443 against 277 measured), the window model within 10 % of the measured step.
-Repeated runs of a row differ by up to 4 % (1F1B's own at m = 4, int8: 245 and 254 ms).
+Repeated runs of a row differ by up to 4 % (1F1B's own at m = 4, int8: 245 and 254 ms). The
+README's real runs (skyjax.main, this host's own compute, 60 steps, m = 4, the profile above
+via --config.profile.path, load average about 18 on 2 cores): 1F1B's own 325 / 315 ms, auto
+250 / 231 ms (1.08x), the exact runs' losses equal.
 
 1.5x is out of reach at 100 Mbit/s against the best exact plan: the compute per micro-batch of a stage of two layers (14.6 ms) exceeds the
 exact hand-off (10.6 ms one way), so once the latency is hidden the bytes int8 saves are off the
