@@ -235,3 +235,27 @@ def test_config_and_cli_take_the_warmup():
         validate_config(demo("--config.pipeline.warmup=deep"))
     assert cli.parse_args(["--profile", "p.json", "--warmup", "auto"]).warmup == "auto"
     assert cli.parse_args(["--profile", "p.json"]).warmup == "1f1b"
+
+
+@pytest.mark.parametrize("m", [4, 8])
+def test_two_regions_latency_paid_once(m):
+    """The README's shape: a light first unit on one side of a 40 ms link, four layers behind
+    it, the plan fixed across the link. 1F1B's own warm-ups pay the round trip per micro-batch
+    (a round trip per 3 in flight); deeper ones pay it once: the simulator's step is within
+    2 % of T_win and under 70 % of 1F1B's."""
+    fwd = np.array([0.2, 2.4, 2.4, 2.4, 2.4, 0.05])[:, None] * np.ones((1, 3)) * 1e-3
+    lat = np.full((3, 3), 1e-5)
+    lat[0, 1:] = lat[1:, 0] = 0.04
+    bw = np.full((3, 3), 1e10)
+    bw[0, 1:] = bw[1:, 0] = 12.5e6
+    prof = make_profile(fwd, state=np.ones(6), act=np.ones(6), out=np.full(6, 1.32e5),
+                        latency=lat, bandwidth=bw)
+    assignment = [(0, 0, 1), (1, 1, 3), (2, 3, 6)]
+    t = tables(prof, "1f1b", m)
+    own = evaluate_tables(prof, t, assignment, "x", False, None)
+    deep = warmup.deepen(t, own, lambda: 0.0)
+    assert deep.stages[0].warmup == m - 1 and deep.stages[1].warmup is None
+    sim_own = simulate.simulate_plan(own, prof).step_time_s
+    sim_deep = simulate.simulate_plan(deep, prof).step_time_s
+    assert abs(sim_deep - deep.step_time_s) <= 0.02 * deep.step_time_s
+    assert sim_deep < 0.7 * sim_own
