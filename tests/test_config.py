@@ -311,3 +311,10 @@ def test_config_to_model_config():
     for key, value in config.model.items():
         if key != "pretrained":
             assert getattr(bert_config, key) == value, key
+
+
+def test_the_warmup_key_takes_1f1b_or_auto():
+    """config.pipeline.warmup takes "1f1b" / "auto" and refuses others naming the key."""
+    validate_config(demo("--config.pipeline.warmup=auto"))
+    with pytest.raises(ValueError, match="config.pipeline.warmup='deep'"):
+        validate_config(demo("--config.pipeline.warmup=deep"))
