@@ -10,13 +10,22 @@ A single pipeline can use at most 26 devices (one unit each); several pipelines 
 can use more, at the price of exchanging replicated gradients (docs/design.md, "Several
 pipelines"). Printed per schedule: the best single pipeline (devices used, T, examples/s =
 global batch / T), the plan with up to ``--pipelines`` pipelines (its pipelines with devices,
-units, share and T_i, the exchange AR, T, examples/s), its lower bound and gap, planning time.
+units, share and T_i, the exchange AR, T, examples/s), its lower bound and gap, planning time
+(CPU seconds of the ``plan`` call: with relaxations allowed it plans exactly first, then relaxed
+below the exact plan's T less ``min_gain``).
+
+The bound ("T / lower bound"): ``pipelines.fractional_bound``, a proof over every plan of any
+number of pipelines and any schedule: with w_u the least time of unit u on any device and s_d =
+min_u w_u / work[u][d] (device d's speed against the fastest, on its worst unit), T >= m sum_u
+w_u / sum_d s_d + sync_s: every device busy all step on compute alone, with no fill or drain,
+no hand-offs, no exchange and no update (zero bubble: less its most credit). Its gap is what
+those cost, and what unit granularity leaves idle.
 
 Run: ``python experiments/plan_pipelines.py`` (``--microbatches 32 --pipelines 8``, defaults).
 
 Findings (m = 32, both schedules alike): one pipeline, 9 devices of one region, T 0.650 s (394
 examples/s); two pipelines, one per region (r0: 10 devices, r2: 9), 16 micro-batches each,
-T 0.601 s of which AR 0.201 s (426 examples/s, 1.08x), planned in about 6 s. Exchanging
+T 0.601 s of which AR 0.201 s (426 examples/s, 1.08x), planned in about 5 CPU s. Exchanging
 gradients across regions (10 Gbit/s) costs about a third of T, which keeps the split at two
 pipelines; the fractional lower bound (0.108 s) ignores comm and exchange, hence its wide gap.
 """
@@ -144,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     prof = with_int8(paper_profile())
     print(f"64 devices in 4 regions of 16, {prof.num_units} units (BERT-large, 24 layers), "
           f"micro-batches of {prof.microbatch['size']} examples, 1F1B; lower bound: "
-          "pipelines.fractional_bound (compute only, every device busy); planned in: CPU s")
+          "pipelines.fractional_bound (compute alone, every device busy, no bubble, hand-off "
+          "or exchange); planned in: CPU s")
     for title, p in (("100 Gbit/s and 10 us inside a region, 10 Gbit/s and 20 ms between", prof),
                      ("100 Mbit/s and 80 ms between regions", with_links(prof, 100e6 / 8, 80e-3))):
         print(f"\n{title}:\n")

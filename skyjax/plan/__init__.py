@@ -21,6 +21,7 @@ heuristic <- planner):
   pipeline's chain on a device subset;
 * ``exchange``: the gradient exchange's routing through link groups, and its cost;
 * ``pipeline_split``: the search over splits and shares (``plan(max_pipelines=N)``);
+* ``split_candidates``: the larger instances' candidate splits and the order they are tried in;
 * ``every_chain``: on small instances, that search exact over every chain of every pipeline;
 * ``schedules``: GPipe / 1F1B as per-stage action lists;
 * ``warmup``: 1F1B's deeper warm-ups before slow links, priced by the window model;

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from skyjax.plan.pipelines import INT8_WIRE, Chain, ChainCache, Priced, region_groups
+from skyjax.plan.pipelines import INT8_WIRE, ChainCache, Priced, region_groups
 
 NODES = 100_000  # most partial chains the depth-first searches visit, all blocks together
 TUPLES = 3000  # most tuples of chains whose exchange is priced
@@ -167,9 +167,8 @@ class EveryChain:
                 return False
         return True
 
-    def _search(self, block: list[int], m: int, limit: float,
-                floor0: float) -> list[tuple[float, float, Chain]]:
-        """(T_i, F, chain) of every chain on ``block`` at m_i = m with T_i + F < ``limit``, F
+    def _search(self, block: list[int], m: int, limit: float, floor0: float) -> list[tuple]:
+        """(T_i, F, chain, ``free_of``) of every chain on ``block`` at m_i = m with T_i + F < ``limit``, F
         the chain's floor and at least ``floor0`` (the search is cut when over budget)."""
         cache = self.cache
         t = cache.tables_for(m)
@@ -179,7 +178,7 @@ class EveryChain:
         least = t.least_inflight
         cuts = np.arange(1, u)
         links: dict[tuple[int, int], list[float]] = {}
-        out: list[tuple[float, float, Chain]] = []
+        out: list[tuple] = []
         stages: list[tuple[int, int, int]] = []
 
         def fits(d: int, a: int, b: int) -> bool:
@@ -200,7 +199,7 @@ class EveryChain:
                 chain = list(stages)
                 step = cache.step_of(chain, m)
                 if math.isfinite(step) and step + fmax < lim:
-                    out.append((step, fmax, chain))
+                    out.append((step, fmax, chain, cache.free_of(chain, m)))
                 return
             prev = stages[-1][0]
             for e in block:
@@ -240,24 +239,24 @@ class EveryChain:
     def _offer(self, lists: list[list], shares: Sequence[int], floor: float) -> None:
         """The least T over every tuple of chains, one from each list, offered to ``best``."""
         best, sync = self.best, self.sync
-        picked: list[tuple[float, float, Chain]] = []
+        picked: list[tuple] = []
 
         def pick(i: int, tmax: float, fmax: float) -> None:
             if not self.complete:
                 return
-            if i == len(lists):
-                key = tuple(sorted(tuple(c) for _, _, c in picked))
+            if i == len(lists):  # AR: of the chains, and of the relaxed modes their memory fits
+                key = tuple(sorted((tuple(c), free) for _, _, c, free in picked))
+                priced = [Priced(c, s, True, free) for s, _, c, free in picked]
                 if key not in self._ar:
                     self.tuples += 1
                     if self.tuples > TUPLES:
                         self.complete = False
                         return
-                    self._ar[key] = self.exchange([Priced(c, s, True) for s, _, c in picked])
-                best.offer(tmax + self._ar[key] + sync,
-                           [Priced(c, s, True) for s, _, c in picked], shares)
+                    self._ar[key] = self.exchange(priced)
+                best.offer(tmax + self._ar[key] + sync, priced, shares)
                 return
             for item in lists[i]:
-                step, f, _ = item
+                step, f = item[:2]
                 if step + fmax + sync >= best.step_s:
                     break  # least T_i first
                 if max(tmax, step) + max(fmax, f) + sync >= best.step_s:

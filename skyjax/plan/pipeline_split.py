@@ -12,9 +12,10 @@ devices (``pipelines.ChainCache``); devices that chain leaves unused are idle.
   (:mod:`skyjax.plan.every_chain`: a larger T_i may have a cheaper exchange), pruned by lower
   bounds on AR. ``exact`` when that pass finished within its budgets.
 * Larger instances: candidate splits from link groups (regions; ``classes.link_groups``, over
-  ``MAX_GROUPS`` coarsened) and speeds: each set partition of the groups (or one block, or one
-  group per block, when there are many; groups may be left out), each block's devices dealt round-robin, fastest first
-  within a group, into r pipelines, for every r with blocks x r <= max_pipelines. Shares by the
+  ``MAX_GROUPS`` coarsened) and speeds (:mod:`skyjax.plan.split_candidates`): each set
+  partition of the groups (or one block, or one group per block, when there are many; groups
+  may be left out), each block's devices dealt round-robin, fastest first within a group, into
+  r pipelines, for every r with blocks x r <= max_pipelines. Shares by the
   greedy rule: start at 1 each, repeatedly give one micro-batch to the pipeline whose
   T_i(m_i + 1) is least (exact for min max_i T_i when every T_i is non-decreasing in m_i). The
   screen prices T_i(m') by one quick chain per pipeline (``ChainCache.get(quick=True)``) found
@@ -39,13 +40,14 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from skyjax.plan.classes import coarse_groups, link_groups
 from skyjax.plan.every_chain import EveryChain
 from skyjax.plan.exact import exact_cost
+from skyjax.plan.split_candidates import (Estimator, _rates, candidate_splits, set_partitions,
+                                          split_bound)
 from skyjax.plan.pipelines import (INT8_WIRE, ChainCache, Priced, build_plan, evaluate_pipelines,
                                    fractional_bound, grad_prefix, region_groups,
                                    relaxed_exchange)
-from skyjax.plan.cost import Tables, tables
+from skyjax.plan.cost import stage_costs, tables
 from skyjax.plan.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
 
@@ -53,30 +55,10 @@ EXHAUSTIVE_DEVICES = 8  # most devices for the exhaustive search
 EXHAUSTIVE_COMBOS = 200_000  # most (partition, composition) pairs
 EXHAUSTIVE_SEARCHES = 3000  # most (device subset up to symmetry, m_i) chain searches
 EXHAUSTIVE_WORK = 1e8  # most vectorised elements of those searches' DPs (exact.exact_cost)
-MAX_GROUPS = 6  # more link groups are coarsened for the candidate splits
-ALL_GROUP_PARTITIONS = 5  # every partition of the groups up to this many groups
 REFINE_TOP = 1  # screened candidates per pipeline count that get the full chain search
 REFINE_WITHIN = 1.05  # ... when their screened T is within this factor of the best so far
 SCREEN_SEARCHES = 24  # per pipeline count, the screen stops after this many chain searches
 _INF = math.inf
-
-
-def set_partitions(n: int, max_blocks: int) -> Iterator[list[list[int]]]:
-    """Every partition of 0..n-1 into 1..max_blocks blocks (restricted growth strings)."""
-    def grow(i: int, blocks: list[list[int]]) -> Iterator[list[list[int]]]:
-        if i == n:
-            yield [list(b) for b in blocks]
-            return
-        for b in blocks:
-            b.append(i)
-            yield from grow(i + 1, blocks)
-            b.pop()
-        if len(blocks) < max_blocks:
-            blocks.append([i])
-            yield from grow(i + 1, blocks)
-            blocks.pop()
-    if n > 0:
-        yield from grow(0, [])
 
 
 def compositions(m: int, k: int) -> Iterator[tuple[int, ...]]:
@@ -123,13 +105,14 @@ class _Best:
 
 def search(profile: Profile, schedule: str, microbatches: int, max_pipelines: int,
            single: Plan | None, *, strategy: str = "optimal",
-           force_heuristic: bool = False) -> Plan:
+           force_heuristic: bool = False, cutoff: float = _INF) -> Plan:
     """The least-T plan of 1..max_pipelines pipelines (module doc). ``single``: the planner's
-    single-pipeline plan (None if nothing fits one pipeline)."""
+    single-pipeline plan (None if nothing fits one pipeline); ``cutoff``: several pipelines
+    only below it (else ``single``, or InfeasibleError)."""
     t = tables(profile, schedule, microbatches)
     cache = ChainCache(profile, schedule, t, force_heuristic)
     gprefix = grad_prefix(profile)
-    best = _Best(single.step_time_s if single is not None else _INF)
+    best = _Best(min(single.step_time_s if single is not None else _INF, cutoff))
     # every split up to the most pipelines that fits; candidates for more (monotone: module doc)
     top = max([k for k in range(2, max_pipelines + 1) if exhaustive_fits(cache, k)], default=1)
     exhaustive = top == max_pipelines
@@ -181,94 +164,6 @@ def _exhaustive(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
     return every.run(parts, lambda k: compositions(m, k))
 
 
-def candidate_splits(t: Tables, max_pipelines: int) -> list[list[list[int]]]:
-    """Splits into 2..max_pipelines pipelines from link groups and speeds (module doc); devices
-    of groups a split leaves out are idle."""
-    groups = link_groups(t)
-    if len(groups) > MAX_GROUPS:
-        groups = coarse_groups(t, MAX_GROUPS)
-    g = len(groups)
-    if g <= ALL_GROUP_PARTITIONS:  # every subset of the groups, every partition of it
-        gparts = [[[sub[i] for i in b] for b in part] for r in range(1, g + 1)
-                  for sub in itertools.combinations(range(g), r)
-                  for part in set_partitions(r, max_pipelines)]
-    else:
-        gparts = [[list(range(g))]] + ([[[i] for i in range(g)]] if g <= max_pipelines else [])
-    speed = t.prefix[:, -1]  # one micro-batch through the whole model
-    out, seen = [], set()
-    for gp in gparts:
-        for r in range(1, max_pipelines // len(gp) + 1):
-            for chunked in (False, True):
-                split = []
-                for block in gp:
-                    pipes: list[list[int]] = [[] for _ in range(r)]
-                    for gi in block:  # fastest first: a group's r fastest in r pipelines
-                        ds = sorted(groups[gi], key=lambda d: speed[d])
-                        for j, d in enumerate(ds):  # or by speed, r contiguous chunks
-                            pipes[j * r // len(ds) if chunked else j % r].append(int(d))
-                    split += pipes
-                key = frozenset(frozenset(p) for p in split)
-                if 1 < len(split) <= t.microbatches and all(split) and key not in seen:
-                    seen.add(key)
-                    out.append(split)
-    return out
-
-
-def split_bound(t: Tables, split: list[list[int]]) -> float:
-    """A lower bound on T for any chains and shares on this split: the fractional bound
-    (``pipelines.fractional_bound``) over the at most U devices each pipeline can use (the
-    exchange can be as cheap as its groups allow: not counted)."""
-    w = float(t.work.min(axis=1).sum())
-    cap = sum(np.sort(_rates(t)[s])[::-1][: t.num_units].sum() for s in split)
-    return t.microbatches * w / cap + t.sync_s - t.max_credit()  # zero bubble: its credit
-
-
-def _rates(t: Tables) -> np.ndarray:
-    """s_d of ``pipelines.fractional_bound``: d's speed against the fastest, per unit."""
-    w = t.work.min(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(t.work > 0, w[:, None] / t.work, 1.0).min(axis=0)
-
-
-def split_estimate(t: Tables, split: list[list[int]], gbytes: float, group: np.ndarray) -> float:
-    """The order in which the screen tries splits: ``split_bound`` plus an estimate of the
-    cheaper exchange. Direct: pipeline i's devices send every other pipeline all G gradient
-    bytes, spread over its n_i <= U devices, at their best bandwidth. Through the groups: each
-    group sends G once to every other group the split uses, spread over its devices there (at
-    most U per pipeline), and twice G (k - 1) / k inside among its k pipelines."""
-    bw = t.bandwidth
-    direct = 0.0
-    for i, si in enumerate(split):
-        total = sum(gbytes / top if (top := float(bw[np.ix_(si, sj)].max())) > 0 else _INF
-                    for j, sj in enumerate(split) if i != j)
-        direct = max(direct, total / min(t.num_units, len(si)))
-    used = sorted({int(group[d]) for s in split for d in s})
-    grouped = 0.0
-    for g in used:
-        mine = [[d for d in s if group[d] == g] for s in split]
-        mine = [x for x in mine if x]
-        n = sum(min(t.num_units, len(x)) for x in mine)
-        inside = [d for x in mine for d in x]
-        across = [d for d in range(t.num_devices) if group[d] != g and group[d] in used]
-        cost = 0.0
-        if across:
-            top = float(bw[np.ix_(inside, across)].max())
-            cost += (len(used) - 1) * gbytes / (n * top) if top > 0 else _INF
-        if len(mine) > 1:
-            top = float(bw[np.ix_(inside, inside)].max())
-            cost += 2 * gbytes * (len(mine) - 1) / len(mine) / (n * top) if top > 0 else _INF
-        grouped = max(grouped, cost)
-    if len(used) > 1:  # a message per other group, at least, over the slowest latency across
-        grouped += (len(used) - 1) * float(t.latency[group[:, None] != group[None, :]].max())
-    # the fill and drain: p_i stages at m_i micro-batches take (m_i + p_i - 1) bottlenecks
-    fill = np.mean([min(t.num_units, len(s)) - 1 for s in split]) * len(split) / t.microbatches
-    # a pipeline across k groups hands off over k - 1 of their links, both ways, per micro-batch
-    span = max(len({int(group[d]) for d in s}) - 1 for s in split)
-    cross = float(t.latency[group[:, None] != group[None, :]].max()) if span else 0.0
-    return (split_bound(t, split) * (1 + fill) + min(direct, grouped)
-            + 2 * span * cross * t.microbatches / len(split))
-
-
 def greedy_shares(step: Sequence[Callable[[int], float]], m: int) -> list[int] | None:
     """Shares minimising max_i step[i](m_i) for non-decreasing step functions: 1 each, then
     each further micro-batch to the pipeline whose step with it is least (None: no fit)."""
@@ -296,18 +191,19 @@ def _by_candidates(cache: ChainCache, low: int, high: int, gprefix: np.ndarray,
     group = np.empty(t.num_devices, dtype=np.int64)
     for g, members in enumerate(region_groups(cache.profile)):
         group[members] = g
+    estimator = Estimator(t, group)
     by_count: dict[int, list] = {}
     for split in candidate_splits(t, high):
         by_count.setdefault(len(split), []).append(split)
     for n in range(low, high + 1):
         splits = by_count.get(n, [])
-        est = [split_estimate(t, s, gprefix[-1] * least, group) for s in splits]
+        est = [estimator.estimate(s, gprefix[-1] * least) for s in splits]
         order = np.argsort(est, kind="stable")
-        _screen(cache, [(splits[i], est[i]) for i in order], rate, gprefix, best)
+        _screen(cache, [(splits[i], est[i]) for i in order], rate, gprefix, best, estimator)
 
 
 def _screen(cache: ChainCache, splits: list, rate: np.ndarray, gprefix: np.ndarray,
-            best: _Best) -> None:
+            best: _Best, estimator: Estimator) -> None:
     """Screen ``splits`` ((split, estimate) of one pipeline count, least estimate first) until
     an estimate reaches the best T so far or after ``SCREEN_SEARCHES`` chain searches, then the
     full search for the ``REFINE_TOP`` best within ``REFINE_WITHIN`` of the best T so far."""
@@ -317,7 +213,7 @@ def _screen(cache: ChainCache, splits: list, rate: np.ndarray, gprefix: np.ndarr
     for split, estimate in splits:
         if cache.searches - start >= SCREEN_SEARCHES or estimate >= best.step_s:
             break
-        if split_bound(t, split) >= best.step_s:
+        if estimator.bound(split) >= best.step_s:
             continue
         share = np.array([np.sort(rate[s])[::-1][: t.num_units].sum() for s in split])
         est = m * share / share.sum()
@@ -360,21 +256,27 @@ def _pow2(x: float) -> int:
 
 class _step_fn:
     """T_i(m') of one pipeline for the screen: its quick chain found at ``m_ref`` re-priced at
-    m' <= m_ref (memory only shrinks with fewer micro-batches), a quick search above."""
+    m' <= m_ref, a quick search above. Below m_ref the chain fits (memory only shrinks with
+    fewer micro-batches) and its stage times do not depend on m': T_i(m') = sum t_k +
+    (m' - 1) max t_k + update_0(m'), the arithmetic of ``pipelines.pipeline_step``."""
 
     def __init__(self, cache: ChainCache, devices: list[int], m_ref: int):
         self.cache, self.devices = cache, devices
         self.m_ref = min(m_ref, cache.t.microbatches)
         self.ref = cache.get(devices, self.m_ref, quick=True)
         self._memo: dict[int, Priced | None] = {}
+        if self.ref is not None:
+            ts = [s.time_s for s in stage_costs(cache.tables_for(self.m_ref), self.ref.chain)]
+            self._sum, self._max = sum(ts), max(ts)
 
     def priced(self, m: int) -> Priced | None:
         if m not in self._memo:
             p = None
             if self.ref is not None and m <= self.m_ref:
-                step = self.cache.step_of(self.ref.chain, m)
-                p = Priced(self.ref.chain, step, False, self.cache.free_of(
-                    self.ref.chain, m)) if math.isfinite(step) else None
+                d, _, b = self.ref.chain[0]
+                step = float(self._sum + (m - 1) * self._max
+                             + float(self.cache.tables_for(m).first_update(d, b)))
+                p = Priced(self.ref.chain, step, False, self.cache.free_of(self.ref.chain, m))
             if p is None:
                 p = self.cache.get(self.devices, m, quick=True)
             self._memo[m] = p
