@@ -8,7 +8,9 @@ there is read even after a loss (``transport.group.kv_get``), so either every su
 it, updated, and meets the loss in a later step, or none did: then no parameter or optimizer
 state moved, the step's partial gradients are dropped with the old executor, and the step runs
 again from the same state on the plan of the survivors (``plan.pipeline_split.without_devices``:
-every survivor derives it from the same plan and profile, without a message). Dropout keys are
+every survivor derives it from the same plan and profile, without a message), over renewed
+transports (``TransferServerTransport.renew``: a new namespace, and a new transfer server in
+every survivor, since the lost process may have died pulling from one). Dropout keys are
 per example and batches a function of the step, so the retried step computes what an
 uninterrupted run computes. Losing process 0 (the coordination service), or the last pipeline,
 ends the run as before: exit 75, and ``skyjax.launch --max_restarts`` restarts the survivors

@@ -52,6 +52,7 @@ class ServerOptions:
 
 _servers: dict[tuple[int, ServerOptions], Any] = {}
 _leases: list[network.PortLease] = []  # port locks held while the servers live
+_retired: list[Any] = []  # servers replace_server took out of use: alive until the process ends
 _lock = threading.Lock()
 
 
@@ -101,4 +102,26 @@ def transfer_server(device: jax.Device, options: ServerOptions | None = None):
         key = (device.id, options)
         if key not in _servers:
             _servers[key] = start_server(device, options)
+        return _servers[key]
+
+
+def replace_server(device: jax.Device, options: ServerOptions | None = None):
+    """A new transfer server for (``device``, ``options``), which :func:`transfer_server`
+    returns from now on (``TransferServerTransport.renew``, after a lost process).
+
+    Why: a peer killed while it pulls from this process's server can leave that server unable
+    to send anything again (jaxlib 0.10: the chunks of the dead peer's pull keep the server's
+    staging slots, at most 8, which a chunk returns only once its send completes; chunks queued
+    for a connection whose sender is gone never complete, and every later offer waits behind
+    them). Nothing fails: the receiver of the next message waits forever. The old server is
+    kept, never destroyed (its destructor may wait for those transfers), with its port and its
+    host buffers: each replacement costs another ``ServerOptions.host_buffer_bytes`` and, with
+    a port range, another port of it."""
+    options = options or ServerOptions()
+    with _lock:
+        key = (device.id, options)
+        old = _servers.get(key)
+        _servers[key] = start_server(device, options)
+        if old is not None:
+            _retired.append(old)
         return _servers[key]

@@ -28,7 +28,7 @@ import numpy as np
 from skyjax.transport.polling import poll_pause
 from skyjax.transport.base import (DEFAULT_TIMEOUT_S, LinkClock, TransportError,
                                            TransportTimeout, ordered_sum)
-from skyjax.transport.server import ServerOptions, transfer_server
+from skyjax.transport.server import ServerOptions, replace_server, transfer_server
 from skyjax.tree import tree_nbytes
 
 _LOW31 = (1 << 31) - 1  # header words are int32: values are split / masked to 31 bits
@@ -109,10 +109,12 @@ class TransferServerTransport:
         self.live = list(range(num_stages))  # the processes collectives wait for (renew)
         self._client = client if client is not None else distributed.key_value_client()
         self._sharding = jax.sharding.SingleDeviceSharding(device)
+        self._options = server
         self._server = transfer_server(device, server)
         self.address = self._server.address()
-        self._client.key_value_set(f"{self._base_ns}/addr/{stage_index}", self.address)
+        self._client.key_value_set(f"{self.ns}/addr/{stage_index}", self.address)
         self._conns: dict[int, Any] = {}
+        self._retired: list = []  # connections of servers renew replaced (never destroyed)
         self._broken: str | None = None
         self._headers: dict[int, jax.Array] = {}
         self._last_key: str | None = None
@@ -157,7 +159,7 @@ class TransferServerTransport:
     def _conn(self, src: int):
         conn = self._conns.get(src)
         if conn is None:
-            addr = self._get(f"{self._base_ns}/addr/{src}",
+            addr = self._get(f"{self.ns}/addr/{src}",
                              f"stage {self.stage_index}: address of stage {src}")
             conn = self._conns[src] = self._server.connect(addr)
         return conn
@@ -166,13 +168,25 @@ class TransferServerTransport:
         """Start afresh after a lost process (``skyjax.runtime.recovery``): messages and
         collectives in a new namespace, so that a message of the failed step that was never
         received cannot pair with the retried step's; counters, pulls ahead and a broken state
-        cleared; collectives among ``live`` processes only."""
+        cleared; collectives among ``live`` processes only.
+
+        And a new transfer server, its address published in the new namespace (peers connect
+        to it on their first pull from this process): the lost process may have died while it
+        pulled from this one, which can leave the old server unable to send again
+        (:func:`~skyjax.transport.server.replace_server`). Every survivor renews, so every
+        link of the retried step runs between new servers. A peer that renews later is waited
+        for at its address, as for a message."""
+        server = replace_server(self.device, self._options)
         with self._lock:
             self.ns = f"{self._base_ns}/retry{attempt}"
+            self._retired.extend(self._conns.values())
+            self._conns.clear()
+            self._server, self.address = server, server.address()
             self._counts.clear()
             self._pulls.clear()
             self._broken, self._last_key = None, None
             self.live = sorted(live)
+        self._client.key_value_set(f"{self.ns}/addr/{self.stage_index}", self.address)
 
     # -- point to point
     def _uuid(self, src: int, dst: int, tag: int, n: int) -> int:
