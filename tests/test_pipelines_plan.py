@@ -366,7 +366,8 @@ def test_exchange_routing_replays_exactly():
 
 def test_more_pipelines_allowed_is_never_worse():
     """Beyond the exhaustive search (over 8 devices), each pipeline count is screened in turn
-    from what fewer found: allowing more pipelines never gives a worse plan."""
+    from what fewer found, and the exhaustive search takes the counts in turn too: allowing
+    more pipelines never gives a worse plan."""
     from tests.helpers import region_profile
 
     rng = np.random.default_rng(5)
@@ -375,4 +376,14 @@ def test_more_pipelines_allowed_is_never_worse():
         prof.units = [dict(u, param_bytes=u["state_bytes"] / 4) for u in prof.units]
         steps = [plan_lib.plan(prof, "optimal", "1f1b", 12, max_pipelines=n).step_time_s
                  for n in (1, 2, 3, 4, 6, 12)]
+        assert all(b <= a * (1 + 1e-12) for a, b in zip(steps, steps[1:])), (case, steps)
+    for case in range(4):  # the exhaustive search: counts in turn, every chain per pipeline
+        prof = random_profile(rng, 5, 4)
+        steps = []
+        for n in (1, 2, 3, 5):
+            try:
+                steps.append(plan_lib.plan(prof, "optimal", "gpipe", 6,
+                                           max_pipelines=n).step_time_s)
+            except InfeasibleError:
+                steps.append(math.inf)
         assert all(b <= a * (1 + 1e-12) for a, b in zip(steps, steps[1:])), (case, steps)

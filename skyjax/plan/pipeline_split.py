@@ -144,9 +144,22 @@ def search(profile: Profile, schedule: str, microbatches: int, max_pipelines: in
 def _exhaustive(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
                 best: _Best) -> bool:
     """Every partition into 2..max_pipelines blocks x every composition, each block's least-T_i
-    chain, then every chain (module doc); whether that finished within its budgets."""
-    t, m, sync = cache.t, cache.t.microbatches, cache.t.sync_s
+    chain, then every chain (module doc); whether that finished within its budgets. Counts go
+    in turn, so a larger ``max_pipelines`` repeats a smaller one's work before its own (the
+    budgets shared: past them only the least-T_i pass goes on), and is never worse."""
+    t, m = cache.t, cache.t.microbatches
     parts = [p for p in set_partitions(t.num_devices, min(max_pipelines, m)) if len(p) > 1]
+    every = EveryChain(cache, gprefix, best, lambda p: _exchange(p, gprefix, cache.profile))
+    for k in range(2, min(max_pipelines, m) + 1):
+        _least_chains(cache, [p for p in parts if len(p) == k], gprefix, best)
+        if every.complete:
+            every.run([p for p in parts if len(p) == k], lambda n: compositions(m, n))
+    return every.complete
+
+
+def _least_chains(cache: ChainCache, parts: list, gprefix: np.ndarray, best: _Best) -> None:
+    """Each partition x composition with each block's least-T_i chain."""
+    m, sync = cache.t.microbatches, cache.t.sync_s
     for part in parts:
         for shares in compositions(m, len(part)):
             priced = []
@@ -160,8 +173,6 @@ def _exhaustive(cache: ChainCache, max_pipelines: int, gprefix: np.ndarray,
                 if top < best.step_s:
                     ar = _exchange(priced, gprefix, cache.profile)
                     best.offer(top + ar, priced, shares)
-    every = EveryChain(cache, gprefix, best, lambda p: _exchange(p, gprefix, cache.profile))
-    return every.run(parts, lambda k: compositions(m, k))
 
 
 def greedy_shares(step: Sequence[Callable[[int], float]], m: int) -> list[int] | None:
