@@ -119,12 +119,15 @@ class EveryChain:
 
     def least(self, block: Sequence[int], m: int) -> float | None:
         """A lower bound on T_i over the chains on ``block`` at m_i = m (None: none fits):
-        the least-T_i chain's where its search was exact and T_i is the searches' objective
-        (zero bubble: they credit what T_i does not), else 0."""
+        the least-T_i chain's where its search was exact (zero bubble: the searches minimise
+        T_i less the credit, which T_i does not take off, so that), else 0."""
         p = self.cache.get(block, m)
-        if not self.cache.exact_at(block, m) or self.cache.t.credit_factor:
+        if not self.cache.exact_at(block, m):
             return 0.0
-        return None if p is None else p.step_s
+        if p is None or not self.cache.t.credit_factor:
+            return None if p is None else p.step_s
+        t = self.cache.tables_for(m)  # zero bubble: the searches' T_i less the chain's credit
+        return p.step_s - sum(float(t.credit(d, a, b)) for d, a, b in p.chain[:-1])
 
     def run(self, parts: Sequence[Sequence[Sequence[int]]], shares_of: Callable) -> bool:
         """Every (partition, shares) whose bound is below the incumbent, every tuple of chains
