@@ -25,7 +25,7 @@ Run: ``python experiments/plan_pipelines.py`` (``--microbatches 32 --pipelines 8
 
 Findings (m = 32, both schedules alike): one pipeline, 9 devices of one region, T 0.650 s (394
 examples/s); two pipelines, one per region (r0: 10 devices, r2: 9), 16 micro-batches each,
-T 0.601 s of which AR 0.201 s (426 examples/s, 1.08x), planned in about 5 CPU s. Exchanging
+T 0.601 s of which AR 0.201 s (426 examples/s, 1.08x), planned in about 4 CPU s. Exchanging
 gradients across regions (10 Gbit/s) costs about a third of T, which keeps the split at two
 pipelines; the fractional lower bound (0.108 s) ignores comm and exchange, hence its wide gap.
 """
