@@ -105,7 +105,8 @@ def exact(tmp_path_factory):
 
 # Figures (seed 0): the demo's eval accuracy after 200 steps, 1.000 for the exact run and all
 # three relaxed ones. The CSV walkthrough's Matthews correlation on dev after 250 steps of 128
-# examples: exact 1.000, int8 hand-offs 1.000, int8 averaging 1.000, DiLoCo (H = 10, 2 pipelines) 0.993.
+# examples: exact 1.000, int8 hand-offs 1.000, int8 averaging 1.000, DiLoCo (H = 10,
+# 2 pipelines) 0.993.
 # At the walkthrough's own 32 examples a step its exact run learns the rule (subject, then verb
 # compared across the pair) late and by the seed (300 steps: 0.978 at seed 0, 0.54 to 0.71 at
 # seeds 1-3, which separate only the contradictions), so a relaxed run, which perturbs the
