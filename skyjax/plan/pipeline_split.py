@@ -287,11 +287,22 @@ class _step_fn:
                 d, _, b = self.ref.chain[0]
                 step = float(self._sum + (m - 1) * self._max
                              + float(self.cache.tables_for(m).first_update(d, b)))
-                p = Priced(self.ref.chain, step, False, self.cache.free_of(self.ref.chain, m))
+                p = Priced(self.ref.chain, step, False, self._free(m))
             if p is None:
                 p = self.cache.get(self.devices, m, quick=True)
             self._memo[m] = p
         return self._memo[m]
+
+    def _free(self, m: int) -> tuple[float, ...] | None:
+        """``ChainCache.free_of`` of the chain at m without its stage times: each stage's
+        memory, as ``cost.stage_costs`` charges it, off its device's."""
+        if len(self.cache.profile.relax.averagings) < 2:
+            return None
+        t, chain = self.cache.tables_for(m), self.ref.chain
+        return tuple(float(t.memory[d] - int(round(
+            t.state_prefix[b] - t.state_prefix[a]
+            + t.inflight_at(len(chain), k) * (t.act_prefix[b] - t.act_prefix[a]))))
+            for k, (d, a, b) in enumerate(chain))
 
     def __call__(self, m: int) -> float:
         p = self.priced(m)
