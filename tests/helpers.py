@@ -381,6 +381,41 @@ _CFG = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_he
             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
 
 
+def random_chains(rng, devices, units, pipelines):
+    """``pipelines`` chains of (device, start, end) on disjoint random devices, random cuts."""
+    perm = [int(d) for d in rng.permutation(devices)]
+    chains = []
+    for i in range(pipelines):
+        n = int(rng.integers(1, min(units, len(perm) - (pipelines - i - 1)) + 1))
+        devs, perm = perm[:n], perm[n:]
+        cuts = sorted(int(c) for c in rng.choice(np.arange(1, units), n - 1, replace=False))
+        b = [0] + cuts + [units]
+        chains.append(list(zip(devs, b, b[1:])))
+    return chains
+
+
+def distributed_losses(plan: Any, steps: int, max_grad_norm: float, processes: int = 4,
+                       timeout_s: float = 300) -> list[float]:
+    """Process 0's losses of ``steps`` steps of ``plan`` on the reference model, one
+    ``DistributedExecutor`` per device in ``processes`` processes over a ``LocalTransport``."""
+    import jax
+    import optax
+
+    from skyjax.runtime.distributed_executor import DistributedExecutor
+    from skyjax.transport import LocalTransport
+
+    devices = jax.local_devices()[:processes]
+    transport = LocalTransport(devices, timeout_s=120)
+
+    def process(k):
+        ex = DistributedExecutor(fresh_chain(), plan, transport.for_stage(k), k, devices[k],
+                                 batch_size=BATCH, seq_len=SEQ, optimizer=optax.adamw(1e-3),
+                                 max_grad_norm=max_grad_norm, rng=rng_for)
+        return [ex.train_step(s, make_batch(s)).loss for s in range(steps)]
+
+    return run_as_processes(process, processes, transport, timeout_s=timeout_s)[0]
+
+
 def __getattr__(name: str):
     """``CFG``, the reference model's ``BertConfig``: built on first use (it imports Flax)."""
     if name == "CFG":

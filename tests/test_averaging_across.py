@@ -25,22 +25,10 @@ from skyjax.profile.format import Profile
 from skyjax.relax import Relaxation
 from skyjax.runtime import averaging
 from skyjax.runtime.local_executor import LocalExecutor
-from tests.helpers import BATCH, SEQ, fresh_chain, make_batch, make_profile, rng_for
+from tests.helpers import (BATCH, SEQ, fresh_chain, make_batch, make_profile, random_chains,
+                           rng_for)
 
 H = 3
-
-
-def random_chains(rng, devices, units, pipelines):
-    """``pipelines`` chains of (device, start, end) on disjoint random devices, random cuts."""
-    perm = [int(d) for d in rng.permutation(devices)]
-    chains = []
-    for i in range(pipelines):
-        n = int(rng.integers(1, min(units, len(perm) - (pipelines - i - 1)) + 1))
-        devs, perm = perm[:n], perm[n:]
-        cuts = sorted(int(c) for c in rng.choice(np.arange(1, units), n - 1, replace=False))
-        b = [0] + cuts + [units]
-        chains.append(list(zip(devs, b, b[1:])))
-    return chains
 
 
 def with_regions(prof: Profile, labels, rate, param_bytes) -> Profile:
@@ -323,24 +311,12 @@ def test_a_region_of_pipelines_is_one_replica_of_the_relaxed_math(mode, outer):
 def test_a_per_class_plan_gives_the_same_losses_in_one_process_or_several(mode, outer):
     """The distributed executor (threads over one transport) with a process the plan leaves
     idle (it joins each region's norm all-reduce) gives the local executor's losses."""
-    from skyjax.runtime.distributed_executor import DistributedExecutor
-    from skyjax.transport import LocalTransport
-    from tests.helpers import run_as_processes
+    from tests.helpers import distributed_losses
 
     pipelines = [[(0, (0, 5))], [(1, (0, 5))], [(2, (0, 5))]]
     plan = make_plan(pipelines, [1, 1, 2], mode, [[0, 1], [2, 3]], **outer)
     local, _ = run(plan)
-    devices = jax.local_devices()[:4]
-    transport = LocalTransport(devices, timeout_s=120)
-
-    def process(k):
-        ex = DistributedExecutor(fresh_chain(), plan, transport.for_stage(k), k, devices[k],
-                                 batch_size=BATCH, seq_len=SEQ, optimizer=optax.adamw(1e-3),
-                                 max_grad_norm=CLIP, rng=rng_for)
-        return [ex.train_step(s, make_batch(s)).loss for s in range(STEPS)]
-
-    results = run_as_processes(process, 4, transport, timeout_s=300)
-    np.testing.assert_allclose(results[0], local, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(distributed_losses(plan, STEPS, CLIP), local, atol=1e-6, rtol=0)
 
 
 def test_a_plan_kept_after_a_loss_keeps_its_per_class_mode_or_its_math():

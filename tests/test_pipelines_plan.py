@@ -18,7 +18,7 @@ from skyjax.plan.exchange import routing, routing_s
 from skyjax.plan.pipelines import evaluate_pipelines, exchange_s, fractional_bound, grad_prefix
 from skyjax.plan.simulate import simulate_plan
 from skyjax.plan.types import Plan
-from tests.helpers import make_profile, random_profile
+from tests.helpers import make_profile, random_chains, random_profile
 
 
 def _partitions(items: list[int], k_max: int):
@@ -267,19 +267,6 @@ def test_scale_candidates_and_bound():
     assert fractional_bound(t) <= p.lower_bound_s * (1 + 1e-12) <= p.step_time_s
 
 
-def _random_chains(rng, devices, units, pipelines):
-    """``pipelines`` chains of (device, start, end) on disjoint random devices, random cuts."""
-    perm = [int(d) for d in rng.permutation(devices)]
-    chains = []
-    for i in range(pipelines):
-        n = int(rng.integers(1, min(units, len(perm) - (pipelines - i - 1)) + 1))
-        devs, perm = perm[:n], perm[n:]
-        cuts = sorted(int(c) for c in rng.choice(np.arange(1, units), n - 1, replace=False))
-        b = [0] + cuts + [units]
-        chains.append(list(zip(devs, b, b[1:])))
-    return chains
-
-
 def test_exchange_routing_replays_exactly():
     """The exchange through link groups (skyjax.plan.exchange) on random pipelines and groups:
     its messages are exactly the three phases' (every other member to its group's
@@ -291,7 +278,7 @@ def test_exchange_routing_replays_exactly():
     for case in range(40):
         d, u, k = int(rng.integers(3, 9)), int(rng.integers(1, 7)), int(rng.integers(2, 5))
         k = min(k, d)
-        chains = _random_chains(rng, d, u, k)
+        chains = random_chains(rng, d, u, k)
         used = sorted(x for c in chains for x, _, _ in c)
         labels = rng.integers(0, 3, d)
         groups = [[x for x in used if labels[x] == g] for g in range(3)]

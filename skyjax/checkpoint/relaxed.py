@@ -144,16 +144,9 @@ def restore(resume: Any, executor: Any, chain: Sequence[Any], optimizer: Any,
                         saved.get("pipelines"), plan.num_pipelines, "; ".join(parts))
     index = store.TensorIndex(resume.path)
 
-    def read(name: str, like: Any) -> np.ndarray:
-        from skyjax.checkpoint.restore import CheckpointMismatch
+    from skyjax.checkpoint.restore import checked_reader
 
-        if name not in index:
-            raise CheckpointMismatch(f"checkpoint {resume.path}: tensor {name} is missing")
-        x = index.read(name)
-        if tuple(x.shape) != tuple(like.shape) or x.dtype != np.dtype(like.dtype):
-            raise CheckpointMismatch(f"checkpoint {resume.path}: tensor {name} has {x.shape} "
-                                     f"{x.dtype}, expected {like.shape} {like.dtype}")
-        return x
+    read = checked_reader(index, resume.path)
 
     done = set()
     for stage in local_stages(executor):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from absl import logging
@@ -167,6 +167,22 @@ def check_compatible(resume: Resume, run: dict, chain: Sequence[Any], optimizer:
                                  f"({len(unused)} such tensors; another model shape?)")
 
 
+def checked_reader(index: Any, path: str) -> Callable[[str, Any], np.ndarray]:
+    """``read(name, like)``: tensor ``name`` of the checkpoint at ``path``, refused by name when
+    it is missing or its shape or dtype is not ``like``'s."""
+
+    def read(name: str, like: Any) -> np.ndarray:
+        if name not in index:
+            raise CheckpointMismatch(f"checkpoint {path}: tensor {name} is missing")
+        x = index.read(name)
+        if tuple(x.shape) != tuple(like.shape) or x.dtype != np.dtype(like.dtype):
+            raise CheckpointMismatch(f"checkpoint {path}: tensor {name} has "
+                                     f"{x.shape} {x.dtype}, expected {like.shape} {like.dtype}")
+        return x
+
+    return read
+
+
 def restore_units(resume: Resume, chain: Sequence[Any], units: Iterable[int],
                   optimizer: Any) -> dict[int, UnitState]:
     """The (params, optimizer state) of ``units`` (indices into ``chain``), as numpy arrays."""
@@ -176,14 +192,6 @@ def restore_units(resume: Resume, chain: Sequence[Any], units: Iterable[int],
         raise CheckpointMismatch(f"checkpoint {resume.path} cannot be read: "
                                  f"{type(e).__name__}: {e}") from e
 
-    def read(name: str, like: Any) -> np.ndarray:
-        if name not in index:
-            raise CheckpointMismatch(f"checkpoint {resume.path}: tensor {name} is missing")
-        x = index.read(name)
-        if tuple(x.shape) != tuple(like.shape) or x.dtype != np.dtype(like.dtype):
-            raise CheckpointMismatch(f"checkpoint {resume.path}: tensor {name} has "
-                                     f"{x.shape} {x.dtype}, expected {like.shape} {like.dtype}")
-        return x
-
+    read = checked_reader(index, resume.path)
     return {u: rebuild(tuple(chain[u].path), unit_like(chain[u], optimizer), read,
                        _unit_source(resume, tuple(chain[u].path))) for u in units}
