@@ -15,6 +15,7 @@ asserts that its plan.json holds the relaxation it is about.
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -119,8 +120,16 @@ def exact(tmp_path_factory):
 ASSERTED = ("demo", "csv")
 
 
-@pytest.mark.parametrize("config", ASSERTED)
-@pytest.mark.parametrize("case", list(CASES))
+# In CI: all three on the demo; on the CSV walkthrough DiLoCo, the relaxation that changes the
+# math most (each pipeline trains alone for H steps). Its int8 hand-offs and int8 averaging
+# (figures above) run with the ids "int8 hand-offs-csv", "int8 averaging-csv" by hand:
+# RELAX_QUALITY_EVERY_CASE=1 (about 2.5 minutes more of the suite's 20).
+PAIRS = [(case, config) for config in ASSERTED for case in CASES
+         if config == "demo" or case == "diloco averaging"
+         or os.environ.get("RELAX_QUALITY_EVERY_CASE") == "1"]
+
+
+@pytest.mark.parametrize("case,config", PAIRS, ids=[f"{c}-{k}" for c, k in PAIRS])
 def test_a_relaxed_run_reaches_the_exact_runs_eval_metric(tmp_path, exact, config, case):
     profiles, flags = CASES[case]
     regions, caps = profiles[config]
