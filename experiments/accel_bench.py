@@ -13,7 +13,7 @@ Parts (``--parts``, default all):
   pipeline of one stage and of two stages on this device (``LocalExecutor``, 1F1B).
 * ``memory``: peak device memory of a stage (in a fresh process: device memory on accelerators,
   resident memory above the process's start on CPU) against what the planner's memory model
-  charges it (``skyjax.plan.cost``: state + in-flight x activation bytes, from the same shapes).
+  charges it (``skyjax.plan.pricing.cost``: state + in-flight x activation bytes, from the same shapes).
 * ``handoff``: hand-off GB/s between two processes through skyjax's transport
   (``skyjax.transport.handoff_speed``).
 
@@ -283,7 +283,7 @@ def part_pipeline() -> None:
     import optax
     from skyjax import baseline
     from skyjax.models.bert import example_keys
-    from skyjax.plan import types as plan_lib
+    from skyjax.plan.model import types as plan_lib
     from skyjax.runtime.local_executor import LocalExecutor
     small = is_small()
     model, seq, batch, m = ("small", 32, 16, 4) if small else ("large", 128, 128, 4)

@@ -30,7 +30,7 @@ def run_figures(result: dict[str, Any]) -> dict[str, Any]:
     """A run's errors, speed-up ratio and optimal stage-compute errors under the current model."""
     from skyjax import plan as plan_lib
     from skyjax.plan.cli import shared_host_model
-    from skyjax.plan.simulate import simulate_plan
+    from skyjax.plan.replay.simulate import simulate_plan
     from skyjax.profile.format import Profile
 
     profile = Profile.from_json(result["profile"])

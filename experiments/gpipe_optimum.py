@@ -33,8 +33,8 @@ import time
 from experiments.plan_scale import paper_case
 from skyjax import plan as plan_lib
 from skyjax.plan.certificates.chain_bound import chain_bound
-from skyjax.plan.classes import link_groups
-from skyjax.plan.refine import least_sum
+from skyjax.plan.pricing.classes import link_groups
+from skyjax.plan.search.refine import least_sum
 
 
 def once_each_optimum(t: plan_lib.Tables, upper: float, verbose: bool = True

@@ -67,8 +67,8 @@ def worker(spec_path: str) -> None:
 
     from skyjax import cluster as cluster_lib, data as data_lib, train
     from skyjax import plan as plan_lib
-    from skyjax.plan import simulate
-    from skyjax.plan.measured import measured_comm
+    from skyjax.plan.replay import simulate
+    from skyjax.plan.replay.measured import measured_comm
     from skyjax.report.compare import stage_comparison
     from skyjax.plan import replan
     from skyjax.models import bert

@@ -76,8 +76,8 @@ def message_delays(result: dict) -> dict[str, tuple[float, float, float]]:
     import numpy as np
 
     from skyjax.plan import Plan
-    from skyjax.plan.measured import message_delays as delays
-    from skyjax.plan.stage_times import stage_actions_s
+    from skyjax.plan.replay.measured import message_delays as delays
+    from skyjax.plan.pricing.stage_times import stage_actions_s
     from skyjax.profile.format import Profile
     from skyjax.spans import Span
 

@@ -79,10 +79,11 @@ import tempfile
 
 import numpy as np
 
-from skyjax.plan import planner, warmup
-from skyjax.plan.cost import evaluate_tables, tables
-from skyjax.plan.simulate import simulate_plan
-from skyjax.plan.types import InfeasibleError
+from skyjax.plan import planner
+from skyjax.plan.search import warmup
+from skyjax.plan.pricing.cost import evaluate_tables, tables
+from skyjax.plan.replay.simulate import simulate_plan
+from skyjax.plan.model.types import InfeasibleError
 from skyjax.profile.format import Profile, load_profile
 from skyjax.relax import Relaxation
 

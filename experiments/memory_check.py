@@ -5,7 +5,7 @@
 
 1. A child process profiles the model (one repeat: only the bytes matter here) on ``--stages``
    emulated devices; the even plan's stages are priced by the cost model
-   (:func:`skyjax.plan.cost.stage_costs`): ``memory_bytes``, the charge.
+   (:func:`skyjax.plan.pricing.cost.stage_costs`): ``memory_bytes``, the charge.
 2. Per stage, a fresh process runs that stage as a pipeline process does
    (:class:`~skyjax.runtime.distributed_executor.DistributedExecutor`: its units built by
    ``skyjax.models.build`` as ``skyjax.train`` builds them, then ``--steps`` training steps) over a
@@ -76,7 +76,8 @@ def child_profile(args: argparse.Namespace, hidden: int, out: str) -> None:
     """Profiles the model (bytes; one repeat) and writes the even plan's stages."""
     from skyjax import cluster as cl
     from skyjax.optim import make_optimizer
-    from skyjax.plan import cost, even_assignment
+    from skyjax.plan import even_assignment
+    from skyjax.plan.pricing import cost
     from skyjax.profile.chain import Workload
     from skyjax.profile.measure import profile
     from skyjax.profile.options import Options
@@ -124,7 +125,8 @@ def child_stage(args: argparse.Namespace, hidden: int, plan_file: str, k: int) -
 
     from skyjax import optim
     from skyjax.models import bert, build
-    from skyjax.plan import cost, even_assignment
+    from skyjax.plan import even_assignment
+    from skyjax.plan.pricing import cost
     from skyjax.profile.format import Profile
     from skyjax.runtime import memory
     from skyjax.runtime.distributed_executor import DistributedExecutor

@@ -40,8 +40,8 @@ import numpy as np
 
 from experiments.paper_reproduction import BertShape, bert_units, synth_profile
 from skyjax import plan as plan_lib
-from skyjax.plan.cost import tables
-from skyjax.plan.pipelines import INT8_WIRE, fractional_bound
+from skyjax.plan.pricing.cost import tables
+from skyjax.plan.data_parallel.pipelines import INT8_WIRE, fractional_bound
 from skyjax.profile.format import Profile
 from skyjax.relax import Relaxation
 

@@ -52,7 +52,7 @@ import tempfile
 import numpy as np
 
 from skyjax.plan import planner
-from skyjax.plan.pipelines import INT8_WIRE, grad_prefix
+from skyjax.plan.data_parallel.pipelines import INT8_WIRE, grad_prefix
 from skyjax.profile.format import load_profile
 from skyjax.relax import Relaxation
 

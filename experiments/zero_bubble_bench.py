@@ -29,9 +29,9 @@ import sys
 
 import numpy as np
 
-from skyjax.plan.declared import declare
-from skyjax.plan.simulate import simulate_plan
-from skyjax.plan.types import Plan
+from skyjax.plan.replay.declared import declare
+from skyjax.plan.replay.simulate import simulate_plan
+from skyjax.plan.model.types import Plan
 from skyjax.profile.compose import compose
 from skyjax.profile.format import load_profile, save_profile
 

@@ -88,10 +88,10 @@ def check_profile_path(config) -> None:
 
 def fit_rehearsal(config) -> None:
     """A rehearsal (``config.rehearse.profile``): its profile read and checked, and the run given
-    its devices and unit count (``skyjax.plan.declared.fit_config``), before JAX starts."""
+    its devices and unit count (``skyjax.plan.replay.declared.fit_config``), before JAX starts."""
     if not config.rehearse.profile:
         return
-    from skyjax.plan.declared import fit_config  # JSON and numpy, no JAX
+    from skyjax.plan.replay.declared import fit_config  # JSON and numpy, no JAX
 
     try:
         fit_config(config)

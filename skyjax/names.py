@@ -4,13 +4,13 @@ Plain tuples, no imports: the config checks, the planner (which imports no JAX) 
 read them from here.
 """
 
-SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")  # pipeline schedules (skyjax.plan.schedules)
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")  # pipeline schedules (skyjax.plan.model.schedules)
 ZERO_BUBBLE = ("zb-h1", "zb-h2")  # schedules whose backward is split in B and W
 # config.pipeline.schedule and the planner's schedule argument: a schedule, or "auto" (every
 # schedule planned, the least predicted step kept; the plan names the one chosen)
 SCHEDULE_CHOICES = SCHEDULES + ("auto",)
 # config.pipeline.warmup: 1F1B's own warm-ups, or deeper ones before slow links where the window
-# model says they pay (skyjax.plan.warmup)
+# model says they pay (skyjax.plan.search.warmup)
 WARMUPS = ("1f1b", "auto")
 STRATEGIES = ("even", "optimal", "dynamic")  # allocation strategies (skyjax.plan)
 GRANULARITIES = ("layer", "sublayer")  # how the model is cut into units (skyjax.models.units)

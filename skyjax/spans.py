@@ -1,6 +1,6 @@
 """Chrome / Perfetto trace events (chrome://tracing, ui.perfetto.dev), built in one place.
 
-Both the simulator (``skyjax.plan.simulate``) and the runtime (measured spans of a step) describe
+Both the simulator (``skyjax.plan.replay.simulate``) and the runtime (measured spans of a step) describe
 a step as :class:`Span` records; :func:`stage_events` turns either into one trace row per stage,
 so that a measured step and its simulation line up in the same viewer. Pure Python.
 """

@@ -32,7 +32,7 @@ from skyjax.config import validate_config
 from skyjax.config.defaults import planned_pipelines
 from skyjax.report.compare import step_boundary_s
 from skyjax.models import bert, build
-from skyjax.plan.extension import ExtraCost
+from skyjax.plan.model.extension import ExtraCost
 from skyjax.profile import profiler
 from skyjax.profile.chain import Workload, check_given
 from skyjax.profile.format import Profile, load_profile
@@ -40,7 +40,7 @@ from skyjax.profile.options import Options
 from skyjax.relax import Relaxation
 from skyjax.runtime.distributed_executor import DistributedExecutor
 from skyjax.runtime import memory, placement, rehearsal
-from skyjax.plan.declared import fit_config
+from skyjax.plan.replay.declared import fit_config
 from skyjax.runtime.local_executor import LocalExecutor
 from skyjax.runtime.recovery import Recovery
 from skyjax.runtime.replanner import Replanner, calibration_plan

@@ -30,7 +30,7 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.plan import InfeasibleError
-from skyjax.plan.cost import Solution, evaluate_tables
+from skyjax.plan.pricing.cost import Solution, evaluate_tables
 from skyjax.profile.format import Profile
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -259,7 +259,7 @@ def all_plans(profile: Profile, schedule: str, m: int,
               devices_ok: Callable[[tuple[int, ...]], bool] | None = None
               ) -> Iterator[plan_lib.Plan]:
     """Every plan that fits memory and links (``assignments``), priced by the cost model:
-    ``skyjax.plan.cost.evaluate``, on tables built once."""
+    ``skyjax.plan.pricing.cost.evaluate``, on tables built once."""
     t = plan_lib.tables(profile, schedule, m)
     for assignment in assignments(profile.num_units, profile.num_devices, devices_ok):
         try:
@@ -351,7 +351,7 @@ def check_optimal_equals(prof, schedule: str, m: int, want: float, case) -> plan
 def region_instances(seed: int, count: int, devices: tuple[int, int], units: tuple[int, int]):
     """(rng, profile, GPipe tables) of random region instances (2 or 3 regions, a third with
     call costs, m = 2, 4, 8 in turn) with at least two link groups."""
-    from skyjax.plan.classes import link_groups
+    from skyjax.plan.pricing.classes import link_groups
 
     rng = np.random.default_rng(seed)
     for i in range(count):
@@ -365,7 +365,7 @@ def region_instances(seed: int, count: int, devices: tuple[int, int], units: tup
 
 
 def group_visits(groups: list[list[int]], plan: plan_lib.Plan) -> tuple[int, bool]:
-    """(how often ``plan`` crosses from one link group (``skyjax.plan.classes.link_groups``) to
+    """(how often ``plan`` crosses from one link group (``skyjax.plan.pricing.classes.link_groups``) to
     another, whether it visits every link group exactly once, in one run)."""
     group_of = {d: i for i, g in enumerate(groups) for d in g}
     seq = [group_of[s.device] for s in plan.stages]

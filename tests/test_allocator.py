@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan import InfeasibleError, classes, heuristic
+from skyjax.plan import InfeasibleError
+from skyjax.plan.pricing import classes
+from skyjax.plan.search import heuristic
 from skyjax.profile.format import Profile
 from tests.helpers import (brute_force, check_optimal_equals, check_plan_valid, make_profile,
                            random_profile, region_profile)
@@ -181,7 +183,7 @@ def test_lower_bound_tight_for_single_fast_device():
 def test_chain_dp_caps_independent():
     """The chain DP's sum for a cap does not depend on the other caps run with it (the cap
     search reuses a round's ends), and the plan rebuilt for a cap has that sum."""
-    from skyjax.plan.chain_dp import ChainDP
+    from skyjax.plan.search.chain_dp import ChainDP
     rng = np.random.default_rng(5)
     for i in range(12):
         prof = region_profile(rng, int(rng.integers(2, 5)), int(rng.integers(2, 6)), 2)

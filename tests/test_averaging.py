@@ -126,7 +126,7 @@ def test_every_relaxed_mode_has_its_state_named_and_charged():
     """Each averaging mode's runtime class names its state (what checkpoints save) and the
     planner charges as many copies of a stage's gradients as it holds."""
     from skyjax.names import AVERAGING
-    from skyjax.plan.pipelines import state_copies
+    from skyjax.plan.data_parallel.pipelines import state_copies
 
     assert averaging.state_class("exact") is None and state_copies("exact") == 0
     for mode in AVERAGING[1:]:

@@ -18,9 +18,9 @@ import optax
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan.declared import declare
-from skyjax.plan.exchange import pipeline_groups, routing, routing_s
-from skyjax.plan.pipelines import INT8_WIRE, grad_prefix, relaxed_exchange
+from skyjax.plan.replay.declared import declare
+from skyjax.plan.pricing.exchange import pipeline_groups, routing, routing_s
+from skyjax.plan.data_parallel.pipelines import INT8_WIRE, grad_prefix, relaxed_exchange
 from skyjax.profile.format import Profile
 from skyjax.relax import Relaxation
 from skyjax.runtime import averaging
@@ -323,7 +323,7 @@ def test_a_plan_kept_after_a_loss_keeps_its_per_class_mode_or_its_math():
     """The survivors' plan (``pipeline_split.without_devices``) keeps the plan's mode where the
     pipelines left still offer it, else the mode of its math there: one region left, each is
     exact; no region of two devices left, each is its all-pipelines mode."""
-    from skyjax.plan.pipeline_split import without_devices
+    from skyjax.plan.data_parallel.split import without_devices
 
     same = np.arange(4)[:, None] // 2 == np.arange(4)[None, :] // 2
     prof = with_regions(make_profile(np.full((6, 4), 0.002), state=np.full(6, 4e6),

@@ -1,4 +1,4 @@
-"""Lower bounds (skyjax.plan.bounds, skyjax.plan.group_bound) never exceed the brute-force optimum.
+"""Lower bounds (skyjax.plan.bounds.step, skyjax.plan.bounds.group_bound) never exceed the brute-force optimum.
 
 A bound above the optimum would let the planner call a poor plan exact or print a false gap, so
 each bound is checked on random small instances: random links (every device its own link group,
@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan import order_search, planner
-from skyjax.plan.group_bound import group_bound
+from skyjax.plan import planner
+from skyjax.plan.search import order_search
+from skyjax.plan.bounds.group_bound import group_bound
 from skyjax.plan.certificates.region_bound import region_bound
 from tests.helpers import (brute_force, check_plan_valid, make_profile, random_profile,
                            realign_profile, region_profile, with_overheads)
@@ -186,8 +187,8 @@ def test_bounds_below_optimum_zero_bubble(schedule):
     is charged at min(m, p) or min(m, 2p) in flight; the heuristic's lower bound too, and its
     exact claims are the optimum. The brute force's pruning (less the most credit) agrees with
     pricing every plan."""
-    from skyjax.plan.pipeline_split import split_bound
-    from skyjax.plan.pipelines import fractional_bound
+    from skyjax.plan.data_parallel.split import split_bound
+    from skyjax.plan.data_parallel.pipelines import fractional_bound
     from tests.helpers import all_plans
 
     rng = np.random.default_rng(11 if schedule == "zb-h1" else 12)

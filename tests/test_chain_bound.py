@@ -19,8 +19,8 @@ import pytest
 from skyjax import plan as plan_lib
 from skyjax.plan.certificates import chain_bound as chain_mod
 from skyjax.plan.certificates.chain_bound import PricedChain, chain_bound
-from skyjax.plan.classes import link_groups
-from skyjax.plan.group_bound import GroupBound, group_bound
+from skyjax.plan.pricing.classes import link_groups
+from skyjax.plan.bounds.group_bound import GroupBound, group_bound
 from skyjax.plan.certificates.master_lp import master_prices
 from tests.helpers import (all_plans, as_solution, brute_force, group_visits, random_profile,
                            region_instances, region_profile, with_overheads)

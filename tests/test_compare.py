@@ -7,7 +7,7 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.report.compare import stage_comparison
-from skyjax.plan.simulate import simulate_plan
+from skyjax.plan.replay.simulate import simulate_plan
 from skyjax.spans import Span
 from tests.helpers import make_profile, shared_profile
 
@@ -122,7 +122,7 @@ def test_step_boundary_is_last_end_to_next_first_start():
 
 
 def test_message_delays_only_where_the_consumer_was_free():
-    from skyjax.plan.measured import measured_comm, message_delays
+    from skyjax.plan.replay.measured import measured_comm, message_delays
 
     # GPipe, 2 stages, m = 2: stage 1 is still busy with F1(0) when F0(1) ends
     spans = [Span(0, "F", 0, 0.0, 1.0), Span(0, "F", 1, 1.0, 2.0),

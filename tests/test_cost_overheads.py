@@ -12,7 +12,7 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.plan import InfeasibleError
-from skyjax.plan.simulate import simulate, simulate_plan
+from skyjax.plan.replay.simulate import simulate, simulate_plan
 from skyjax.profile.format import Profile
 from tests.helpers import (all_plans, as_solution, assignments, brute_force,
                            check_optimal_equals, check_plan_valid, make_profile, random_profile,
@@ -197,9 +197,9 @@ def test_chain_dp_prices_every_plan_on_its_order_as_the_model_does():
     the position, so the DP's windows are exact)."""
     import itertools
 
-    from skyjax.plan.chain_dp import ChainDP
-    from skyjax.plan.classes import link_groups
-    from skyjax.plan.cost import tables
+    from skyjax.plan.search.chain_dp import ChainDP
+    from skyjax.plan.pricing.classes import link_groups
+    from skyjax.plan.pricing.cost import tables
 
     rng = np.random.default_rng(21)
     checked = 0

@@ -167,9 +167,9 @@ def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 
 def test_layer_checker_finds_an_upward_import():
-    assert _upward({"skyjax.plan.cost": {"skyjax.runtime.pipeline"}}) == [
-        ("skyjax.plan.cost", "skyjax.runtime.pipeline")]
-    assert _upward({"skyjax.runtime.pipeline": {"skyjax.plan.cost"}}) == []
+    assert _upward({"skyjax.plan.pricing.cost": {"skyjax.runtime.pipeline"}}) == [
+        ("skyjax.plan.pricing.cost", "skyjax.runtime.pipeline")]
+    assert _upward({"skyjax.runtime.pipeline": {"skyjax.plan.pricing.cost"}}) == []
     assert _upward({"skyjax.plan.cli": {"skyjax.hostmodel.sharing"}}) == []
 
 
@@ -244,7 +244,7 @@ def test_packages_import_one_way():
 def test_core_runs_without_the_shared_host_model():
     """Planning, simulating and running never import skyjax.hostmodel unless a caller hands it
     in: importing the core leaves it unloaded."""
-    code = ("import sys, skyjax.plan, skyjax.plan.simulate, skyjax.plan.replan, skyjax.runtime, "
+    code = ("import sys, skyjax.plan, skyjax.plan.replay.simulate, skyjax.plan.replan, skyjax.runtime, "
             "skyjax.profile.profiler, skyjax.report.outputs, skyjax.train; "
             "print(sorted(m for m in sys.modules if m.startswith('skyjax.hostmodel')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -269,7 +269,7 @@ def test_nothing_imports_the_orchestration():
     assert not offenders, f"modules importing the orchestration: {sorted(offenders)}"
 
 
-@pytest.mark.parametrize("module", ["skyjax.plan", "skyjax.plan.cli", "skyjax.plan.simulate",
+@pytest.mark.parametrize("module", ["skyjax.plan", "skyjax.plan.cli", "skyjax.plan.replay.simulate",
                                     "skyjax.plan.replan", "skyjax.config", "skyjax.cluster",
                                     "skyjax.profile.format", "skyjax.spans", "skyjax.names",
                                     "skyjax.survivors", "skyjax.launch"])
@@ -322,3 +322,43 @@ def test_tests_share_helpers_only_through_tests_helpers():
                         m.startswith("tests.") and m.split(".")[1] != "helpers"):
                     offenders.append((name, m))
     assert not offenders, offenders
+
+
+def _subpackage_order(package: str) -> list[str]:
+    """The sub-packages of ``package`` in the order its docstring's map lists them (lowest
+    first)."""
+    folder = os.path.join(PACKAGE, *package.split(".")[1:])
+    with open(os.path.join(folder, "__init__.py")) as f:
+        named = _bullet_names(ast.get_docstring(ast.parse(f.read())) or "")
+    return [n for n in named if os.path.exists(os.path.join(folder, n, "__init__.py"))]
+
+
+def _inner_upward(graph: dict[str, set[str]], package: str) -> list[tuple[str, str]]:
+    """Imports between ``package``'s sub-packages that point to the same rank or higher in its
+    map's order; a module directly in ``package`` sits above all its sub-packages."""
+    order = _subpackage_order(package)
+    depth = package.count(".") + 1
+
+    def rank(module: str) -> int | None:
+        parts = module.split(".")
+        if not module.startswith(package + ".") or len(parts) <= depth + 1:
+            return len(order)  # the package's own modules (planner, cli) sit above
+        return order.index(parts[depth]) if parts[depth] in order else len(order)
+
+    out = []
+    for src, dsts in graph.items():
+        if not src.startswith(package + ".") or rank(src) == len(order):
+            continue
+        for dst in dsts:
+            if dst.startswith(package + ".") and dst.split(".")[depth] != src.split(".")[depth] \
+                    and rank(dst) >= rank(src):
+                out.append((src, dst))
+    return sorted(out)
+
+
+def test_plan_subpackages_import_one_way():
+    """plan/'s sub-packages import only those listed before them in plan/__init__.py's map."""
+    assert _subpackage_order("skyjax.plan")[:2] == ["model", "pricing"]
+    assert _inner_upward({"skyjax.plan.model.types": {"skyjax.plan.search.exact"}},
+                         "skyjax.plan") == [("skyjax.plan.model.types", "skyjax.plan.search.exact")]
+    assert _inner_upward(_graph(), "skyjax.plan") == []

@@ -135,7 +135,7 @@ def test_the_charge_is_what_the_runtime_holds():
     the averaging objects hold (``runtime.memory.averaging_bytes``)."""
     import optax
 
-    from skyjax.plan.pipelines import state_copies
+    from skyjax.plan.data_parallel.pipelines import state_copies
     from skyjax.runtime.local_executor import LocalExecutor
     from skyjax.runtime.memory import averaging_bytes
     from tests.helpers import BATCH, SEQ, fresh_chain, rng_for
@@ -161,7 +161,7 @@ def _relaxed_brute_force(prof: Profile, schedule: str, m: int, charge: bool = Tr
     import dataclasses
     import itertools
 
-    from skyjax.plan.pipelines import grad_prefix, relaxed_exchange
+    from skyjax.plan.data_parallel.pipelines import grad_prefix, relaxed_exchange
     from skyjax.relax import EXACT
     from tests.helpers import assignments, brute_force
 

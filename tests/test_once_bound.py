@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan.classes import link_groups
+from skyjax.plan.pricing.classes import link_groups
 from skyjax.plan.certificates.once_bound import OnceEach
 from tests.helpers import (all_plans, as_solution, brute_force, group_visits, paper_case,
                            region_instances, region_profile, with_overheads)

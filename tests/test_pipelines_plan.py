@@ -1,4 +1,4 @@
-"""Several pipelines in data parallel (skyjax.plan.pipelines, pipeline_split): the planner against
+"""Several pipelines in data parallel (skyjax.plan.data_parallel.pipelines, pipeline_split): the planner against
 brute force, one pipeline unchanged, when several win or lose, plan.json, the simulator."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.plan import InfeasibleError
-from skyjax.plan.cost import evaluate_tables
-from skyjax.plan.pipeline_split import candidate_splits, greedy_shares, search
-from skyjax.plan.exchange import routing, routing_s
-from skyjax.plan.pipelines import evaluate_pipelines, exchange_s, fractional_bound, grad_prefix
-from skyjax.plan.simulate import simulate_plan
-from skyjax.plan.types import Plan
+from skyjax.plan.pricing.cost import evaluate_tables
+from skyjax.plan.data_parallel.split import candidate_splits, greedy_shares, search
+from skyjax.plan.pricing.exchange import routing, routing_s
+from skyjax.plan.data_parallel.pipelines import evaluate_pipelines, exchange_s, fractional_bound, grad_prefix
+from skyjax.plan.replay.simulate import simulate_plan
+from skyjax.plan.model.types import Plan
 from tests.helpers import make_profile, random_chains, random_profile
 
 
@@ -74,7 +74,7 @@ def _allreduce(prof, plans) -> float:
                         per[s.device] = per.get(s.device, 0.0) + c
     direct = max(per.values(), default=0.0)
     # or through one group of all used devices (the profile names no regions): the routing of
-    # skyjax.plan.exchange, checked on its own by test_exchange_routing_replays_exactly
+    # skyjax.plan.pricing.exchange, checked on its own by test_exchange_routing_replays_exactly
     chains = [[(s.device, *s.units) for s in p.stages] for p in plans]
     used = sorted(d for c in chains for d, _, _ in c)
     if len(plans) < 2 or len(used) < 2:
@@ -268,7 +268,7 @@ def test_scale_candidates_and_bound():
 
 
 def test_exchange_routing_replays_exactly():
-    """The exchange through link groups (skyjax.plan.exchange) on random pipelines and groups:
+    """The exchange through link groups (skyjax.plan.pricing.exchange) on random pipelines and groups:
     its messages are exactly the three phases' (every other member to its group's
     representative, representatives to each other, back), a float32 replay of them leaves every
     owner of a unit with the same bits (the sum within rounding), its cost is the per-phase sum

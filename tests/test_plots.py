@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan.simulate import simulate_plan
+from skyjax.plan.replay.simulate import simulate_plan
 from skyjax.spans import Span
 from tests.helpers import GIB, bert_units, make_profile, synth_profile, uniform_links
 

@@ -520,7 +520,7 @@ def test_zero_bubble_runs_time_the_split_backward():
     cache key; ``backward_s`` stays the whole backward. On the tiny model W is positive, and
     B + W comes to the whole backward within a generous factor (1.1-1.3x on layers measured:
     two calls, and B keeps what W needs); the profile round-trips it and plans with it."""
-    from skyjax.plan.cost import weight_s
+    from skyjax.plan.pricing.cost import weight_s
     from skyjax.profile import measure as measure_lib
     from skyjax.profile import units
     from skyjax.profile.cache import cache_payload

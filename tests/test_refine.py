@@ -1,4 +1,4 @@
-"""GPipe plan refinement (skyjax.plan.refine): never worse, always valid, and exact over its space.
+"""GPipe plan refinement (skyjax.plan.search.refine): never worse, always valid, and exact over its space.
 
 refine replaces the heuristic's plan by the least-sum plan at the same bottleneck over the same
 region order; a bug would either return an invalid plan (devices reused, memory exceeded), a worse
@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan import planner, refine as refine_mod
-from skyjax.plan.classes import link_groups
-from skyjax.plan.cost import Solution, check_assignment
+from skyjax.plan import planner
+from skyjax.plan.search import refine as refine_mod
+from skyjax.plan.pricing.classes import link_groups
+from skyjax.plan.pricing.cost import Solution, check_assignment
 from tests.helpers import (all_plans, as_solution, brute_force, check_plan_valid, paper_case,
                            price, random_profile, realign_profile, region_profile,
                            with_overheads)
@@ -181,7 +182,7 @@ def test_refine_realigns_memory_bound_blocks(monkeypatch):
     """tests/test_bounds.py's constructed case (a slow device holding one unit between fast ones
     re-aligns memory-bound blocks): with the heuristic's order search and interleaved orders
     off, refine alone reaches the exact optimum from the fast-first / slow-first plan."""
-    from skyjax.plan import order_search
+    from skyjax.plan.search import order_search
 
     m = 16
     prof = realign_profile(m)

@@ -1,6 +1,6 @@
 """Rehearsal (declared timing): a cluster's profile composed from parts, every call and message of
 the real runtime taking the time the profile declares, the math unchanged, and the measured step
-against the simulator's (skyjax.profile.compose, skyjax.plan.declared, skyjax.cluster.declared,
+against the simulator's (skyjax.profile.compose, skyjax.plan.replay.declared, skyjax.cluster.declared,
 skyjax.runtime.rehearsal)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.cluster.declared import DeclaredLinks, Ledger, declared_call
-from skyjax.plan.declared import declare, fit_config, scale_plan, scale_profile
-from skyjax.plan.simulate import simulate_plan
-from skyjax.plan.stage_times import stage_actions_s
+from skyjax.plan.replay.declared import declare, fit_config, scale_plan, scale_profile
+from skyjax.plan.replay.simulate import simulate_plan
+from skyjax.plan.pricing.stage_times import stage_actions_s
 from skyjax.profile.compose import ClusterError, compose
 from skyjax.profile.format import save_profile
 from skyjax.relax import Relaxation

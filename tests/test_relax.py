@@ -13,9 +13,9 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.names import CODEC_BITS
-from skyjax.plan.pipelines import INT8_WIRE
-from skyjax.plan.simulate import simulate_plan
-from skyjax.plan.stage_times import stage_actions_s
+from skyjax.plan.data_parallel.pipelines import INT8_WIRE
+from skyjax.plan.replay.simulate import simulate_plan
+from skyjax.plan.pricing.stage_times import stage_actions_s
 from skyjax.profile.format import Profile, ProfileError
 from skyjax.relax import EXACT, Relaxation
 from tests.helpers import assignments, make_profile, random_profile
@@ -265,7 +265,7 @@ def test_a_lost_pipeline_keeps_what_the_plan_relaxed():
     """After a loss the survivors' plan (``pipeline_split.without_devices``) keeps each kept
     stage's codec and the averaging: losing a process does not silently change the relaxed
     math of the others."""
-    from skyjax.plan.pipeline_split import without_devices
+    from skyjax.plan.data_parallel.split import without_devices
 
     stages = [plan_lib.Stage(0, (0, 3), 0.0, 0.0, 0, codec="int8"), plan_lib.Stage(1, (3, 6), 0.0,
                                                                                    0.0, 0),

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan import schedules, simulate
-from skyjax.plan.schedules import Action
+from skyjax.plan.model import schedules
+from skyjax.plan.replay import simulate
+from skyjax.plan.model.schedules import Action
 
 CASES = [(1, 1), (1, 4), (2, 2), (3, 1), (4, 8), (4, 2), (8, 3), (5, 16)]
 

@@ -11,7 +11,7 @@ import pytest
 from skyjax import plan as plan_lib
 from skyjax.hostmodel import sharing
 from skyjax.plan import replan
-from skyjax.plan.simulate import simulate, simulate_plan
+from skyjax.plan.replay.simulate import simulate, simulate_plan
 from tests.helpers import make_profile, shared_profile
 from skyjax.hostmodel import SharedHostModel
 

@@ -10,7 +10,7 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.hostmodel import sharing
-from skyjax.plan.simulate import simulate_plan
+from skyjax.plan.replay.simulate import simulate_plan
 from skyjax.hostmodel.wake_cost import wake_extra, wake_table
 from tests.helpers import make_profile
 from skyjax.hostmodel import SharedHostModel

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan import schedules, simulate, warmup
-from skyjax.plan.bounds import lower_bound
-from skyjax.plan.cost import evaluate_tables, tables
-from skyjax.plan.schedules import Action
-from skyjax.plan.types import InfeasibleError
+from skyjax.plan.model import schedules
+from skyjax.plan.replay import simulate
+from skyjax.plan.search import warmup
+from skyjax.plan.bounds.step import lower_bound
+from skyjax.plan.pricing.cost import evaluate_tables, tables
+from skyjax.plan.model.schedules import Action
+from skyjax.plan.model.types import InfeasibleError
 from tests.helpers import assignments, make_profile, random_profile
 
 

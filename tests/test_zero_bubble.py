@@ -9,8 +9,9 @@ import numpy as np
 import optax
 import pytest
 
-from skyjax.plan import schedules, simulate
-from skyjax.plan.schedules import Action
+from skyjax.plan.model import schedules
+from skyjax.plan.replay import simulate
+from skyjax.plan.model.schedules import Action
 from tests.helpers import executor, fresh_chain, make_batch, reference_losses
 
 ZB = ("zb-h1", "zb-h2")
@@ -105,7 +106,7 @@ def test_exact_search_equals_brute_force_and_simulator_bounds(sched):
     import dataclasses
 
     from skyjax import plan as plan_lib
-    from skyjax.plan.simulate import simulate_plan
+    from skyjax.plan.replay.simulate import simulate_plan
     from tests.helpers import all_plans, random_profile
 
     rng = np.random.default_rng(5)
@@ -179,9 +180,9 @@ def test_rehearsal_time_base_and_replay_keep_w():
     import dataclasses
 
     from skyjax import plan as plan_lib
-    from skyjax.plan.cost import weight_s
-    from skyjax.plan.declared import declare, scale_plan, scale_profile
-    from skyjax.plan.stage_times import stage_actions_s, stage_weight_s
+    from skyjax.plan.pricing.cost import weight_s
+    from skyjax.plan.replay.declared import declare, scale_plan, scale_profile
+    from skyjax.plan.pricing.stage_times import stage_actions_s, stage_weight_s
     from skyjax.report.compare import stage_comparison
     from tests.helpers import random_profile
 

@@ -1,6 +1,6 @@
 """Declared timing on the real execution path: calls and messages that take the times a profile
 of another cluster declares (``config.rehearse``; the figures come from
-``skyjax.plan.declared``).
+``skyjax.plan.replay.declared``).
 
 * :func:`declared_call` runs a call to completion, then waits until ``seconds`` after its start:
   the real model computes inside the declared time and the call waits out the rest. A call

@@ -1,10 +1,10 @@
 """The shared-host model: optional cost terms and profile probes for emulated clusters whose
 devices are processes sharing one host's CPU cores (``config.cluster.shared_host = True``).
 
-On such a host, what the core cost model (:mod:`skyjax.plan.cost`) leaves out dominates; a GPU
+On such a host, what the core cost model (:mod:`skyjax.plan.pricing.cost`) leaves out dominates; a GPU
 or TPU cluster sees none of it, so none of this runs or is imported unless a caller asks:
 :class:`SharedHostModel` is the planner's, simulator's and re-planner's
-:class:`~skyjax.plan.extension.ExtraCost`; :func:`probes` the profiler's
+:class:`~skyjax.plan.model.extension.ExtraCost`; :func:`probes` the profiler's
 :class:`~skyjax.profile.extension.ExtraProbes` (``skyjax.profile.options.Options.host``);
 :func:`activate` prepares a process.
 
@@ -23,12 +23,12 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from skyjax.hostmodel import sharing
-from skyjax.plan.types import Plan
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 
 
 class SharedHostModel:
-    """:class:`~skyjax.plan.extension.ExtraCost` for processes sharing a host's cores."""
+    """:class:`~skyjax.plan.model.extension.ExtraCost` for processes sharing a host's cores."""
 
     def step_s(self, plan: Plan, profile: Profile) -> float | None:
         """The event replay's step, with contention, calls after idle and poll lateness."""

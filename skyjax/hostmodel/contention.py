@@ -9,8 +9,8 @@ from typing import Sequence
 import numpy as np
 
 from skyjax.hostmodel.sharing import cpu_shares, host_groups
-from skyjax.plan.stage_times import stage_actions_s
-from skyjax.plan.types import Plan
+from skyjax.plan.pricing.stage_times import stage_actions_s
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.spans import Span
 

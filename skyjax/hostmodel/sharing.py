@@ -32,8 +32,8 @@ import itertools
 import math
 from typing import Callable, Sequence
 
-from skyjax.plan.schedules import actions
-from skyjax.plan.stage_times import stage_actions_s
+from skyjax.plan.model.schedules import actions
+from skyjax.plan.pricing.stage_times import stage_actions_s
 from skyjax.hostmodel.wake_cost import Table, stage_work_s, wake_extra, wake_table
 from skyjax.transport.polling import expected_lateness
 from skyjax.profile.format import Profile

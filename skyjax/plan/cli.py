@@ -27,8 +27,9 @@ import sys
 from skyjax import failures, workdir
 from skyjax.jsonio import write_json_atomic
 from skyjax.names import AVERAGING, SCHEDULE_CHOICES, STRATEGIES, WARMUPS
-from skyjax.plan import planner, simulate
-from skyjax.plan.types import InfeasibleError, Plan
+from skyjax.plan import planner
+from skyjax.plan.replay import simulate
+from skyjax.plan.model.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile, load_profile
 from skyjax.relax import Relaxation
 from skyjax.report.text_table import fmt_bytes, fmt_time, render, time_unit
@@ -184,10 +185,10 @@ def _pipelines_tail(plan: Plan, worst: int) -> list[str]:
 
 
 def declared_table(plan: Plan, profile: Profile) -> str:
-    """What a rehearsal of ``plan`` waits out (``skyjax.plan.declared``): per stage its
+    """What a rehearsal of ``plan`` waits out (``skyjax.plan.replay.declared``): per stage its
     forward, backward (B under zero bubble), W and update calls, per device pair the bytes and
     seconds of one message."""
-    from skyjax.plan.declared import declare
+    from skyjax.plan.replay.declared import declare
 
     dec = declare(plan, profile)
     unit = time_unit(max([t.backward_s for t in dec.stages] + [1e-12]))
@@ -253,7 +254,7 @@ def plan_and_write(args: argparse.Namespace) -> int:
         if args.time_scale is not None:  # a rehearsal's time base: the same plan, every time x K
             if not args.time_scale > 0:
                 raise ValueError(f"--time_scale {args.time_scale}: expected a positive number")
-            from skyjax.plan.declared import scale_plan, scale_profile
+            from skyjax.plan.replay.declared import scale_plan, scale_profile
 
             plan, profile = scale_plan(plan, args.time_scale), scale_profile(profile,
                                                                             args.time_scale)

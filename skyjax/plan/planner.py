@@ -1,20 +1,20 @@
 """``plan``: from a profile to the plan with the least predicted step time T (the cost model:
-:mod:`skyjax.plan.cost`).
+:mod:`skyjax.plan.pricing.cost`).
 
 Strategies: ``even`` uses every device in profile order, unit counts as equal as possible, the
 remainder to the first stages (with more devices than units, the first U devices;
-:mod:`skyjax.plan.even`); ``optimal`` (and ``dynamic``, which is ``optimal`` at plan time)
+:mod:`skyjax.plan.search.even`); ``optimal`` (and ``dynamic``, which is ``optimal`` at plan time)
 minimises T over which devices are used, their order and the cuts, under memory.
 
 Bottleneck (all searches). For a cap t on every t_k let DP(t) = min sum_k t_k subject to t_k <= t
 and memory. Then T* = min_t DP(t) + (m - 1) t (Alpa's approach). DP(t) is a non-increasing step
 function, so only its Pareto points matter; the exact search walks them all
-(:mod:`skyjax.plan.exact`), the heuristic samples caps (:mod:`skyjax.plan.heuristic`).
+(:mod:`skyjax.plan.search.exact`), the heuristic samples caps (:mod:`skyjax.plan.search.heuristic`).
 
 Which search: the exact DP over device classes when its size (``exact.exact_cost``) is within
 budget, giving ``exact: true``; otherwise the heuristic, whose plan carries ``lower_bound_s``,
-the larger of two relaxations (:mod:`skyjax.plan.bounds`: fractional;
-:mod:`skyjax.plan.group_bound`: region crossings, whole blocks, 1F1B in-flight levels, told the
+the larger of two relaxations (:mod:`skyjax.plan.bounds.step`: fractional;
+:mod:`skyjax.plan.bounds.group_bound`: region crossings, whole blocks, 1F1B in-flight levels, told the
 plan's T); for GPipe, while that gap exceeds ``REGION_GAP``, ``refine`` looks for a lower sum at
 the plan's bottleneck. A plan that meets its bound is reported exact.
 
@@ -25,14 +25,14 @@ bounds exceeds ``REGION_GAP``, a third relaxation, for 1F1B (:mod:`region_bound
 chain of blocks); they only tighten ``lower_bound_s`` and the ``exact`` flag, never the plan, and
 can take seconds at scale, so they run only when asked.
 
-Extra cost terms (``extra``, :mod:`skyjax.plan.extension`; the optional shared-host model): T
+Extra cost terms (``extra``, :mod:`skyjax.plan.model.extension`; the optional shared-host model): T
 carries what they add, which the searches do not see; the planner then also asks them for
 better plans (``ExtraCost.best_of``: device subsets for processes sharing a host's cores).
 
 Several pipelines (``max_pipelines`` > 1): the devices split into up to that many pipelines in
 data parallel, each planned by the searches above on its devices with its share of the
-micro-batches, the replicated gradients exchanged between them (:mod:`skyjax.plan.pipelines`,
-:mod:`skyjax.plan.pipeline_split`); the single-pipeline plan is returned where it is best.
+micro-batches, the replicated gradients exchanged between them (:mod:`skyjax.plan.data_parallel.pipelines`,
+:mod:`skyjax.plan.data_parallel.split`); the single-pipeline plan is returned where it is best.
 
 Schedule "auto" (``least_schedule``): the above under every schedule, the least T kept.
 
@@ -47,17 +47,18 @@ import math
 import numpy as np
 
 from skyjax.names import SCHEDULES, STRATEGIES, WARMUPS
-from skyjax.plan import exact as exact_search
-from skyjax.plan import heuristic, pipeline_split
-from skyjax.plan.bounds import lower_bound, min_bottleneck
-from skyjax.plan.classes import device_classes
-from skyjax.plan.cost import Tables, evaluate_tables, tables
-from skyjax.plan.even import even_assignment
-from skyjax.plan.group_bound import GroupBound, group_bound
-from skyjax.plan.warmup import linkless, plan_auto
-from skyjax.plan.refine import refine_plan
-from skyjax.plan.extension import ExtraCost
-from skyjax.plan.types import InfeasibleError, Plan
+from skyjax.plan.search import exact as exact_search
+from skyjax.plan.search import heuristic
+from skyjax.plan.data_parallel import split as pipeline_split
+from skyjax.plan.bounds.step import lower_bound, min_bottleneck
+from skyjax.plan.pricing.classes import device_classes
+from skyjax.plan.pricing.cost import Tables, evaluate_tables, tables
+from skyjax.plan.search.even import even_assignment
+from skyjax.plan.bounds.group_bound import GroupBound, group_bound
+from skyjax.plan.search.warmup import linkless, plan_auto
+from skyjax.plan.search.refine import refine_plan
+from skyjax.plan.model.extension import ExtraCost
+from skyjax.plan.model.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
 from skyjax.relax import EXACT, Relaxation
 
@@ -71,16 +72,16 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
          relax: Relaxation = EXACT, warmup: str = "1f1b") -> Plan:
     """Plan a profile. even: all devices in order; optimal/dynamic: least T (module doc).
     ``certify``: also compute the lower-bound certificates (module doc); ``extra``: extra cost
-    terms (:mod:`skyjax.plan.extension`), None for the core model alone. ``max_pipelines``:
+    terms (:mod:`skyjax.plan.model.extension`), None for the core model alone. ``max_pipelines``:
     above 1, the least T over 1..max_pipelines pipelines in data parallel
-    (:mod:`skyjax.plan.pipeline_split`; ``even`` ignores it); 0 (auto): up to
+    (:mod:`skyjax.plan.data_parallel.split`; ``even`` ignores it); 0 (auto): up to
     min(``AUTO_PIPELINES``, devices, micro-batches), 1 with extra cost terms. ``relax``: what the plan may
     relax on slow links (:mod:`skyjax.relax`): each link's codec and the pipelines' averaging
     are then the cheapest allowed under the cost model, and the relaxed plan is taken only
     where its T is at least ``relax.min_gain`` below the exact plan's (a relaxation changes
     the math: it must buy something); the default relaxes nothing. ``schedule`` "auto":
     :func:`least_schedule`. ``warmup`` "auto": a one-pipeline 1F1B plan takes deeper warm-ups
-    before slow links where the window model says they pay (:mod:`skyjax.plan.warmup`)."""
+    before slow links where the window model says they pay (:mod:`skyjax.plan.search.warmup`)."""
     if warmup not in WARMUPS:
         raise ValueError(f"warmup: expected one of {WARMUPS}, got {warmup!r}")
     if schedule == AUTO_SCHEDULE:

@@ -18,11 +18,13 @@ from typing import Sequence
 
 import numpy as np
 
-from skyjax.plan import cost, planner, warmup
-from skyjax.plan.bounds import lower_bound
-from skyjax.plan.extension import ExtraCost
-from skyjax.plan.stage_times import stage_actions_s
-from skyjax.plan.types import Plan
+from skyjax.plan import planner
+from skyjax.plan.pricing import cost
+from skyjax.plan.search import warmup
+from skyjax.plan.bounds.step import lower_bound
+from skyjax.plan.model.extension import ExtraCost
+from skyjax.plan.pricing.stage_times import stage_actions_s
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 
 
@@ -66,7 +68,7 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     / predicted compute.
 
     Compute: a stage's prediction is its compute times the busy-time ratio that ``extra``'s terms
-    give it (:mod:`skyjax.plan.extension`; 1 without), so that what is corrected is the device,
+    give it (:mod:`skyjax.plan.model.extension`; 1 without), so that what is corrected is the device,
     not the plan's interference. Its excess is split into
     a host-wide cost per action, ``b``, and a per-device factor on the rest. ``b`` is the least
     excess per action of any stage (clipped at 0): what a busy host adds to every call whatever

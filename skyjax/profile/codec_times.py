@@ -5,7 +5,7 @@ The runtime runs a codec inside the stage programs (the sender's forward encodes
 forward decodes; backward the other way round), so a device spends one encode and one decode per
 link and micro-batch. The profiler times that pair on the largest unit output, jitted, with the
 device's emulated slow-down, and keeps it per byte of the uncoded message: the cost model charges
-``seconds_per_byte[d] * output_bytes`` at each end of a coded link (:mod:`skyjax.plan.cost`).
+``seconds_per_byte[d] * output_bytes`` at each end of a coded link (:mod:`skyjax.plan.pricing.cost`).
 """
 
 from __future__ import annotations

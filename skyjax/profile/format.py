@@ -91,7 +91,7 @@ class Profile:
     model: dict | None = None
     # [U, D] W of a zero-bubble schedule: the parameter-gradient half of each unit's backward
     # (StageProgram.backward_weight), measured where the run's schedule splits the backward;
-    # None: not measured (the planner takes half of backward_s, skyjax.plan.cost.weight_s)
+    # None: not measured (the planner takes half of backward_s, skyjax.plan.pricing.cost.weight_s)
     backward_weight_s: np.ndarray | None = None
 
     def __post_init__(self):

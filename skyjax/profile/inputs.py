@@ -6,7 +6,7 @@ the first stage's carry, the last stage's labels and the dropout key;
 (``DistributedExecutor.train_step``). A plan of one stage has no such wait: its put runs between
 its last action and its update, on the critical path (1.2 ms per step of the shipped model at
 m = 4 on one core here, against 0.6 ms timed alone with warm caches). The cost model charges
-``m * input_s[d]`` to such a plan's step (``skyjax.plan.cost.Tables.alone``); in a longer pipeline
+``m * input_s[d]`` to such a plan's step (``skyjax.plan.pricing.cost.Tables.alone``); in a longer pipeline
 the put fits in the first stage's wait for its first gradient and the last stage's fill.
 The batches themselves are built ahead by the data's prefetch thread (``skyjax.data.prefetch``),
 off the steps' critical path, so the profile has no term for building them.

@@ -3,8 +3,8 @@
 ``stage_comparison(plan, profile, spans)`` puts side by side, for each stage of a plan, per step:
 
 * ``compute_s``: the forward and backward actions (zero bubble: F, B and W; predicted: m x (unit times + call costs +
-  message calls), :func:`skyjax.plan.simulate.stage_actions_s`, times ``slowdown``, the busy-time
-  ratio that extra cost terms give the stage (:mod:`skyjax.plan.extension`; 1 without);
+  message calls), :func:`skyjax.plan.replay.simulate.stage_actions_s`, times ``slowdown``, the busy-time
+  ratio that extra cost terms give the stage (:mod:`skyjax.plan.model.extension`; 1 without);
   measured: the sum of the step's F/B spans, the runtime's timed calls);
 * ``comm_s``: the stage's messages out (activation to the next stage, gradient back from it),
   m x the one-way link delay twice (predicted); measured as, for every such message, the time
@@ -28,13 +28,13 @@ from typing import Sequence
 
 import numpy as np
 
-from skyjax.plan.extension import ExtraCost
-from skyjax.plan.schedules import plan_lists
-from skyjax.plan.simulate import simulate, simulate_plan
-from skyjax.plan.stage_times import stage_actions_s
-from skyjax.plan.types import Plan
+from skyjax.plan.model.extension import ExtraCost
+from skyjax.plan.model.schedules import plan_lists
+from skyjax.plan.replay.simulate import simulate, simulate_plan
+from skyjax.plan.pricing.stage_times import stage_actions_s
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
-from skyjax.plan.measured import measured_comm
+from skyjax.plan.replay.measured import measured_comm
 from skyjax.spans import Span
 
 

@@ -14,8 +14,8 @@ from absl import logging
 
 from skyjax import plan as plan_lib
 from skyjax.jsonio import append_jsonl, read_jsonl, write_json_atomic, write_jsonl_atomic
-from skyjax.plan import simulate
-from skyjax.plan.extension import ExtraCost
+from skyjax.plan.replay import simulate
+from skyjax.plan.model.extension import ExtraCost
 from skyjax.profile.format import Profile
 from skyjax.report.tensorboard import EventWriter
 from skyjax.spans import stage_events, trace_json as trace_file

@@ -21,8 +21,8 @@ import dataclasses
 from typing import Any, Sequence
 
 from skyjax.names import ZERO_BUBBLE
-from skyjax.plan.simulate import simulate_plan
-from skyjax.plan.types import Plan
+from skyjax.plan.replay.simulate import simulate_plan
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.spans import Span
 

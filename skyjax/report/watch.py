@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from absl import logging
 
-from skyjax.plan.types import Plan
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.report.progress import Progress
 from skyjax.runtime.replanner import stage_busy

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from skyjax import codecs
-from skyjax.plan.exchange import pipeline_groups
+from skyjax.plan.pricing.exchange import pipeline_groups
 
 
 @jax.jit

@@ -15,7 +15,7 @@ import optax
 from skyjax import scores
 from skyjax.models.bert import Unit
 from skyjax.plan import Plan
-from skyjax.plan.schedules import plan_lists
+from skyjax.plan.model.schedules import plan_lists
 from skyjax.transport import group as distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)

@@ -1,4 +1,4 @@
-"""The exact exchange of replicated gradients between pipelines, as :mod:`skyjax.plan.exchange`
+"""The exact exchange of replicated gradients between pipelines, as :mod:`skyjax.plan.pricing.exchange`
 routes it: per unit, inside each link group to its representative, between the groups'
 representatives, and back (a group of one device: the direct exchange).
 
@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from skyjax.plan.exchange import Message, routing
+from skyjax.plan.pricing.exchange import Message, routing
 from skyjax.transport import tags
 from skyjax.tree import tree_shapes
 

@@ -15,7 +15,7 @@ import optax
 from skyjax import scores
 from skyjax.models.bert import Unit
 from skyjax.plan import Plan
-from skyjax.plan.schedules import plan_lists
+from skyjax.plan.model.schedules import plan_lists
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
 from skyjax.runtime.averaging import make_averaging
@@ -35,7 +35,7 @@ class LocalExecutor:
     index) and ``links`` (a ``LinkEmulation`` by device index) emulate heterogeneous devices;
     ``sync_actions`` (by device index; () = all): whether a stage's calls block
     (``skyjax.cluster.actions_block``); ``unit_states`` continues from another executor's
-    (``rebuild``); ``declared`` (``skyjax.plan.declared.Declared`` of ``plan``): a rehearsal's
+    (``rebuild``); ``declared`` (``skyjax.plan.replay.declared.Declared`` of ``plan``): a rehearsal's
     declared time of every stage's calls.
     """
 

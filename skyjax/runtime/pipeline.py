@@ -1,6 +1,6 @@
 """The per-stage pipeline loop, shared by the local (threads) and distributed (processes) executors.
 
-Each stage walks its own action list from ``skyjax.plan.schedules`` (GPipe, 1F1B, zero bubble): a forward
+Each stage walks its own action list from ``skyjax.plan.model.schedules`` (GPipe, 1F1B, zero bubble): a forward
 receives its input from the previous stage (or the batch, at stage 0), runs the jitted forward and
 sends the output on; a backward receives the cotangent from the next stage (none at the last,
 whose forward ends in the loss), runs the jitted backward and sends the input cotangent back
@@ -42,7 +42,7 @@ from skyjax import codecs
 from skyjax.cluster import block, timed_call
 from skyjax.cluster.declared import declared_call, wait_declared
 from skyjax.optim import clip_scale, global_sq_norm
-from skyjax.plan.schedules import Action
+from skyjax.plan.model.schedules import Action
 from skyjax.transport import tags
 from skyjax.runtime.batches import Batch
 from skyjax.runtime.exchange import ordered_sum
@@ -147,7 +147,7 @@ class PipelineStage:
     # through the link groups by ``routes`` (runtime.exchange.Routes; None: directly to peers)
     averaging: Any = None
     routes: Any = None
-    # a rehearsal's declared times of this stage (skyjax.plan.declared.StageTimes): each call
+    # a rehearsal's declared times of this stage (skyjax.plan.replay.declared.StageTimes): each call
     # then takes its declared seconds (skyjax.cluster.declared); None: calls take what they take
     declared: Any = None
     _posted: int = dataclasses.field(default=0, init=False, repr=False)  # see _pull_ahead

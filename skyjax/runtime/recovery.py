@@ -23,7 +23,7 @@ from typing import Any
 
 from absl import logging
 
-from skyjax.plan.pipeline_split import without_devices
+from skyjax.plan.data_parallel.split import without_devices
 from skyjax.profile.format import Profile
 from skyjax.transport import group
 from skyjax.transport.watchdog import PeerLost

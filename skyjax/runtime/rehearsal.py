@@ -17,8 +17,8 @@ from skyjax.cluster import Cluster, DeviceSpec
 from skyjax.cluster.devices import select_devices
 from skyjax.cluster.declared import LEDGER, DeclaredLinks, merge
 from skyjax.plan import Plan
-from skyjax.plan.declared import Declared, declare, scale_plan, scale_profile
-from skyjax.plan.simulate import simulate_plan
+from skyjax.plan.replay.declared import Declared, declare, scale_plan, scale_profile
+from skyjax.plan.replay.simulate import simulate_plan
 from skyjax.profile.format import Profile
 
 

@@ -11,8 +11,8 @@ from absl import logging
 
 from skyjax import plan as plan_lib
 from skyjax.plan import replan
-from skyjax.plan.extension import ExtraCost
-from skyjax.plan.measured import measured_comm
+from skyjax.plan.model.extension import ExtraCost
+from skyjax.plan.replay.measured import measured_comm
 from skyjax.profile.format import Profile
 from skyjax.transport import group as distributed
 
@@ -56,7 +56,7 @@ class Replanner:
                  start_step: int = 0, strategy: str | None = None,
                  extra: ExtraCost | None = None):
         self.every = every
-        self.extra = extra  # optional cost terms (skyjax.plan.extension)
+        self.extra = extra  # optional cost terms (skyjax.plan.model.extension)
         self.strategy = strategy or plan.strategy  # of the plans it switches to
         self.calibrate_at = start_step + calibrate_steps if calibrate_steps else 0
         self.profile, self.plan = profile, plan

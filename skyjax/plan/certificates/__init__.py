@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-from skyjax.plan.cost import Tables
-from skyjax.plan.group_bound import GroupBound
+from skyjax.plan.pricing.cost import Tables
+from skyjax.plan.bounds.group_bound import GroupBound
 
 
 def certificate(t: Tables, step_s: float, gb: GroupBound, goal_gap: float,

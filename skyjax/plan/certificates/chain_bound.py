@@ -58,8 +58,8 @@ import math
 
 import numpy as np
 
-from skyjax.plan.cost import Tables
-from skyjax.plan.group_bound import MAX_SUBSET_GROUPS, GroupBound
+from skyjax.plan.pricing.cost import Tables
+from skyjax.plan.bounds.group_bound import MAX_SUBSET_GROUPS, GroupBound
 from skyjax.plan.certificates.master_lp import master_prices
 from skyjax.plan.certificates.once_bound import OnceEach
 

@@ -38,8 +38,8 @@ import math
 
 import numpy as np
 
-from skyjax.plan.cost import Tables
-from skyjax.plan.refine import _kinds, _link, _Search
+from skyjax.plan.pricing.cost import Tables
+from skyjax.plan.search.refine import _kinds, _link, _Search
 
 MAX_GROUPS = 5  # more link groups: too many visited sets (2^G)
 STATE_BUDGET = 100  # count vectors per region (the slowest kinds unlimited beyond it)

@@ -1,6 +1,6 @@
 """A lower bound on T (1F1B) for plans that visit each link group (region) in one run, in order.
 
-:mod:`skyjax.plan.group_bound` relaxes 1F1B's in-flight levels globally (the fastest devices of
+:mod:`skyjax.plan.bounds.group_bound` relaxes 1F1B's in-flight levels globally (the fastest devices of
 the whole cluster take the lowest levels) and gives each crossing's stage (its carrier) a full
 stage of room. In a plan that visits the groups of S once each, in some order, neither holds:
 the last group's stages take levels 1..p_last, the group before it the next levels, and so on;
@@ -40,9 +40,9 @@ import math
 
 import numpy as np
 
-from skyjax.plan.bounds import min_bottleneck
-from skyjax.plan.cost import Tables
-from skyjax.plan.group_bound import MAX_SUBSET_GROUPS, GroupBound
+from skyjax.plan.bounds.step import min_bottleneck
+from skyjax.plan.pricing.cost import Tables
+from skyjax.plan.bounds.group_bound import MAX_SUBSET_GROUPS, GroupBound
 
 _INF = math.inf
 _NEG = -1e30  # a gain that cannot be (kept finite so that sums and differences stay defined)

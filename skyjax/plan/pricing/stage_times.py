@@ -2,13 +2,13 @@
 
 One forward and one backward action per stage (unit times, the device's call cost and the
 stage's message calls) and the one-way delay of each link; their sums give the cost model's t_k
-(:mod:`skyjax.plan.cost`). Shared by :mod:`skyjax.plan.simulate` and
+(:mod:`skyjax.plan.pricing.cost`). Shared by :mod:`skyjax.plan.replay.simulate` and
 :mod:`skyjax.hostmodel.sharing`.
 """
 
 from __future__ import annotations
 
-from skyjax.plan.types import Plan
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 
 
@@ -52,10 +52,10 @@ def stage_latency_s(plan: Plan, profile: Profile) -> list[float]:
 
 def stage_weight_s(plan: Plan, profile: Profile) -> list[float]:
     """Per stage the W pass of a zero-bubble schedule (the W part of its units' backward,
-    :func:`skyjax.plan.cost.weight_s`), which its backward action then leaves out; zeros under
+    :func:`skyjax.plan.pricing.cost.weight_s`), which its backward action then leaves out; zeros under
     other schedules."""
     from skyjax.names import ZERO_BUBBLE
-    from skyjax.plan.cost import weight_s
+    from skyjax.plan.pricing.cost import weight_s
 
     if plan.schedule not in ZERO_BUBBLE:
         return [0.0] * len(plan.stages)

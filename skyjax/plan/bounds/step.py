@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from skyjax.plan.classes import labels, link_groups
-from skyjax.plan.cost import Tables
+from skyjax.plan.pricing.classes import labels, link_groups
+from skyjax.plan.pricing.cost import Tables
 
 _INF = math.inf
 

@@ -1,27 +1,27 @@
 """The heuristic search, for problems too large for the exact DP: ``exact: false`` plans that come
-with ``lower_bound_s`` (:mod:`skyjax.plan.bounds`).
+with ``lower_bound_s`` (:mod:`skyjax.plan.bounds.step`).
 
-1. Link groups (:func:`skyjax.plan.classes.link_groups`: devices whose links are
+1. Link groups (:func:`skyjax.plan.pricing.classes.link_groups`: devices whose links are
    interchangeable, typically regions) are kept contiguous; the group path minimises the link
    cost between neighbours (exhaustive up to 7 groups, else nearest neighbour); inside a group
    devices are sorted fast-first or slow-first. Four orders: that path and its reverse, times
    the two sorts. More than ``MAX_LINK_GROUPS`` groups (e.g. noisy measured links) are coarsened
    (``coarse_groups``) and the DP charges each group pair its worst link, so its costs bound the
    true ones from above.
-2. For a fixed order, :class:`skyjax.plan.chain_dp.ChainDP` finds the best plan on any
+2. For a fixed order, :class:`skyjax.plan.search.chain_dp.ChainDP` finds the best plan on any
    subsequence of it (stages may skip devices), for a batch of caps at once.
 3. Each order gets a cap search (only the best is refined when orders x D x U is large), then a
-   budgeted first-improvement local search over orders (:mod:`skyjax.plan.order_search`: new
+   budgeted first-improvement local search over orders (:mod:`skyjax.plan.search.order_search`: new
    group carriers, swaps), each trial screened by one DP run near the incumbent's cap.
 4. GPipe, where memory binds: the best order with slow devices between fast ones
-   (:func:`skyjax.plan.order_search.interleaved`), which re-align memory-bound blocks.
+   (:func:`skyjax.plan.search.order_search.interleaved`), which re-align memory-bound blocks.
 5. 1F1B: orders of only the k fastest devices (``_fastest_subsets``), whose in-flight counts
    are not inflated by devices the plan leaves unused; only when the inflated count stopped
    some stage of the plan from growing (``order_search.overcharged``).
 
 Bottleneck (``_CapSearch``). T* = min_t DP(t) + (m - 1) t (:mod:`skyjax.plan.planner`); here
 geometric grids of K caps between a lower bound on the bottleneck
-(:func:`skyjax.plan.bounds.min_bottleneck`) and (best - DP(inf)) / (m - 1), each round zooming in
+(:func:`skyjax.plan.bounds.step.min_bottleneck`) and (best - DP(inf)) / (m - 1), each round zooming in
 on the best. Rounds stop once no cap left in the bracket can beat the score to beat (exact: DP is
 non-increasing in the cap), and caps already run are not run again.
 """
@@ -32,12 +32,12 @@ import math
 
 import numpy as np
 
-from skyjax.plan import order_search
-from skyjax.plan.chain_dp import ChainDP, group_links
-from skyjax.plan.classes import coarse_groups, device_classes, labels, link_groups
-from skyjax.plan.cost import Solution, Tables
-from skyjax.plan.order_search import candidate_orders
-from skyjax.plan.order_search import overcharged as _overcharged
+from skyjax.plan.search import order_search
+from skyjax.plan.search.chain_dp import ChainDP, group_links
+from skyjax.plan.pricing.classes import coarse_groups, device_classes, labels, link_groups
+from skyjax.plan.pricing.cost import Solution, Tables
+from skyjax.plan.search.order_search import candidate_orders
+from skyjax.plan.search.order_search import overcharged as _overcharged
 
 MAX_LINK_GROUPS = 16  # more link groups are coarsened (worst link per group pair)
 CAP_RTOL = 5e-3  # stop refining the cap once the bracket is this narrow
@@ -143,8 +143,8 @@ def search(t: Tables, cap_lb: float, rounds: int = 5, k: int = 8,
            improve: bool = True) -> Solution | None:
     """Each candidate order gets a cap search (all rounds when n x U is small, otherwise one
     screening round and only the best is refined); then, within a work budget, local search
-    over orders (:mod:`skyjax.plan.order_search`; ``improve=False`` skips it: a quicker
-    screen, used by :mod:`skyjax.plan.pipeline_split` at scale)."""
+    over orders (:mod:`skyjax.plan.search.order_search`; ``improve=False`` skips it: a quicker
+    screen, used by :mod:`skyjax.plan.data_parallel.split` at scale)."""
     groups = link_groups(t)
     if len(groups) > MAX_LINK_GROUPS:  # e.g. noisy measured links: coarsen, charge worst links
         groups = coarse_groups(t, MAX_LINK_GROUPS)

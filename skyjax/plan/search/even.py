@@ -2,7 +2,7 @@
 
 It uses every device in profile order with unit counts as equal as possible, the remainder to the
 first stages; with more devices than units, only the first U devices. No search: the result is
-priced by :func:`skyjax.plan.cost.evaluate` like any other assignment.
+priced by :func:`skyjax.plan.pricing.cost.evaluate` like any other assignment.
 """
 
 from __future__ import annotations

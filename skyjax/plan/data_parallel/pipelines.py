@@ -1,14 +1,14 @@
 """Several pipelines in data parallel: what they cost, and one pipeline's chain on a device subset.
 
 A plan of several pipelines (docs/design.md, "Several pipelines") splits the devices into
-disjoint subsets. Pipeline i is a chain of stages on its subset (:mod:`skyjax.plan.cost`) that
+disjoint subsets. Pipeline i is a chain of stages on its subset (:mod:`skyjax.plan.pricing.cost`) that
 takes a share of m_i whole micro-batches of every global batch (m_i >= 1, sum_i m_i = m). The
 micro-batch size stays the profiled one, so the profile's unit times price every stage exactly.
 With its own in-flight counts (GPipe m_i, 1F1B min(m_i, p - k)) and inputs (m_i input_s):
 
   T_i  = sum_k t_k + (m_i - 1) max_k t_k + update_0          (one pipeline's T without sync_s)
 
-Gradient exchange (what the runtime does; routed by :mod:`skyjax.plan.exchange`): per unit, its
+Gradient exchange (what the runtime does; routed by :mod:`skyjax.plan.pricing.exchange`): per unit, its
 owners (one stage per pipeline) reduce inside their link group to a representative, the
 representatives exchange their groups' partial sums, and send the total back; each sum in one
 fixed order, so every owner holds the same bits. A message d -> e carrying units O costs
@@ -33,7 +33,7 @@ slowest pipeline has finished, an upper bound on that part.
 Here: ``exchange_s`` (AR), ``evaluate_pipelines`` (the Plan of given pipelines and shares),
 ``restrict_tables`` and ``ChainCache`` (one pipeline's chain search on a subset with its m_i,
 memoised up to interchangeable devices), ``fractional_bound`` (a lower bound on T over every plan
-of any number of pipelines). The split and share search is :mod:`skyjax.plan.pipeline_split`.
+of any number of pipelines). The split and share search is :mod:`skyjax.plan.data_parallel.split`.
 """
 
 from __future__ import annotations
@@ -44,15 +44,15 @@ from typing import Sequence
 
 import numpy as np
 
-from skyjax.plan import exact as exact_search
+from skyjax.plan.search import exact as exact_search
 
-from skyjax.plan import heuristic
-from skyjax.plan.bounds import min_bottleneck
-from skyjax.plan.classes import device_classes, labels
-from skyjax.plan.cost import Tables, check_assignment, check_fits, stage_costs, tables
-from skyjax.plan.exchange import (INT8_WIRE, pipeline_groups, region_groups,  # noqa: F401
+from skyjax.plan.search import heuristic
+from skyjax.plan.bounds.step import min_bottleneck
+from skyjax.plan.pricing.classes import device_classes, labels
+from skyjax.plan.pricing.cost import Tables, check_assignment, check_fits, stage_costs, tables
+from skyjax.plan.pricing.exchange import (INT8_WIRE, pipeline_groups, region_groups,  # noqa: F401
                                   relaxed_exchange, routing, routing_s, same_math)
-from skyjax.plan.types import InfeasibleError, Plan, Stage
+from skyjax.plan.model.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
 
 _INF = math.inf
@@ -100,7 +100,7 @@ def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray
                coder_s: np.ndarray | None = None,
                groups: Sequence[Sequence[int]] | None = None) -> tuple[float, dict[int, float]]:
     """AR of pipelines given as chains of global devices, exchanging over ``groups``
-    (:mod:`skyjax.plan.exchange`; None: the direct exchange), and each sending device's seconds
+    (:mod:`skyjax.plan.pricing.exchange`; None: the direct exchange), and each sending device's seconds
     (0 and {} for one pipeline). ``wire``: bytes sent per gradient byte, ``coder_s`` [D]: a
     device's seconds per gradient byte to encode and decode (a coded exchange:
     :func:`relaxed_exchange`)."""
@@ -217,7 +217,7 @@ def evaluate_pipelines(profile: Profile, assignments: Sequence[Chain], shares: S
     pipeline gives what ``cost.evaluate`` gives (``shares`` None). ``averaging``: price that
     mode (else the cheapest ``profile.relax`` allows)."""
     if len(assignments) == 1 and len(shares) == 1:
-        from skyjax.plan.cost import evaluate
+        from skyjax.plan.pricing.cost import evaluate
 
         return evaluate(profile, assignments[0], schedule, int(shares[0]), strategy)
     return build_plan(profile, schedule, [list(a) for a in assignments], shares, strategy,

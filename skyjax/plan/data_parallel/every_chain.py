@@ -2,13 +2,13 @@
 
 T = max_i T_i + AR + sync_s, and AR depends on which units each device owns, so a pipeline's
 least-T_i chain is not always its best: a chain with a larger T_i may own units where the
-exchange is cheaper. The exhaustive split search (:mod:`skyjax.plan.pipeline_split`) first
+exchange is cheaper. The exhaustive split search (:mod:`skyjax.plan.data_parallel.split`) first
 prices every (partition, shares) with each block's least-T_i chain; that plan is the incumbent
 ``best``. This pass then takes, per (partition, shares), the least T over every tuple of chains
 (one per block: any ordered subset of the block's devices, any cuts), pruned by two bounds:
 
 * **The exchange's floor.** With two or more pipelines every owner of a unit sends that unit's
-  gradient at least once, to an owner in another pipeline (:mod:`skyjax.plan.exchange`: a
+  gradient at least once, to an owner in another pipeline (:mod:`skyjax.plan.pricing.exchange`: a
   non-representative to its representative, a representative back to its group or, alone in its
   group, to the other groups' representatives). AR is at least any device's seconds summed over
   the phases, so a device d holding units [a, b) gives AR >= F(d, a, b) = L_d + g(a, b) / B_d,
@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from skyjax.plan.pipelines import INT8_WIRE, ChainCache, Priced, region_groups
+from skyjax.plan.data_parallel.pipelines import INT8_WIRE, ChainCache, Priced, region_groups
 
 NODES = 100_000  # most partial chains the depth-first searches visit, all blocks together
 TUPLES = 3000  # most tuples of chains whose exchange is priced

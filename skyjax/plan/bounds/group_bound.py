@@ -6,7 +6,7 @@ times, its stages hold whole contiguous blocks, and under 1F1B a stage's memory 
 place in the pipeline. ``group_bound`` keeps all three, still as a relaxation of the cost model
 (docs/design.md), so it is a proof, not an estimate:
 
-* Every plan visits a set S of link groups (:func:`skyjax.plan.classes.link_groups`) and so
+* Every plan visits a set S of link groups (:func:`skyjax.plan.pricing.classes.link_groups`) and so
   has k >= |S| - 1 crossings at distinct cuts: the sum of its stage times pays at least the k
   cheapest crossing costs of S, and its bottleneck B is at least the k-th cheapest crossing plus
   the least time of the unit before that cut. Each S is bounded on its own and the least wins.
@@ -44,8 +44,8 @@ import math
 
 import numpy as np
 
-from skyjax.plan.classes import link_groups
-from skyjax.plan.cost import Tables
+from skyjax.plan.pricing.classes import link_groups
+from skyjax.plan.pricing.cost import Tables
 
 MAX_SUBSET_GROUPS = 6  # more link groups: only single groups and all devices (no crossings)
 MAX_COLUMNS = 64  # distinct device time columns for whole-block capacities (else fractional)

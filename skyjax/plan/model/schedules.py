@@ -9,7 +9,7 @@ passes (W) split off the backward.
   one forward and one backward, then drains the remaining backwards. At most min(m, p - k)
   micro-batches are in flight on stage k (GPipe: m). ``warmup`` (per stage, None: that
   default) deepens it: stage k then keeps min(m, warmup_k + 1) in flight, which covers a slow
-  link's round trip (:mod:`skyjax.plan.warmup`); warm-ups must not increase along the pipeline
+  link's round trip (:mod:`skyjax.plan.search.warmup`); warm-ups must not increase along the pipeline
   (stage k's first backward needs its warm-up's forwards from stage k - 1 first).
 * Zero bubble (Qi et al., ICLR 2024): B is the input cotangent only (what the previous stage
   waits for) and W the stage's parameter gradients, which nothing waits for before the update.
@@ -24,7 +24,7 @@ passes (W) split off the backward.
   records in the plan (``Stage.passes_s``) so that the runtime runs the very same lists.
 
 The runtime executes them (``skyjax.runtime``) and the simulator replays them
-(:mod:`skyjax.plan.simulate`), so both follow the same order by construction.
+(:mod:`skyjax.plan.replay.simulate`), so both follow the same order by construction.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def inflight_peaks(lists: Sequence[Sequence[Action]]) -> list[int]:
 
 
 def plan_lists(plan, pipeline: int = 0) -> list[list[Action]]:
-    """The action lists of pipeline ``pipeline`` of ``plan`` (:class:`skyjax.plan.types.Plan`),
+    """The action lists of pipeline ``pipeline`` of ``plan`` (:class:`skyjax.plan.model.types.Plan`),
     what the runtime runs and the simulator replays: under zero bubble the fill is built from
     each stage's ``passes_s`` (its F, B and W seconds) and half its ``comm_s`` per link (one
     way), where every stage has them; otherwise from unit times."""

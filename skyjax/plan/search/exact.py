@@ -1,7 +1,7 @@
 """The exact search: least T over device subsets, orders and cuts, by a DP over class counts.
 
 Order and subset (``ClassDP``). Devices fall into classes of interchangeable devices
-(:func:`skyjax.plan.classes.device_classes`). The DP runs backward over suffixes of the chain;
+(:func:`skyjax.plan.pricing.classes.device_classes`). The DP runs backward over suffixes of the chain;
 its state is (count vector v of devices used per class in the suffix, class of the suffix's first
 stage, its first unit b), and |v| is the number of stages to the end, so 1F1B's in-flight count
 min(m, p - k) is exact. With distinct devices v is a subset (a TSP-style DP over subsets, any
@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from skyjax.plan.cost import Solution, Tables
+from skyjax.plan.pricing.cost import Solution, Tables
 
 EXACT_PAIRS = 4000  # most (count vector, class) states for the exact DP
 EXACT_WORK = 6e7  # most vectorised elements per exact DP(t)

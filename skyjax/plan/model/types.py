@@ -7,7 +7,7 @@ in whole micro-batches (``Plan.shares``); their stages sit in one flat list, pip
 each stage naming its pipeline, so a stage's position in ``Plan.stages`` is its id everywhere
 (spans, traces, tables). ``Plan.to_json`` / ``Plan.from_json`` are
 the plan.json object that ``python -m skyjax.plan --out`` writes and training reads back.
-Plain data: the numbers come from :mod:`skyjax.plan.cost`.
+Plain data: the numbers come from :mod:`skyjax.plan.pricing.cost`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Stage:
     compute (forward + backward, call costs included), comm (message calls, and the transfers
     to the next stage and back), memory, and what it does once per step at the boundary before
     its first action: the optimizer update (a plan of one stage also puts the step's inputs
-    then: ``skyjax.plan.cost.Tables.alone``)."""
+    then: ``skyjax.plan.pricing.cost.Tables.alone``)."""
 
     device: int
     units: tuple[int, int]
@@ -37,10 +37,10 @@ class Stage:
     # the codec of its hand-offs with the next stage of its pipeline (skyjax.codecs; both ways)
     codec: str = "none"
     # zero-bubble schedules: seconds of one F, B (input gradient) and W (weight gradient) pass,
-    # what the schedule's fill is built from (skyjax.plan.schedules.plan_lists); None otherwise
+    # what the schedule's fill is built from (skyjax.plan.model.schedules.plan_lists); None otherwise
     passes_s: tuple[float, float, float] | None = None
     # 1F1B: warm-up forwards deeper than 1F1B's p - k - 1, to keep a slow link's round trip
-    # covered (skyjax.plan.warmup); None: 1F1B's own
+    # covered (skyjax.plan.search.warmup); None: 1F1B's own
     warmup: int | None = None
 
     @property
@@ -68,7 +68,7 @@ class Stage:
 class Plan:
     """Stages in pipeline order and the predicted step time T. ``exact``: T is optimal under the
     cost model; otherwise ``lower_bound_s`` (when searched) bounds the optimum from below.
-    ``extra_s``: the part of T that extra cost terms add (:mod:`skyjax.plan.extension`, e.g. the
+    ``extra_s``: the part of T that extra cost terms add (:mod:`skyjax.plan.model.extension`, e.g. the
     optional shared-host model; 0 under the core model); the searches and their bounds work on
     ``analytic_s``, T without it."""
 
@@ -94,7 +94,7 @@ class Plan:
     outer_every: int = 0
     outer_lr: float = 0.0
     outer_momentum: float = 0.0
-    # the exact exchange's link groups (skyjax.plan.exchange): each reduces inside first, then
+    # the exact exchange's link groups (skyjax.plan.pricing.exchange): each reduces inside first, then
     # one representative per group and unit exchanges; None (or a device in none): direct
     exchange_groups: list[list[int]] | None = None
     # per unit the representatives of its owners' groups, in summing order (with groups)

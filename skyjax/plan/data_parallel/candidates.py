@@ -2,7 +2,7 @@
 
 Splits come from link groups (regions; ``classes.link_groups``, over ``MAX_GROUPS`` coarsened)
 and speeds (:func:`candidate_splits`); :func:`split_bound` is a lower bound on any plan's T on a
-split, :func:`split_estimate` the order in which :mod:`skyjax.plan.pipeline_split`'s screen
+split, :func:`split_estimate` the order in which :mod:`skyjax.plan.data_parallel.split`'s screen
 tries them (that bound, fill and drain, the cheaper exchange's bytes and latency, hand-offs
 across regions).
 """
@@ -14,8 +14,8 @@ from typing import Iterator
 
 import numpy as np
 
-from skyjax.plan.classes import coarse_groups, link_groups
-from skyjax.plan.cost import Tables
+from skyjax.plan.pricing.classes import coarse_groups, link_groups
+from skyjax.plan.pricing.cost import Tables
 
 MAX_GROUPS = 6  # more link groups are coarsened for the candidate splits
 ALL_GROUP_PARTITIONS = 5  # every partition of the groups up to this many groups

@@ -5,7 +5,7 @@ A rehearsal runs the plan's stages with a small model of the profile's unit coun
 then waits out the time the profile declares for its block on its device, and each message the
 time its link declares for the bytes the *profiled* model sends. This module turns (plan,
 profile) into those figures, with the cost model's own terms (:func:`stage_actions_s`, the
-gradient exchange of :mod:`skyjax.plan.pipelines`), so a rehearsed step measures the runtime
+gradient exchange of :mod:`skyjax.plan.data_parallel.pipelines`), so a rehearsed step measures the runtime
 against the very numbers the simulator replays. Pure numpy, like the rest of ``plan``.
 """
 
@@ -15,10 +15,10 @@ import dataclasses
 
 import numpy as np
 
-from skyjax.plan.exchange import message_bytes, routing
-from skyjax.plan.pipelines import INT8_WIRE, grad_prefix
-from skyjax.plan.stage_times import stage_actions_s, stage_weight_s
-from skyjax.plan.types import Plan
+from skyjax.plan.pricing.exchange import message_bytes, routing
+from skyjax.plan.data_parallel.pipelines import INT8_WIRE, grad_prefix
+from skyjax.plan.pricing.stage_times import stage_actions_s, stage_weight_s
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile, load_profile
 
 

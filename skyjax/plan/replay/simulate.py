@@ -1,13 +1,13 @@
 """An event simulation of a pipeline schedule, to check the cost model and to draw a step.
 
-``simulate`` runs the per-stage action lists of :func:`skyjax.plan.schedules.actions`: each stage
+``simulate`` runs the per-stage action lists of :func:`skyjax.plan.model.schedules.actions`: each stage
 executes its list in order; F(k, i) waits for F(k-1, i) plus the link delay, B(k, i) for
 B(k+1, i) plus the link delay. It returns the step time, per-stage busy and idle time, peak
 in-flight micro-batches and a Chrome / Perfetto trace (built by :mod:`skyjax.spans`, like the
 runtime's measured one, so the two line up).
 
 Relation to the cost model T = sum t_k + (m - 1) max t_k + update_0 + sync_s
-(:mod:`skyjax.plan.cost`), t_k = f_k + b_k + 2 c_k, where f_k / b_k are a stage's forward /
+(:mod:`skyjax.plan.pricing.cost`), t_k = f_k + b_k + 2 c_k, where f_k / b_k are a stage's forward /
 backward actions (unit times + call cost + message calls, :func:`stage_actions_s`) and c_k the
 one-way link delay. Updates: stage k starts the step update_k after the boundary and the step
 ends sync_s after its last action, so update_0 adds to every step and a later stage's update
@@ -31,10 +31,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from skyjax.plan.schedules import Action, actions, inflight_peaks, plan_lists
-from skyjax.plan.extension import ExtraCost
-from skyjax.plan.stage_times import stage_actions_s, stage_latency_s, stage_weight_s
-from skyjax.plan.types import Plan
+from skyjax.plan.model.schedules import Action, actions, inflight_peaks, plan_lists
+from skyjax.plan.model.extension import ExtraCost
+from skyjax.plan.pricing.stage_times import stage_actions_s, stage_latency_s, stage_weight_s
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.spans import Span, link_events, stage_events, trace_json
 
@@ -150,7 +150,7 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
 def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True,
                   extra: ExtraCost | None = None) -> SimResult:
     """Simulate a plan on its profile (:func:`stage_actions_s`), with each stage's update
-    and the synchronisation at the step boundary; with ``extra`` (:mod:`skyjax.plan.extension`)
+    and the synchronisation at the step boundary; with ``extra`` (:mod:`skyjax.plan.model.extension`)
     the step time and busy times also carry what its terms add (not drawn in the trace).
     Several pipelines: ``_simulate_pipelines``."""
     if plan.num_pipelines > 1:

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from skyjax.plan.cost import Tables
+from skyjax.plan.pricing.cost import Tables
 
 _INF = math.inf
 

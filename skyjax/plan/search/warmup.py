@@ -6,7 +6,7 @@ each link's latency inside t_k, once per micro-batch on the bottleneck. Where a 
 is long, that is what a step costs: with few micro-batches in flight the stage before the link
 waits for each round trip. A stage that keeps more in flight waits less; with enough, the
 latency is paid once in the fill and drain. The window model prices per-stage warm-ups
-(``Stage.warmup``, :func:`skyjax.plan.schedules.warmups`):
+(``Stage.warmup``, :func:`skyjax.plan.model.schedules.warmups`):
 
   x_k   = bytes_k / bandwidth_k: one hand-off over link k (its codec's bytes), one way
   c_k   = t_k - 2 (latency_k + x_k): the stage's passes, message calls and coding
@@ -42,9 +42,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from skyjax.plan.cost import Solution, Tables, evaluate_tables
-from skyjax.plan.schedules import warmups
-from skyjax.plan.types import Plan
+from skyjax.plan.pricing.cost import Solution, Tables, evaluate_tables
+from skyjax.plan.model.schedules import warmups
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 
 MIN_GAIN = 0.01  # least relative gain of T_win for which a plan takes deeper warm-ups

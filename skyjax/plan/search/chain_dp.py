@@ -1,4 +1,4 @@
-"""The heuristic's chain DP (:mod:`skyjax.plan.heuristic`, step 2): for a fixed device order and a
+"""The heuristic's chain DP (:mod:`skyjax.plan.search.heuristic`, step 2): for a fixed device order and a
 batch of caps on every stage time, the least sum of stage times (plus the first stage's update)
 of any plan whose stages run on a subsequence of the order, under memory; and the plan itself.
 
@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from skyjax.plan.classes import worst_link
-from skyjax.plan.cost import Solution, Tables, stage_costs
+from skyjax.plan.pricing.classes import worst_link
+from skyjax.plan.pricing.cost import Solution, Tables, stage_costs
 
 _INF = math.inf
 

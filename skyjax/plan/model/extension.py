@@ -1,6 +1,6 @@
 """Extra cost terms: what a caller may add to the core cost model, and nothing more.
 
-The core model (:mod:`skyjax.plan.cost`) prices a plan for devices that compute independently:
+The core model (:mod:`skyjax.plan.pricing.cost`) prices a plan for devices that compute independently:
 per-unit compute, fixed per-action and per-message costs, the update, links and memory. A cluster
 whose devices interfere in ways that model does not express (processes that share one host's CPU
 cores: :mod:`skyjax.hostmodel`) hands the planner, the simulator and the re-planner an
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence
 
-from skyjax.plan.types import Plan
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 
 

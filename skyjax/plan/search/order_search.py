@@ -1,4 +1,4 @@
-"""Device orders for the heuristic (:mod:`skyjax.plan.heuristic`): the candidate orders
+"""Device orders for the heuristic (:mod:`skyjax.plan.search.heuristic`): the candidate orders
 (``candidate_orders``: group path x fast-/slow-first), local search over orders, GPipe's
 interleaved orders, and the checks that decide whether the last two steps run.
 
@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from skyjax.plan.cost import Solution, Tables
+from skyjax.plan.pricing.cost import Solution, Tables
 
 SCREEN_WORK = 1.2e7  # budget for screened trials, in ~array elements
 SCREEN_TRIES = 400  # most trials screened
@@ -105,7 +105,7 @@ def _moves(order: list[int], class_of: np.ndarray, group_of: np.ndarray) -> Iter
 
 
 def screen(dp, top, m: int) -> bool:
-    """Whether an order's chain DP (:class:`skyjax.plan.chain_dp.ChainDP`) beats the incumbent
+    """Whether an order's chain DP (:class:`skyjax.plan.search.chain_dp.ChainDP`) beats the incumbent
     cap search ``top`` at five caps around its bottleneck (upper bounds on its best score)."""
     caps = top.cap * _SCREEN_CAPS if m > 1 and np.isfinite(top.cap) else np.array([np.inf])
     run = dp.run(caps)  # as _CapSearch scores

@@ -1,6 +1,6 @@
 """Choosing several pipelines: which devices form each pipeline and its share of micro-batches.
 
-The cost (:mod:`skyjax.plan.pipelines`): T = max_i T_i + AR + sync_s, T_i the step of pipeline i
+The cost (:mod:`skyjax.plan.data_parallel.pipelines`): T = max_i T_i + AR + sync_s, T_i the step of pipeline i
 on its devices with its m_i micro-batches (m_i >= 1, sum m_i = m), AR the gradient exchange
 between pipelines. Each pipeline gets the least-T_i chain the planner's search finds on its
 devices (``pipelines.ChainCache``); devices that chain leaves unused are idle.
@@ -9,10 +9,10 @@ devices (``pipelines.ChainCache``); devices that chain leaves unused are idle.
   (partition, composition) pairs and the chain searches they need within budget): every set
   partition of the devices into 1..max_pipelines blocks, every composition of m into as many
   positive parts, each block's least-T_i chain for its share; then every chain of every block
-  (:mod:`skyjax.plan.every_chain`: a larger T_i may have a cheaper exchange), pruned by lower
+  (:mod:`skyjax.plan.data_parallel.every_chain`: a larger T_i may have a cheaper exchange), pruned by lower
   bounds on AR. ``exact`` when that pass finished within its budgets.
 * Larger instances: candidate splits from link groups (regions; ``classes.link_groups``, over
-  ``MAX_GROUPS`` coarsened) and speeds (:mod:`skyjax.plan.split_candidates`): each set
+  ``MAX_GROUPS`` coarsened) and speeds (:mod:`skyjax.plan.data_parallel.candidates`): each set
   partition of the groups (or one block, or one group per block, when there are many; groups
   may be left out), each block's devices dealt round-robin, fastest first within a group, into
   r pipelines, for every r with blocks x r <= max_pipelines. Shares by the
@@ -40,15 +40,15 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from skyjax.plan.every_chain import EveryChain
-from skyjax.plan.exact import exact_cost
-from skyjax.plan.split_candidates import (Estimator, _rates, candidate_splits, set_partitions,
+from skyjax.plan.data_parallel.every_chain import EveryChain
+from skyjax.plan.search.exact import exact_cost
+from skyjax.plan.data_parallel.candidates import (Estimator, _rates, candidate_splits, set_partitions,
                                           split_bound)
-from skyjax.plan.pipelines import (INT8_WIRE, ChainCache, Priced, build_plan, evaluate_pipelines,
+from skyjax.plan.data_parallel.pipelines import (INT8_WIRE, ChainCache, Priced, build_plan, evaluate_pipelines,
                                    fractional_bound, grad_prefix, region_groups,
                                    relaxed_exchange)
-from skyjax.plan.cost import stage_costs, tables
-from skyjax.plan.types import InfeasibleError, Plan
+from skyjax.plan.pricing.cost import stage_costs, tables
+from skyjax.plan.model.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
 
 EXHAUSTIVE_DEVICES = 8  # most devices for the exhaustive search
@@ -252,7 +252,7 @@ def _screen(cache: ChainCache, splits: list, rate: np.ndarray, gprefix: np.ndarr
 def _exchange(priced: Sequence[Priced], gprefix: np.ndarray, profile: Profile) -> float:
     """AR of the pipelines in the plan's order (by least device, as ``search`` builds it): the
     routing, so its cost, depends on the pipelines' order."""
-    from skyjax.plan.pipelines import fitting_modes  # a mode only where its state fits
+    from skyjax.plan.data_parallel.pipelines import fitting_modes  # a mode only where its state fits
 
     modes = fitting_modes(profile.relax.averagings, [p.chain for p in priced],
                           [p.free for p in priced], gprefix)

@@ -1,6 +1,6 @@
 """The cost model (docs/design.md): what a plan costs, per stage and per training step.
 
-For a plan of stages k = 0..p-1 (device d_k, units [a_k, b_k); :mod:`skyjax.plan.types`) and m
+For a plan of stages k = 0..p-1 (device d_k, units [a_k, b_k); :mod:`skyjax.plan.model.types`) and m
 micro-batches, with the profile's fixed costs (version 2; zeros for a version 1 profile):
 
   compute_k = sum_{u in [a_k, b_k)} (forward_s[u][d_k] + backward_s[u][d_k])
@@ -21,8 +21,8 @@ micro-batches, with the profile's fixed costs (version 2; zeros for a version 1 
 
 The update runs after the step's gradient-norm all-reduce (sync_s); the first stage's update
 delays the next step's whole pipeline, a later stage's overlaps the fill that reaches it, so only
-update_0 is on the critical path (the simulator, :mod:`skyjax.plan.simulate`, replays the real
-overlap and checks it). A caller may hand in extra cost terms (:mod:`skyjax.plan.extension`:
+update_0 is on the critical path (the simulator, :mod:`skyjax.plan.replay.simulate`, replays the real
+overlap and checks it). A caller may hand in extra cost terms (:mod:`skyjax.plan.model.extension`:
 the optional shared-host model); T is then their step where that is longer than the analytic T,
 and ``Plan.extra_s`` says by how much. The searches optimise the analytic T.
 
@@ -39,8 +39,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from skyjax.names import SCHEDULES, ZERO_BUBBLE
-from skyjax.plan.extension import ExtraCost
-from skyjax.plan.types import InfeasibleError, Plan, Stage
+from skyjax.plan.model.extension import ExtraCost
+from skyjax.plan.model.types import InfeasibleError, Plan, Stage
 from skyjax.profile.format import Profile
 
 _INF = math.inf
@@ -118,7 +118,7 @@ class Tables:
 
     def inflight_at(self, p: int, k: int) -> int:
         """``inflight`` of stage k of a plan of p stages (zero bubble: of its p, not of every
-        device; :func:`skyjax.plan.schedules.inflight_limit`)."""
+        device; :func:`skyjax.plan.model.schedules.inflight_limit`)."""
         if self.schedule in ZERO_BUBBLE:
             return min(self.microbatches, p * (2 if self.schedule == "zb-h2" else 1))
         return int(self.inflight(p - k))
@@ -338,7 +338,7 @@ def evaluate(profile: Profile, assignment: Assignment, schedule: str = "1f1b",
              lower_bound_s: float | None = None, check: bool = True,
              extra: ExtraCost | None = None) -> Plan:
     """The Plan of a given assignment under the cost model (raises if it does not fit);
-    ``extra``: optional cost terms (:mod:`skyjax.plan.extension`)."""
+    ``extra``: optional cost terms (:mod:`skyjax.plan.model.extension`)."""
     t = tables(profile, schedule, microbatches)
     return evaluate_tables(profile, t, assignment, strategy, exact, lower_bound_s, check, extra)
 

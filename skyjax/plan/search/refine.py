@@ -1,7 +1,7 @@
 """GPipe plan refinement: the least-sum plan at the incumbent's bottleneck, by an exact DP over
 how many devices of each kind every region has used.
 
-Why. The heuristic (:mod:`skyjax.plan.heuristic`) places stages on a subsequence of one fixed
+Why. The heuristic (:mod:`skyjax.plan.search.heuristic`) places stages on a subsequence of one fixed
 device order. Under GPipe with memory binding, what a device holds depends on where its block
 starts (paper case, m = 32: 17 sublayers from an intermediate sublayer, 16 otherwise), so the best
 plan interleaves fast and slow devices in patterns no small set of orders contains (paper case,
@@ -20,12 +20,12 @@ from the cap and memory. An entry that a state with no more devices of any kind 
 same unit is dropped (that state can finish the same way), which leaves about a tenth of the
 entries live. Each region's units are limited to the incumbent's region span plus ``SLACK``
 units on either side. Paper case: 4 regions of 540 to 1800 count vectors, 0.09 s CPU. A
-stage's link is the worst pair of its two groups (:func:`skyjax.plan.classes.worst_link`), exact
+stage's link is the worst pair of its two groups (:func:`skyjax.plan.pricing.classes.worst_link`), exact
 for link groups, an upper bound otherwise.
 
 Valid and never worse. The incumbent is one of the DP's plans (same order, cap, spans), so the DP
 finds a sum no larger; the result is rebuilt as distinct devices, priced by
-:func:`skyjax.plan.cost.stage_costs` (exact cost model) and kept only if its T is lower. Every
+:func:`skyjax.plan.pricing.cost.stage_costs` (exact cost model) and kept only if its T is lower. Every
 other case returns the incumbent unchanged: not GPipe, a region visited twice, more than
 ``MAX_STATES`` count vectors in a region, or no improvement.
 """
@@ -36,10 +36,10 @@ import math
 
 import numpy as np
 
-from skyjax.plan.classes import link_groups, worst_link
-from skyjax.plan.cost import Solution, Tables, check_assignment, evaluate_tables, stage_costs
-from skyjax.plan.extension import ExtraCost
-from skyjax.plan.types import Plan
+from skyjax.plan.pricing.classes import link_groups, worst_link
+from skyjax.plan.pricing.cost import Solution, Tables, check_assignment, evaluate_tables, stage_costs
+from skyjax.plan.model.extension import ExtraCost
+from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 
 MAX_STATES = 4096  # per region: product over its device kinds of (count + 1)
