@@ -12,6 +12,18 @@ setup(
     # (``from configs import bert_base_mnli``) and experiments share code, from any directory.
     packages=find_packages(include=["skyjax", "skyjax.*", "configs", "experiments"]),
     python_requires=">=3.11",
+    # The commands (skyjax/cli/), also run as ``python -m skyjax.main``, ``skyjax.launch``, ...
+    entry_points={"console_scripts": [
+        "skyjax-train=skyjax.cli.train:run",
+        "skyjax-launch=skyjax.cli.launch:run",
+        "skyjax-profile=skyjax.cli.profile:run",
+        "skyjax-compose=skyjax.cli.compose:run",
+        "skyjax-plan=skyjax.cli.plan:run",
+        "skyjax-export=skyjax.cli.export:run",
+        "skyjax-predict=skyjax.cli.predict:run",
+        "skyjax-prepare=skyjax.cli.prepare:run",
+        "skyjax-handoff-speed=skyjax.cli.handoff_speed:run",
+    ]},
     install_requires=[
         # the tested range: jax's APIs move between minor versions (jax.experimental.transfer,
         # jax.distributed's key-value store)

@@ -2,7 +2,7 @@
 
 Pass a Hugging Face checkpoint directory (its tokenizer is used too) and the prepared TFDS data,
 e.g. ``--config.model.pretrained=/path/bert-base-uncased --config.data.data_dir=/path/tfds``
-(no download happens; README "Configs" says how to get both). Both validation splits
+(no download happens; docs/guide/configs.md says how to get both). Both validation splits
 (matched, mismatched) are evaluated whole.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator figures docs/design.md and README.md still owe, in one call that fits a
+# The accelerator figures of docs/results.md ("On an accelerator"), in one call that fits a
 # 10-minute device command: the BERT-large stage (seq 128, micro-batch 32; float32, bf16, both
 # attention paths) with a trace of the bf16 step, then the pipeline of one and two stages against
 # the plain jitted step and a stage's peak memory against the planner's charge. Each part has its

@@ -29,7 +29,7 @@ STEP_GOAL, SPEEDUP_GOAL, STAGE_GOAL = 0.10, 0.90, 0.15
 def run_figures(result: dict[str, Any]) -> dict[str, Any]:
     """A run's errors, speed-up ratio and optimal stage-compute errors under the current model."""
     from skyjax import plan as plan_lib
-    from skyjax.plan.cli import shared_host_model
+    from skyjax.report.plan_report import shared_host_model
     from skyjax.plan.replay.simulate import simulate_plan
     from skyjax.profile.format import Profile
 
@@ -109,4 +109,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments import results_doc
+
+    results_doc.run(main, [(
+        None, "accuracy_table", "Prediction accuracy over saved runs",
+        "Saved `hetero_benchmark.py` runs (each a `--workdir`) re-priced with the current cost "
+        "model: per run the even and the optimal plan's error (measured - predicted) / "
+        "measured, the measured speed-up as a share of the predicted one and the optimal "
+        "plan's stage compute, then how many runs meet the goals (|error| <= 10 %, speed-up >= "
+        "90 % of predicted, stage compute within 15 %).")])

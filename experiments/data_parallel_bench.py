@@ -73,6 +73,7 @@ def compare(args: argparse.Namespace, slowdowns: tuple[float, ...]) -> None:
     from skyjax import cluster as cluster_lib, data as data_lib, plan as plan_lib, train
     from skyjax.models import bert
     from skyjax.models.build import build_model
+    from skyjax.runtime.executors import make_executor
 
     config = local_demo.get_config()
     config.unlock()
@@ -88,7 +89,7 @@ def compare(args: argparse.Namespace, slowdowns: tuple[float, ...]) -> None:
     plans = {"one pipeline": plan_lib.plan(profile, "optimal", args.schedule, m),
              f"up to {args.pipelines}": plan_lib.plan(profile, "optimal", args.schedule, m,
                                                       max_pipelines=args.pipelines)}
-    executors = {k: train.make_executor(config, chain, p, cluster) for k, p in plans.items()}
+    executors = {k: make_executor(config, chain, p, cluster) for k, p in plans.items()}
     total = 2 + args.rounds * args.steps
     source = data_lib.train_batches(config)
     batches = [next(source) for _ in range(total)]

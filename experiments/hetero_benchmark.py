@@ -74,6 +74,7 @@ def worker(spec_path: str) -> None:
     from skyjax.models import bert
     from skyjax.models.build import build_model
     from skyjax.transport import group as distributed
+    from skyjax.runtime.executors import make_executor, make_transport
     from skyjax.runtime.replanner import stage_busy
     from skyjax.profile.format import Profile
 
@@ -83,13 +84,13 @@ def worker(spec_path: str) -> None:
     config = build_config(args)
     distributed.initialize()
     cluster = cluster_lib.cluster_from_config(config)
-    transport = train.make_transport(cluster)
+    transport = make_transport(cluster)
     chain = bert.units(build_model(config.model, config.train.seed), config.allocation.granularity)
     extra, probes = train.shared_host(config)  # on in configs/local_hetero.py
     profile = train.profile_phase(config, chain, spec["workdir"], cluster, transport, probes)
     plans = {s: plan_lib.plan(profile, s, args.schedule, args.microbatches, extra=extra)
              for s in ("even", "optimal")}
-    executors = {s: train.make_executor(config, chain, p, cluster, transport)
+    executors = {s: make_executor(config, chain, p, cluster, transport)
                  for s, p in plans.items()}
     batches = data_lib.StepBatches(data_lib.train_batches(config))  # train.train_step_inputs
     times: dict[str, list[float]] = {s: [] for s in plans}
@@ -128,7 +129,7 @@ def worker(spec_path: str) -> None:
         cal_profile = calibrated.pop("calibration_profile")
         cal_even_s = calibrated.pop("calibration_even_s")
         plans["calibrated"] = plan_lib.Plan.from_json(calibrated)
-        executors["calibrated"] = train.make_executor(config, chain, plans["calibrated"],
+        executors["calibrated"] = make_executor(config, chain, plans["calibrated"],
                                                       cluster, transport)
         for _ in range(2):
             executors["calibrated"].train_step(
@@ -255,7 +256,7 @@ def main() -> None:
     if len(args.slowdowns) != args.processes:
         parser.error(f"--slowdowns has {len(args.slowdowns)} entries for {args.processes} "
                      "processes")
-    from skyjax.launch import launch
+    from skyjax.launcher import launch
 
     if args.shipped:
         build_config(args)  # takes the shipped m, batch and sequence length into args
@@ -282,4 +283,15 @@ if __name__ == "__main__":
     if "SKYJAX_BENCH_SPEC" in os.environ:
         worker(os.environ["SKYJAX_BENCH_SPEC"])
     else:
-        main()
+        from experiments import results_doc
+
+        results_doc.run(main, [(
+            "--bind_cores", "hetero_benchmark-bind_cores", "Pipeline efficiency on own cores",
+            "Processes on their own cores (`--bind_cores`): even and optimal plans measured "
+            "side by side against their predictions, and pipeline efficiency against the "
+            "bubble-bounded ideal."), (
+            None, "hetero_benchmark", "Predicted against measured step time",
+            "Four processes with slow-downs 1, 2, 3, 6 sharing two cores (the shared-host model "
+            "on): the even, optimal and calibrated plans side by side, measured against "
+            "predicted step time, pipeline efficiency, the step boundary and message delays, "
+            "each stage's actions with no other stage of the host computing.")])

@@ -52,8 +52,8 @@ warm-ups take the exact step at 100 Mbit/s from 277 to 189 ms (m = 4) and from 5
 (m = 8); today's T of 1F1B's own warm-ups, which charges the latency per micro-batch, is an
 upper bound (443 against 277 measured), the window model within 10 % of the measured step.
 Repeated runs of a row differ by up to 4 % (1F1B's own at m = 4, int8: 245 and 254 ms). The
-README's real runs (skyjax.main, this host's own compute, 60 steps, m = 4, the profile above
-via --config.profile.path, load average about 18 on 2 cores): 1F1B's own 325 / 315 ms, auto
+relaxation guide's real runs (skyjax.main, this host's own compute, 60 steps, m = 4, the
+profile above via --config.profile.path, load average about 18 on 2 cores): 1F1B's own 325 / 315 ms, auto
 250 / 231 ms (1.08x), the exact runs' losses equal.
 
 1.5x is out of reach at 100 Mbit/s against the best exact plan: the compute per micro-batch of a stage of two layers (14.6 ms) exceeds the
@@ -211,4 +211,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments import results_doc
+
+    results_doc.run(main, [(
+        "--rehearse", "latency_bound-rehearse", "Latency across a slow link, rehearsed",
+        "The relaxation guide's two-region profile (40 ms; memory caps force every plan across "
+        "the link), exact against int8 hand-offs under 1F1B's own and deeper (`auto`) "
+        "warm-ups, rehearsed with the profile's declared times (the runtime and its link "
+        "clocks): measured step against the window model and the simulator."), (
+        None, "latency_bound", "Latency across a slow link: the bounds",
+        "The same profile priced, not run: exact against int8 under the cost model with 1F1B's "
+        "warm-ups, the window model with deeper ones, the simulator, the best window price "
+        "over every plan (brute force) and the chain bound no schedule goes below.")])

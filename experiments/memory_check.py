@@ -249,4 +249,14 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments import results_doc
+
+    results_doc.run(main, [(
+        "glibc", "memory_check-glibc", "Host memory per stage: malloc's settings",
+        "Per stage of the even plan, each in its own process, under glibc's default malloc "
+        "thresholds (`--malloc glibc`): peak host memory against the planner's charge, beside "
+        "one arena and a low mmap threshold."), (
+        None, "memory_check", "Host memory per stage against the planner's charge",
+        "Per stage of the even plan, each in its own process: peak host memory above a tiny run "
+        "of the same structure against the planner's charge (state + scratch + in-flight "
+        "activations).")])

@@ -3,8 +3,8 @@
 Sky Computing (arXiv 2202.11836) reports that its load-balanced allocation cuts BERT training time
 by 55% against an even allocation on 64 heterogeneous nodes. The original emulated the nodes'
 heterogeneity with seeded slow-downs ``numpy.random.default_rng(35).integers(1, 7, 64)`` and ran
-one batch through all stages in sequence. This script builds a profile for that setting from a
-FLOP model and prints predicted step times (docs/design.md cost model) of even and optimal plans,
+one batch through all stages in sequence. This script builds a profile for that setting from
+skyjax's FLOP model (:mod:`skyjax.profile.flops`) and prints predicted step times (docs/design.md cost model) of even and optimal plans,
 sequentially (m = 1: what the original ran) and pipelined (GPipe / 1F1B, m in {1, 8, 32}).
 
 Assumptions (the original gives no profile):
@@ -31,78 +31,27 @@ sequentially; pipelined with m = 32 it takes 47-62% less time than even (1F1B, f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 
 import numpy as np
 
-
-from skyjax import plan as plan_lib  # noqa: E402
-from skyjax.profile.format import Profile  # noqa: E402
+from skyjax import plan as plan_lib
+from skyjax.profile import flops
+from skyjax.profile.format import Profile
 
 GIB = 1 << 30
 
 
-@dataclasses.dataclass(frozen=True)
-class BertShape:
-    layers: int = 160
-    hidden: int = 1024
-    heads: int = 16
-    ffn: int = 4096
-    seq: int = 128
-    batch: int = 8
-    vocab: int = 30522
-    positions: int = 512
-    labels: int = 3
-
-
-def bert_units(s: BertShape) -> list[dict]:
-    """Units with forward FLOPs, parameters, kept activation bytes and output bytes (fp32)."""
-    tok, h, f = s.batch * s.seq, s.hidden, s.ffn
-    scores = s.batch * s.heads * s.seq * s.seq
-    units = [dict(name="embeddings", flops=10 * tok * h, params=(s.vocab + s.positions + 2) * h
-                  + 2 * h, act=3 * tok * h * 4, out=tok * h * 4)]
-    for i in range(s.layers):
-        units += [
-            dict(name=f"layer{i}.attention", flops=tok * (8 * h * h + 4 * s.seq * h),
-                 params=4 * h * h + 6 * h, act=(6 * tok * h + 2 * scores) * 4, out=tok * h * 4),
-            dict(name=f"layer{i}.intermediate", flops=tok * (2 * h * f + 8 * f),
-                 params=h * f + f, act=(tok * h + tok * f) * 4, out=tok * f * 4),
-            dict(name=f"layer{i}.output", flops=tok * (2 * f * h + 10 * h),
-                 params=f * h + 3 * h, act=(tok * f + 2 * tok * h) * 4, out=tok * h * 4)]
-    units += [dict(name="pooler", flops=2 * s.batch * h * h, params=h * h + h,
-                   act=2 * s.batch * h * 4, out=s.batch * h * 4),
-              dict(name="classifier", flops=2 * s.batch * h * s.labels, params=h * s.labels
-                   + s.labels, act=s.batch * h * 4, out=s.batch * s.labels * 4)]
-    return units
-
-
-def synth_profile(units: list[dict], slowdowns: np.ndarray, memory: np.ndarray,
-                  latency: np.ndarray, bandwidth: np.ndarray, flops_per_s: float = 20e12,
-                  overhead_s: float = 20e-6, extra_devices: list[dict] | None = None) -> Profile:
-    """A profile.json object from unit FLOPs and per-device slow-downs."""
-    fwd = np.array([u["flops"] / flops_per_s + overhead_s for u in units])
-    bwd = np.array([2 * u["flops"] / flops_per_s + overhead_s for u in units])
-    devices = [dict(name=f"node{d}", memory_bytes=int(memory[d]), slowdown=int(slowdowns[d]))
-               for d in range(len(slowdowns))]
-    for d, extra in enumerate(extra_devices or []):
-        devices[d].update(extra)
-    return Profile.from_json({
-        "version": 1, "microbatch": {"size": 8, "seq_len": 128},
-        "units": [dict(name=u["name"], state_bytes=16 * u["params"], activation_bytes=u["act"],
-                       output_bytes=u["out"]) for u in units],
-        "devices": devices,
-        "forward_s": (fwd[:, None] * slowdowns[None, :]).tolist(),
-        "backward_s": (bwd[:, None] * slowdowns[None, :]).tolist(),
-        "links": {"latency_s": latency.tolist(), "bandwidth_Bps": bandwidth.tolist()}})
-
-
-def uniform_links(n: int, bandwidth: float, latency: float) -> tuple[np.ndarray, np.ndarray]:
-    lat = np.full((n, n), latency)
-    bw = np.full((n, n), bandwidth)
-    np.fill_diagonal(lat, 0.0)
-    return lat, bw
+def profile(links: str) -> Profile:
+    """The paper's 64 nodes (:func:`skyjax.profile.flops.paper_slowdowns`, 16 GiB each) running
+    its 483 units, every link 10 Gbit/s with 50 us latency (``links`` "10G") or free ("free")."""
+    units = flops.bert_units(flops.PAPER_SHAPE, "sublayer", split_head=True)
+    slow = flops.paper_slowdowns()
+    n = len(slow)
+    lat, bw = (flops.uniform_links(n, 10e9 / 8, 50e-6) if links == "10G"
+               else flops.uniform_links(n, np.inf, 0))
+    return flops.slowdown_profile(units, slow, np.full(n, 16 * GIB), lat, bw)
 
 
 def balanced_assignment(t: plan_lib.Tables) -> list[tuple[int, int, int]]:
@@ -136,12 +85,8 @@ def balanced_assignment(t: plan_lib.Tables) -> list[tuple[int, int, int]]:
 
 
 def run(links: str) -> list[tuple]:
-    shape = BertShape()
-    units = bert_units(shape)
-    slow = np.random.default_rng(35).integers(1, 7, 64)
-    n = len(slow)
-    lat, bw = uniform_links(n, 10e9 / 8, 50e-6) if links == "10G" else uniform_links(n, np.inf, 0)
-    prof = synth_profile(units, slow, np.full(n, 16 * GIB), lat, bw)
+    prof = profile(links)
+    slow = flops.paper_slowdowns()
     rows = []
     for schedule, m in [("gpipe", 1), ("gpipe", 8), ("gpipe", 32), ("1f1b", 8), ("1f1b", 32)]:
         t = plan_lib.tables(prof, schedule, m)

@@ -1,10 +1,10 @@
 """One pipeline against several in data parallel, at the paper's scale (prints a comparison).
 
-The setting of ``plan_scale.paper_case`` with a smaller model: 64 nodes of 16 GiB in four regions
+The setting of ``skyjax.profile.flops.paper_profile`` with a smaller model: 64 nodes of 16 GiB in four regions
 (nodes 16 r .. 16 r + 15 form region r: 100 Gbit/s and 10 us inside, 10 Gbit/s and 20 ms across),
 slow-downs ``numpy.random.default_rng(35).integers(1, 7, 64)``, BERT-large (24 layers) at layer
 granularity: embeddings, 24 layers, the head (pooler + classifier) = 26 units, with the FLOP
-model of ``paper_reproduction.py``; ``param_bytes`` (fp32) prices the gradient exchange.
+model of :mod:`skyjax.profile.flops`; ``param_bytes`` (fp32) prices the gradient exchange.
 
 A single pipeline can use at most 26 devices (one unit each); several pipelines in data parallel
 can use more, at the price of exchanging replicated gradients (docs/design.md, "Several
@@ -38,43 +38,17 @@ import time
 
 import numpy as np
 
-from experiments.paper_reproduction import BertShape, bert_units, synth_profile
 from skyjax import plan as plan_lib
 from skyjax.plan.pricing.cost import tables
 from skyjax.plan.data_parallel.pipelines import INT8_WIRE, fractional_bound
+from skyjax.profile import flops
 from skyjax.profile.format import Profile
 from skyjax.relax import Relaxation
 
-GIB = 1 << 30
-
-
-def layer_units(shape: BertShape) -> list[dict]:
-    """BERT's sublayer units (``bert_units``) merged per layer, the pooler and classifier into
-    one head: 2 + layers units."""
-    sub = bert_units(shape)
-    out = [sub[0]]
-    for i in range(shape.layers):
-        parts = sub[1 + 3 * i: 4 + 3 * i]
-        out.append(dict(name=f"layer{i}", flops=sum(p["flops"] for p in parts),
-                        params=sum(p["params"] for p in parts),
-                        act=sum(p["act"] for p in parts), out=parts[-1]["out"]))
-    pool, cls = sub[-2:]
-    out.append(dict(name="head", flops=pool["flops"] + cls["flops"],
-                    params=pool["params"] + cls["params"], act=pool["act"] + cls["act"],
-                    out=cls["out"]))
-    return out
-
 
 def paper_profile(layers: int = 24) -> Profile:
-    units = layer_units(BertShape(layers=layers))
-    slow = np.random.default_rng(35).integers(1, 7, 64)
-    region = np.arange(64) // 16
-    same = region[:, None] == region[None, :]
-    lat = np.where(same, 10e-6, 20e-3)
-    np.fill_diagonal(lat, 0.0)
-    bw = np.where(same, 100e9 / 8, 10e9 / 8)
-    extra = [{"region": f"r{r}", "kind": f"x{s}"} for r, s in zip(region, slow)]
-    prof = synth_profile(units, slow, np.full(64, 16 * GIB), lat, bw, extra_devices=extra)
+    units = flops.bert_units(flops.BertShape(layers=layers))
+    prof = flops.paper_profile(units)
     for rec, u in zip(prof.units, units):
         rec["param_bytes"] = 4 * u["params"]  # fp32 gradients
     return prof
@@ -163,4 +137,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments import results_doc
+
+    results_doc.run(main, [(
+        None, "plan_pipelines", "One pipeline against several, at the paper's scale",
+        "64 nodes in four regions of 16, BERT-large at 26 units: the best single "
+        "pipeline against up to 16 pipelines in data parallel, exact and with "
+        "relaxations allowed (int8 hand-offs, averaging up to DiLoCo with H = 10), for "
+        "two kinds of links between regions. Lower bound: "
+        "`pipelines.fractional_bound`, a proof over every plan (each device busy all "
+        "step on compute alone, no fill or drain, hand-offs or exchange); planned in: "
+        "CPU seconds of one `plan` call (the relaxed one plans exactly first); best "
+        "schedule: the least T over every schedule.")], fenced=False)

@@ -1,6 +1,6 @@
 """How long ``skyjax.plan.plan`` takes at cluster scale (prints a table).
 
-Profiles are synthesised with the FLOP model of ``paper_reproduction.py``:
+Profiles are synthesised with the FLOP model of :mod:`skyjax.profile.flops`:
 * 483 units (160-layer BERT-large at sublayer granularity: embeddings, 3 x 160, pooler,
   classifier) on 64 devices;
 * 2001 units (666 layers: 3 x 666 + embeddings, pooler, classifier) on 1024 devices.
@@ -21,9 +21,8 @@ import time
 
 import numpy as np
 
-from experiments.paper_reproduction import BertShape, bert_units, synth_profile  # noqa: E402
-
-from skyjax import plan as plan_lib  # noqa: E402
+from skyjax import plan as plan_lib
+from skyjax.profile import flops
 
 GIB = 1 << 30
 KIND_MEMORY = np.array([16, 24, 32, 40, 48, 80]) * GIB
@@ -46,25 +45,10 @@ def cluster(n: int, regions: int, seed: int) -> tuple[np.ndarray, ...]:
 
 
 def case(layers: int, devices: int, regions: int = 4, seed: int = 0):
-    units = bert_units(BertShape(layers=layers))
+    units = flops.bert_units(flops.BertShape(layers=layers), "sublayer", split_head=True)
     slow, mem, lat, bw, region = cluster(devices, regions, seed)
     extra = [{"region": f"r{r}", "kind": f"x{s}"} for r, s in zip(region, slow)]
-    return synth_profile(units, slow, mem, lat, bw, extra_devices=extra)
-
-
-def paper_case(cross_latency_s: float = 20e-3, cross_Bps: float = 10e9 / 8):
-    """The paper's setting in four regions: 160-layer BERT-large at sublayer granularity (483
-    units) on 64 nodes of 16 GiB with slow-downs ``default_rng(35).integers(1, 7, 64)``; nodes
-    16 r .. 16 r + 15 form region r (100 Gbit/s, 10 us inside; 10 Gbit/s, 20 ms across)."""
-    units = bert_units(BertShape())
-    slow = np.random.default_rng(35).integers(1, 7, 64)
-    region = np.arange(64) // 16
-    same = region[:, None] == region[None, :]
-    lat = np.where(same, 10e-6, cross_latency_s)
-    np.fill_diagonal(lat, 0.0)
-    bw = np.where(same, 100e9 / 8, cross_Bps)
-    extra = [{"region": f"r{r}", "kind": f"x{s}"} for r, s in zip(region, slow)]
-    return synth_profile(units, slow, np.full(64, 16 * GIB), lat, bw, extra_devices=extra)
+    return flops.slowdown_profile(units, slow, mem, lat, bw, extra_devices=extra)
 
 
 def timed_plan(prof, schedule: str, m: int) -> tuple[float, float, str]:
@@ -82,7 +66,7 @@ def timed_plan(prof, schedule: str, m: int) -> tuple[float, float, str]:
 
 def paper_table() -> None:
     """The paper-scale goal: <= 1 s, exact or a proven gap <= 1 %, 1F1B and GPipe, m = 8, 32."""
-    prof = paper_case()
+    prof = flops.paper_profile()
     print("paper scale: 483 units x 64 nodes, rng(35) slow-downs, 4 regions (goal: <= 1 s, "
           "exact or gap <= 1 %)")
     print(f"{'schedule':>8} {'m':>3} | {'wall s':>7} {'cpu s':>6} | {'stages':>6} {'T even':>8} "
@@ -114,4 +98,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments import results_doc
+
+    results_doc.run(main, [(
+        None, "plan_scale", "Planning time at scale",
+        "`skyjax.plan.plan(..., certify=True)` on the paper's case (the 160-layer "
+        "BERT-large at sublayer granularity, 483 units, on 64 nodes in four regions, "
+        "`default_rng(35)` slow-downs), then on synthetic clusters of 483 units x 64 "
+        "devices and 2001 units x 1024 devices (six device kinds, four regions): wall "
+        "and CPU seconds, the even and the optimal plan's step time T, whether the plan "
+        "is proven optimal, else its certified lower bound and the gap to it.")])

@@ -122,8 +122,8 @@ def _worker(sizes) -> None:
         report("transfer", nbytes, [r / 2 for r in rtts[2:]])
 
         # transfer_raw: pulls with ids known in advance (no key-value notice).
-        srv = t._server  # the server the peer pulls from
-        conn = t._conn(1 - me)
+        srv = t.server  # the server the peer pulls from
+        conn = t.connection(1 - me)
         avals = [jax.ShapeDtypeStruct((nbytes // 4,), jnp.float32,
                                       sharding=jax.sharding.SingleDeviceSharding(dev))]
         base = 1 << 40 | nbytes << 8
@@ -182,7 +182,7 @@ def _worker(sizes) -> None:
 
 
 def bench_distributed(sizes, timeout_s: float = 540) -> list[dict]:
-    from skyjax.launch import launch
+    from skyjax.launcher import launch
 
     out = io.BytesIO()
     env = {"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.path.dirname(__file__)}

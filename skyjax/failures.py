@@ -10,7 +10,6 @@ exception through with its traceback.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import faulthandler
 import os
@@ -27,13 +26,6 @@ DEBUG_ENV = "SKYJAX_DEBUG"
 
 class BadInput(ValueError):
     """A config, flag, file or workdir that a command refuses before doing any work."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """``argparse`` whose usage errors are one line (``prog: error: ...``), status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
 
 
 def debugging() -> bool:

@@ -4,12 +4,14 @@ Reads top-down as the flow of docs/design.md; each phase receives what it works 
 here:
 
 1. model: the unit chain at ``allocation.granularity`` (``skyjax.models``);
-2. profile: per-unit times and bytes on each device of the cluster (``skyjax.profile``, cached);
+2. profile: per-unit times and bytes on each device of the cluster (``skyjax.profile``, cached;
+   a rehearsal's is its ``config.rehearse.profile``, :class:`~skyjax.runtime.rehearsal.Rehearsal`);
 3. plan: the stages (``skyjax.plan``);
 4. run: the pipeline executor of ``skyjax.runtime`` (local: one thread per stage device;
-   distributed: this process's stage under ``jax.distributed``), the train loop, evaluation on
-   every split;
-5. outputs: ``summary.json``, ``plan.json``, ``metrics.jsonl``, ``trace.json`` (``skyjax.report.outputs``).
+   distributed: this process's stage under ``jax.distributed``;
+   :mod:`skyjax.runtime.executors`), the train loop, evaluation on every split;
+5. outputs: ``summary.json``, ``plan.json``, ``metrics.jsonl``, ``trace.json``
+   (``skyjax.report.outputs``).
 
 Usable from a notebook as well as from ``python -m skyjax.main``.
 """
@@ -38,11 +40,10 @@ from skyjax.profile.chain import Workload, check_given
 from skyjax.profile.format import Profile, load_profile
 from skyjax.profile.options import Options
 from skyjax.relax import Relaxation
-from skyjax.runtime.distributed_executor import DistributedExecutor
-from skyjax.runtime import memory, placement, rehearsal
-from skyjax.plan.replay.declared import fit_config
-from skyjax.runtime.local_executor import LocalExecutor
+from skyjax.runtime import memory
+from skyjax.runtime.executors import make_executor, make_transport, own_units
 from skyjax.runtime.recovery import Recovery
+from skyjax.runtime.rehearsal import Rehearsal
 from skyjax.runtime.replanner import Replanner, calibration_plan
 from skyjax.transport.server import ServerOptions
 from skyjax.transport.watchdog import PeerLost
@@ -57,6 +58,122 @@ RECENT_STEPS = 50
 MEASURED_TAIL = 3
 
 
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       rehearsal: Rehearsal | None = None) -> dict:
+    """Profile -> plan -> train -> eval; process 0 writes ``workdir/summary.json`` and returns it
+    (other processes return the same summary without writing). ``rehearsal``: the run's
+    :class:`~skyjax.runtime.rehearsal.Rehearsal` where the command made it before JAX started;
+    else it is made here from ``config.rehearse`` (giving the config its profile's devices and
+    layers), once either way."""
+    wall_start = time.perf_counter()
+    rss_start = memory.current_rss_bytes()
+    if rehearsal is None:
+        rehearsal = Rehearsal.from_config(config)
+    validate_config(config)
+    claim = workdir_lib.Claim(workdir) if jax.process_index() == 0 else None  # one run at a time
+    try:
+        return _train_and_evaluate(config, workdir, rehearsal, wall_start, rss_start)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        rehearsal: Rehearsal | None, wall_start: float, rss_start: int) -> dict:
+    extra, probes = shared_host(config)
+    resume = checkpoint.prepare(config, workdir)  # refuses another run's checkpoint, by name
+
+    # The model without parameter memory; the checkpoint's headers are checked here, before
+    # anything compiles. Parameters are made later, only for this process's units.
+    init = build.UnitInitializer(config.model, config.train.seed)
+    compute_dtype = build.resolve_compute_dtype(config.train.compute_dtype)
+    chain = build.abstract_chain(config.model, config.train.seed, config.allocation.granularity,
+                                 compute_dtype)
+    num_params = tree_size([u.params for u in chain])
+    logging.info("model: %d units at %s granularity, %d parameters, computing in %s",
+                 len(chain), config.allocation.granularity, num_params, compute_dtype)
+    cluster, transport, profile, plan = cluster_and_plan(config, chain, workdir, rehearsal,
+                                                         extra, probes)
+    start_step = resume.step if resume else 0
+    calibrate = calibration_steps(config, start_step)
+    if calibrate:  # the first steps run on every device; then the plan of the measured times
+        plan = calibration_plan(profile, plan, extra)
+        logging.info("calibration: steps %d-%d run on the plan below, then the units move to "
+                     "the plan of the times measured there", start_step + 1,
+                     start_step + calibrate)
+    # Checks, profile and plan succeeded: only now does the workdir change (skyjax.workdir).
+    out = outputs.Outputs(workdir, is_chief=jax.process_index() == 0,
+                          resumed_from_step=resume.step if resume else 0)
+    if out.is_chief and not resume:
+        checkpoint.replace_earlier(config, workdir)  # config.checkpoint.replace
+    out.write_json("config.json", config.to_dict())
+    out.write_json("profile.json", profile.to_json())
+    out.write_json("plan.json", plan.to_json())
+    label_names = data_lib.label_names(config)
+    if label_names is not None:  # string labels: the id of each (checkpoints record it too)
+        out.write_json("labels.json", {"label_names": label_names})
+    outputs.log_plan(plan)
+
+    mine = own_units(plan, len(chain))
+    optimizer = optim.make_optimizer(config.train, clip=False)
+    states = checkpoint.restored_states(resume, chain, mine, optimizer)
+    executor = make_executor(config, chain if states else build.materialize(init, chain, mine),
+                             plan, cluster, transport, states, rehearsal)
+    # a relaxed averaging's state, and each pipeline's own replica where replicas differ
+    checkpoint.restore_relaxed(resume, executor, chain, optimizer)
+    saver = checkpoint.make_manager(config, workdir, chain, optimizer)
+    # the units are on their devices now: no host copy (restored arrays, random blocks) stays
+    del states
+    init.release()
+    eval_sets = data_lib.eval_splits(config) if config.data.eval_examples else {}
+    every = config.allocation.replan_every if config.allocation.strategy == "dynamic" else 0
+    replanner = Replanner(every, profile, plan, calibrate_steps=calibrate,
+                          start_step=start_step, strategy=config.allocation.strategy,
+                          extra=extra)
+    try:
+        recovery = Recovery(profile) if jax.process_count() > 1 else None
+        result = train_loop(config, executor, out, eval_sets, replanner,
+                            resume.step if resume else 0, saver, recovery)
+        result["resumed_from_step"] = resume.step if resume else 0
+        result["calibration_strategy"] = plan.strategy  # the plan the run started on
+        result["metric"] = data_lib.metric(config)
+        executor = result.pop("executor")
+        final_evals = evaluate_splits(executor, eval_sets, config.train.steps, out,
+                                      data_lib.metric(config))
+    finally:
+        executor.close()
+    if replanner.history:  # the plan in use at the end, on the measured-corrected profile
+        plan, profile = replanner.plan, replanner.profile
+        result["replans"] = replanner.history
+        out.write_json("plan.json", plan.to_json())
+    if recovery is not None and recovery.history:  # the survivors' pipelines
+        plan = executor.plan
+        result["recoveries"] = recovery.history
+        out.write_json("plan.json", plan.to_json())
+    summary = outputs.make_summary(config, plan.to_json(), result, final_evals,
+                                   len(profile.units), num_params,
+                                   time.perf_counter() - wall_start)
+    summary["memory"] = memory.run_report(optim.make_optimizer(config.train, clip=False),
+                                           chain, mine, rss_start,
+                                           memory.averaging_bytes(executor))
+    if rehearsal is not None:
+        calls = memory.gather_to_chief(rehearsal.ledger.to_json(), "skyjax/rehearsal")
+        summary["rehearsal"] = rehearsal.report(plan, result["step_times"], calls)
+        if out.is_chief:
+            outputs.log_rehearsal(summary["rehearsal"])
+    summary["stage_comparison"] = outputs.stage_report(plan, profile, result["last_step"],
+                                                       result["boundaries"],
+                                                       result["recent_spans"], extra)
+    out.write_json("trace.json", outputs.trace_json(plan, profile, result["last_step"],
+                                                    summary["stage_comparison"], extra))
+    if out.is_chief:  # plan.png, timeline.png
+        watch.write_pictures(workdir, plan, profile, result["last_step"], cluster.jax_devices)
+    out.write_json("summary.json", summary)
+    if out.is_chief:
+        outputs.log_summary(summary)
+    return summary
+
+
 def shared_host(config: ml_collections.ConfigDict) -> tuple[ExtraCost | None, Any]:
     """The optional shared-host model (``config.cluster.shared_host``, :mod:`skyjax.hostmodel`):
     its cost terms for the planner and its probes for the profiler, with this process prepared
@@ -67,6 +184,24 @@ def shared_host(config: ml_collections.ConfigDict) -> tuple[ExtraCost | None, An
 
     hostmodel.activate()
     return hostmodel.SharedHostModel(), hostmodel.probes()
+
+
+def cluster_and_plan(config: ml_collections.ConfigDict, chain: list[bert.Unit], workdir: str,
+                     rehearsal: Rehearsal | None, extra: ExtraCost | None, probes: Any
+                     ) -> tuple[cluster_lib.Cluster, Any, Profile, plan_lib.Plan]:
+    """The cluster, this process's transport, the profile and the plan. A rehearsal plans its
+    profile first, so that its cluster's links carry the plan's declared bytes; its profile and
+    plan are then in its time base (:class:`~skyjax.runtime.rehearsal.Rehearsal`)."""
+    server = ServerOptions.from_config(config.cluster)
+    if rehearsal is not None:
+        plan = rehearsal.time_base(plan_phase(config, rehearsal.profile, extra))
+        cluster = rehearsal.cluster(plan, config.cluster.mode)
+        transport = make_transport(cluster, config.cluster.peer_timeout_s, server)
+        return cluster, transport, rehearsal.scaled, plan
+    cluster = cluster_lib.cluster_from_config(config)
+    transport = make_transport(cluster, config.cluster.peer_timeout_s, server)
+    profile = profile_phase(config, chain, workdir, cluster, transport, probes)
+    return cluster, transport, profile, plan_phase(config, profile, extra)
 
 
 def profile_phase(config: ml_collections.ConfigDict, chain: list[bert.Unit], workdir: str,
@@ -93,92 +228,27 @@ def plan_phase(config: ml_collections.ConfigDict, profile: Profile,
                extra: ExtraCost | None = None) -> plan_lib.Plan:
     """The plan for the profile (``dynamic`` plans as ``optimal`` and re-plans while training;
     ``allocation.max_pipelines``: up to that many pipelines in data parallel, 0 auto
-    (:func:`~skyjax.config.defaults.planned_pipelines`); ``relax``: what it may relax on slow links, :mod:`skyjax.relax`)."""
+    (:func:`~skyjax.config.defaults.planned_pipelines`); ``relax``: what it may relax on slow
+    links, :mod:`skyjax.relax`)."""
     return plan_lib.plan(profile, config.allocation.strategy, config.pipeline.schedule,
                          config.pipeline.microbatches, extra=extra,
                          max_pipelines=planned_pipelines(config),
                          relax=Relaxation.from_config(config), warmup=config.pipeline.warmup)
 
 
-def make_transport(cluster: cluster_lib.Cluster, peer_timeout_s: float = 60.0,
-                   server: Any = None) -> Any:
-    """The per-process transport under ``jax.distributed`` (None in a single process), with the
-    heartbeat watchdog that turns a lost peer into an error naming it; ``server``: its transfer
-    server's :class:`~skyjax.transport.ServerOptions` (default: address found, any port)."""
-    if jax.process_count() == 1:
-        return None
-    from skyjax.transport import group as distributed
-    from skyjax.transport import TransferServerTransport
-
-    distributed.start_watchdog(peer_timeout_s)
-
-    me = jax.process_index()
-    return TransferServerTransport(me, jax.process_count(), cluster.jax_devices[me],
-                                   cluster.links if cluster.emulate_links else None,
-                                   server=server)
-
-
-def make_executor(config: ml_collections.ConfigDict, chain: list[bert.Unit], plan: plan_lib.Plan,
-                  cluster: cluster_lib.Cluster, transport: Any = None, unit_states: Any = None,
-                  declared: Any = None):
-    """The executor for this process: all stages here, or this process's stage (from restored
-    ``unit_states`` when resuming); ``declared``: a rehearsal's declared times of the plan."""
-    kwargs = dict(batch_size=config.data.batch_size, seq_len=config.data.seq_len,
-                  unit_states=unit_states, declared=declared,
-                  optimizer=optim.make_optimizer(config.train, clip=False),
-                  max_grad_norm=config.train.grad_clip_norm or None,
-                  rng=lambda step, first, count: bert.example_keys(config.train.seed, step,
-                                                                   first, count))
-    sync = config.pipeline.sync_actions
-    if jax.process_count() > 1:
-        me = jax.process_index()
-        return DistributedExecutor(chain, plan, transport, me, cluster.jax_devices[me],
-                                   slowdown=cluster.slowdown(me),
-                                   sync_actions=cluster.actions_block(me, sync), **kwargs)
-    return LocalExecutor(chain, plan, cluster.jax_devices,
-                         slowdowns=[d.slowdown for d in cluster.devices],
-                         sync_actions=[cluster.actions_block(d, sync)
-                                       for d in range(cluster.num_devices)],
-                         links=cluster.links if cluster.emulate_links else None, **kwargs)
-
-
-def own_units(plan: plan_lib.Plan, num_units: int) -> list[int]:
-    """The units whose parameters this process makes: all of them in one process (its threads
-    run every stage), else those of the stage on this process's device."""
-    if jax.process_count() == 1:
-        return list(range(num_units))
-    return placement.device_units(plan, jax.process_index())
-
-
-def evaluate_splits(executor, eval_sets: dict[str, list[Batch]], step: int,
-                    out: outputs.Outputs, metric: str = "accuracy") -> dict[str, dict]:
-    """Every validation split through the pipeline, scored by ``metric``
-    (``skyjax.scores``); one metrics.jsonl line per split."""
-    results = {}
-    for split, batches in eval_sets.items():
-        results[split] = executor.evaluate(batches, metric)
-        logging.info("eval %s at step %d: %s", split, step, results[split])
-        out.log_metrics({"step": step, "split": split, **results[split]})
-    return results
-
-
-def measured_step(config: ml_collections.ConfigDict, step: int,
-                  replanner: Replanner | None = None) -> bool:
-    """Whether ``step`` runs measured: its calls block so that its spans are compute times, for
-    what reads them (a log line's stage times, the re-planner's and calibration's observations,
-    the final report of the last :data:`MEASURED_TAIL` steps). Stages whose calls block anyway
-    (CPU, emulation) measure every step; others only these (docs/design.md, "Host waits in a
-    step"). The same answer on every process: it depends on the step and the config only."""
-    t = config.train
-    return (log_step(config, step) or step + MEASURED_TAIL >= t.steps
-            or (replanner is not None and replanner.observes(step)))
-
-
-def log_step(config: ml_collections.ConfigDict, step: int) -> bool:
-    """Whether ``step`` writes a metrics line: every ``train.log_every``, the first and the
-    last."""
-    t = config.train
-    return (step + 1) % t.log_every == 0 or step == 0 or step + 1 == t.steps
+def calibration_steps(config: ml_collections.ConfigDict, start_step: int) -> int:
+    """``config.allocation.calibrate_steps``, or 0 (logged) where calibration has nothing to do:
+    the even split (it plans from no times) or too few steps left to move the units after it."""
+    steps = config.allocation.calibrate_steps
+    if steps and config.allocation.strategy == "even":
+        logging.info("config.allocation.calibrate_steps=%d ignored: the even split does not "
+                     "plan from times", steps)
+        return 0
+    if steps and start_step + steps >= config.train.steps:
+        logging.info("config.allocation.calibrate_steps=%d ignored: only %d step(s) left to "
+                     "train", steps, config.train.steps - start_step)
+        return 0
+    return steps
 
 
 def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs,
@@ -267,13 +337,6 @@ def train_loop(config: ml_collections.ConfigDict, executor, out: outputs.Outputs
             "train_time_s": time.perf_counter() - start, "executor": executor}
 
 
-def last_checkpoint(saver: checkpoint.CheckpointManager | None, start_step: int) -> int | None:
-    """The latest committed checkpoint's step (for messages), None when there is none."""
-    if saver is not None and saver.every > 0:
-        return checkpoint.latest_step(saver.directory)
-    return start_step or None
-
-
 def train_step_inputs(executor: Any, batches: Any, step: int, steps: int) -> tuple:
     """``executor.train_step``'s arguments for ``step`` of ``steps``: the step's batch and the
     next step's (None after the last step), ready from ``batches`` (a
@@ -284,137 +347,39 @@ def train_step_inputs(executor: Any, batches: Any, step: int, steps: int) -> tup
     return step, batch, next_batch
 
 
-def calibration_steps(config: ml_collections.ConfigDict, start_step: int) -> int:
-    """``config.allocation.calibrate_steps``, or 0 (logged) where calibration has nothing to do:
-    the even split (it plans from no times) or too few steps left to move the units after it."""
-    steps = config.allocation.calibrate_steps
-    if steps and config.allocation.strategy == "even":
-        logging.info("config.allocation.calibrate_steps=%d ignored: the even split does not "
-                     "plan from times", steps)
-        return 0
-    if steps and start_step + steps >= config.train.steps:
-        logging.info("config.allocation.calibrate_steps=%d ignored: only %d step(s) left to "
-                     "train", steps, config.train.steps - start_step)
-        return 0
-    return steps
+def measured_step(config: ml_collections.ConfigDict, step: int,
+                  replanner: Replanner | None = None) -> bool:
+    """Whether ``step`` runs measured: its calls block so that its spans are compute times, for
+    what reads them (a log line's stage times, the re-planner's and calibration's observations,
+    the final report of the last :data:`MEASURED_TAIL` steps). Stages whose calls block anyway
+    (CPU, emulation) measure every step; others only these (docs/design.md, "Host waits in a
+    step"). The same answer on every process: it depends on the step and the config only."""
+    t = config.train
+    return (log_step(config, step) or step + MEASURED_TAIL >= t.steps
+            or (replanner is not None and replanner.observes(step)))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Profile -> plan -> train -> eval; process 0 writes ``workdir/summary.json`` and returns it
-    (other processes return the same summary without writing)."""
-    wall_start = time.perf_counter()
-    rss_start = memory.current_rss_bytes()
-    fit_config(config)  # a rehearsal's devices and layers follow its profile
-    validate_config(config)
-    claim = workdir_lib.Claim(workdir) if jax.process_index() == 0 else None  # one run at a time
-    try:
-        return _train_and_evaluate(config, workdir, wall_start, rss_start)
-    finally:
-        if claim is not None:
-            claim.release()
+def log_step(config: ml_collections.ConfigDict, step: int) -> bool:
+    """Whether ``step`` writes a metrics line: every ``train.log_every``, the first and the
+    last."""
+    t = config.train
+    return (step + 1) % t.log_every == 0 or step == 0 or step + 1 == t.steps
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, wall_start: float,
-                        rss_start: int) -> dict:
-    extra, probes = shared_host(config)
-    resume = checkpoint.prepare(config, workdir)  # refuses another run's checkpoint, by name
+def last_checkpoint(saver: checkpoint.CheckpointManager | None, start_step: int) -> int | None:
+    """The latest committed checkpoint's step (for messages), None when there is none."""
+    if saver is not None and saver.every > 0:
+        return checkpoint.latest_step(saver.directory)
+    return start_step or None
 
-    # The model without parameter memory; the checkpoint's headers are checked here, before
-    # anything compiles. Parameters are made later, only for this process's units.
-    init = build.UnitInitializer(config.model, config.train.seed)
-    compute_dtype = build.resolve_compute_dtype(config.train.compute_dtype)
-    chain = build.abstract_chain(config.model, config.train.seed, config.allocation.granularity,
-                                 compute_dtype)
-    num_params = tree_size([u.params for u in chain])
-    logging.info("model: %d units at %s granularity, %d parameters, computing in %s",
-                 len(chain), config.allocation.granularity, num_params, compute_dtype)
-    target = fit_config(config)  # a rehearsal: the profile of the cluster it declares
-    scale = float(config.rehearse.time_scale)
-    cluster = (rehearsal.cluster(target, scale, config.cluster.mode) if target
-               else cluster_lib.cluster_from_config(config))
-    transport = make_transport(cluster, config.cluster.peer_timeout_s,
-                               ServerOptions.from_config(config.cluster))
-    profile = target or profile_phase(config, chain, workdir, cluster, transport, probes)
-    plan = plan_phase(config, profile, extra)
-    declared = None
-    if target:  # the same plan in the rehearsal's time base, each call's declared time
-        plan, profile, declared = rehearsal.prepare(plan, profile, scale, cluster)
-    start_step = resume.step if resume else 0
-    calibrate = calibration_steps(config, start_step)
-    if calibrate:  # the first steps run on every device; then the plan of the measured times
-        plan = calibration_plan(profile, plan, extra)
-        logging.info("calibration: steps %d-%d run on the plan below, then the units move to "
-                     "the plan of the times measured there", start_step + 1,
-                     start_step + calibrate)
-    # Checks, profile and plan succeeded: only now does the workdir change (skyjax.workdir).
-    out = outputs.Outputs(workdir, is_chief=jax.process_index() == 0,
-                          resumed_from_step=resume.step if resume else 0)
-    if out.is_chief and not resume:
-        checkpoint.replace_earlier(config, workdir)  # config.checkpoint.replace
-    out.write_json("config.json", config.to_dict())
-    out.write_json("profile.json", profile.to_json())
-    out.write_json("plan.json", plan.to_json())
-    label_names = data_lib.label_names(config)
-    if label_names is not None:  # string labels: the id of each (checkpoints record it too)
-        out.write_json("labels.json", {"label_names": label_names})
-    outputs.log_plan(plan)
 
-    mine = own_units(plan, len(chain))
-    optimizer = optim.make_optimizer(config.train, clip=False)
-    states = checkpoint.restored_states(resume, chain, mine, optimizer)
-    executor = make_executor(config, chain if states else build.materialize(init, chain, mine),
-                             plan, cluster, transport, states, declared)
-    # a relaxed averaging's state, and each pipeline's own replica where replicas differ
-    checkpoint.restore_relaxed(resume, executor, chain, optimizer)
-    saver = checkpoint.make_manager(config, workdir, chain, optimizer)
-    # the units are on their devices now: no host copy (restored arrays, random blocks) stays
-    del states
-    init.release()
-    eval_sets = data_lib.eval_splits(config) if config.data.eval_examples else {}
-    every = config.allocation.replan_every if config.allocation.strategy == "dynamic" else 0
-    replanner = Replanner(every, profile, plan, calibrate_steps=calibrate,
-                          start_step=start_step, strategy=config.allocation.strategy,
-                          extra=extra)
-    try:
-        recovery = Recovery(profile) if jax.process_count() > 1 else None
-        result = train_loop(config, executor, out, eval_sets, replanner,
-                            resume.step if resume else 0, saver, recovery)
-        result["resumed_from_step"] = resume.step if resume else 0
-        result["calibration_strategy"] = plan.strategy  # the plan the run started on
-        result["metric"] = data_lib.metric(config)
-        executor = result.pop("executor")
-        final_evals = evaluate_splits(executor, eval_sets, config.train.steps, out,
-                                      data_lib.metric(config))
-    finally:
-        executor.close()
-    if replanner.history:  # the plan in use at the end, on the measured-corrected profile
-        plan, profile = replanner.plan, replanner.profile
-        result["replans"] = replanner.history
-        out.write_json("plan.json", plan.to_json())
-    if recovery is not None and recovery.history:  # the survivors' pipelines
-        plan = executor.plan
-        result["recoveries"] = recovery.history
-        out.write_json("plan.json", plan.to_json())
-    summary = outputs.make_summary(config, plan.to_json(), result, final_evals,
-                                   len(profile.units), num_params,
-                                   time.perf_counter() - wall_start)
-    summary["memory"] = memory.run_report(optim.make_optimizer(config.train, clip=False),
-                                           chain, mine, rss_start,
-                                           memory.averaging_bytes(executor))
-    if target:
-        calls = memory.gather_to_chief(rehearsal.ledger(), "skyjax/rehearsal")
-        summary["rehearsal"] = rehearsal.report(config.rehearse.profile, scale, plan, profile,
-                                                result["step_times"], calls)
-        if out.is_chief:
-            outputs.log_rehearsal(summary["rehearsal"])
-    summary["stage_comparison"] = outputs.stage_report(plan, profile, result["last_step"],
-                                                       result["boundaries"],
-                                                       result["recent_spans"], extra)
-    out.write_json("trace.json", outputs.trace_json(plan, profile, result["last_step"],
-                                                    summary["stage_comparison"], extra))
-    if out.is_chief:  # plan.png, timeline.png
-        watch.write_pictures(workdir, plan, profile, result["last_step"], cluster.jax_devices)
-    out.write_json("summary.json", summary)
-    if out.is_chief:
-        outputs.log_summary(summary)
-    return summary
+def evaluate_splits(executor, eval_sets: dict[str, list[Batch]], step: int,
+                    out: outputs.Outputs, metric: str = "accuracy") -> dict[str, dict]:
+    """Every validation split through the pipeline, scored by ``metric``
+    (``skyjax.scores``); one metrics.jsonl line per split."""
+    results = {}
+    for split, batches in eval_sets.items():
+        results[split] = executor.evaluate(batches, metric)
+        logging.info("eval %s at step %d: %s", split, step, results[split])
+        out.log_metrics({"step": step, "split": split, **results[split]})
+    return results

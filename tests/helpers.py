@@ -1,9 +1,10 @@
 """What the tests share (no test module imports another, nor anything under experiments/):
 
 - processes as threads over one ``LocalTransport`` (``run_as_processes``);
-- profiles for the planner (hand-made, random, regions, fixed costs, the paper's 64 nodes) and
-  the one brute-force planning oracle: every ordered subset of devices x every cut of the units,
-  priced by the cost model itself (``all_plans``, ``brute_force``);
+- profiles for the planner (hand-made, random, regions, fixed costs; the paper's 64 nodes are
+  ``skyjax.profile.flops.paper_profile``) and the one brute-force planning oracle: every ordered
+  subset of devices x every cut of the units, priced by the cost model itself (``all_plans``,
+  ``brute_force``);
 - the runtime's reference model, batches and plans (``CFG``, ``fresh_chain``, ...);
 - tiny configs, a profile measured as the orchestrators measure it, ``python -m skyjax.main``
   runs, and runs killed and resumed;
@@ -36,7 +37,6 @@ from skyjax.profile.format import Profile
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS_DIR)
 DEMO = os.path.join(REPO, "configs", "local_demo.py")
-GIB = 1 << 30
 
 
 # ---------------------------------------------------------------------- processes as threads
@@ -167,75 +167,6 @@ def shared_profile(profile: Profile, slowdowns, hosts=None) -> Profile:
     devices = [dict(dv, kind="cpu", slowdown=float(k), host=h, process_index=i)
                for i, (dv, k, h) in enumerate(zip(profile.devices, slowdowns, hosts))]
     return dataclasses.replace(profile, devices=devices)
-
-
-def bert_units(layers: int = 160, hidden: int = 1024, heads: int = 16, ffn: int = 4096,
-               seq: int = 128, batch: int = 8, vocab: int = 30522, positions: int = 512,
-               labels: int = 3) -> list[dict]:
-    """BERT's units at sublayer granularity (embeddings, (attention, intermediate, output) x
-    ``layers``, pooler, classifier) with forward FLOPs, parameters, kept activation bytes and
-    output bytes (fp32): the FLOP model of experiments/paper_reproduction.py."""
-    tok, h, f = batch * seq, hidden, ffn
-    scores = batch * heads * seq * seq
-    units = [dict(name="embeddings", flops=10 * tok * h, params=(vocab + positions + 2) * h
-                  + 2 * h, act=3 * tok * h * 4, out=tok * h * 4)]
-    for i in range(layers):
-        units += [
-            dict(name=f"layer{i}.attention", flops=tok * (8 * h * h + 4 * seq * h),
-                 params=4 * h * h + 6 * h, act=(6 * tok * h + 2 * scores) * 4, out=tok * h * 4),
-            dict(name=f"layer{i}.intermediate", flops=tok * (2 * h * f + 8 * f),
-                 params=h * f + f, act=(tok * h + tok * f) * 4, out=tok * f * 4),
-            dict(name=f"layer{i}.output", flops=tok * (2 * f * h + 10 * h),
-                 params=f * h + 3 * h, act=(tok * f + 2 * tok * h) * 4, out=tok * h * 4)]
-    units += [dict(name="pooler", flops=2 * batch * h * h, params=h * h + h,
-                   act=2 * batch * h * 4, out=batch * h * 4),
-              dict(name="classifier", flops=2 * batch * h * labels, params=h * labels + labels,
-                   act=batch * h * 4, out=batch * labels * 4)]
-    return units
-
-
-def synth_profile(units: list[dict], slowdowns: np.ndarray, memory: np.ndarray,
-                  latency: np.ndarray, bandwidth: np.ndarray, flops_per_s: float = 20e12,
-                  overhead_s: float = 20e-6, extra_devices: list[dict] | None = None) -> Profile:
-    """A profile from unit FLOPs and per-device slow-downs (forward: FLOPs / ``flops_per_s`` +
-    ``overhead_s`` on the fastest device; backward twice the FLOPs)."""
-    fwd = np.array([u["flops"] / flops_per_s + overhead_s for u in units])
-    bwd = np.array([2 * u["flops"] / flops_per_s + overhead_s for u in units])
-    devices = [dict(name=f"node{d}", memory_bytes=int(memory[d]), slowdown=int(slowdowns[d]))
-               for d in range(len(slowdowns))]
-    for d, extra in enumerate(extra_devices or []):
-        devices[d].update(extra)
-    return Profile.from_json({
-        "version": 1, "microbatch": {"size": 8, "seq_len": 128},
-        "units": [dict(name=u["name"], state_bytes=16 * u["params"], activation_bytes=u["act"],
-                       output_bytes=u["out"]) for u in units],
-        "devices": devices,
-        "forward_s": (fwd[:, None] * slowdowns[None, :]).tolist(),
-        "backward_s": (bwd[:, None] * slowdowns[None, :]).tolist(),
-        "links": {"latency_s": latency.tolist(), "bandwidth_Bps": bandwidth.tolist()}})
-
-
-def uniform_links(n: int, bandwidth: float, latency: float) -> tuple[np.ndarray, np.ndarray]:
-    lat = np.full((n, n), latency)
-    bw = np.full((n, n), bandwidth)
-    np.fill_diagonal(lat, 0.0)
-    return lat, bw
-
-
-def paper_case(cross_latency_s: float = 20e-3, cross_Bps: float = 10e9 / 8) -> Profile:
-    """The paper's setting in four regions (experiments/plan_scale.py): 160-layer BERT-large at
-    sublayer granularity (483 units) on 64 nodes of 16 GiB with slow-downs
-    ``default_rng(35).integers(1, 7, 64)``; nodes 16 r .. 16 r + 15 form region r (100 Gbit/s,
-    10 us inside; 10 Gbit/s, 20 ms across)."""
-    slow = np.random.default_rng(35).integers(1, 7, 64)
-    region = np.arange(64) // 16
-    same = region[:, None] == region[None, :]
-    lat = np.where(same, 10e-6, cross_latency_s)
-    np.fill_diagonal(lat, 0.0)
-    bw = np.where(same, 100e9 / 8, cross_Bps)
-    extra = [{"region": f"r{r}", "kind": f"x{s}"} for r, s in zip(region, slow)]
-    return synth_profile(bert_units(), slow, np.full(64, 16 * GIB), lat, bw,
-                         extra_devices=extra)
 
 
 # ------------------------------------------------------------- the brute-force planning oracle
@@ -414,6 +345,64 @@ def distributed_losses(plan: Any, steps: int, max_grad_norm: float, processes: i
         return [ex.train_step(s, make_batch(s)).loss for s in range(steps)]
 
     return run_as_processes(process, processes, transport, timeout_s=timeout_s)[0]
+
+
+# A test module run as workers under the launcher: the test writes a spec (JSON) and launches
+# the module, whose ``__main__`` reads it (``worker_start``) and writes its results to
+# ``spec["out"]``.
+SPEC_ENV = "SKYJAX_TEST_SPEC"
+
+
+def worker_env(tmp_path, spec: dict, name: str = "spec.json") -> dict[str, str]:
+    """The environment of workers (modules of tests/, CPU, one device each) that read ``spec``
+    plus ``out``: ``tmp_path``, written to ``tmp_path / name``."""
+    spec_path = tmp_path / name
+    spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
+    return {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": one_device_xla_flags(),
+            "JAX_PLATFORMS": "cpu", SPEC_ENV: str(spec_path)}
+
+
+def launch_workers(tmp_path, module: str, nprocs: int, spec: dict) -> tuple[int, str]:
+    """``module`` (a file in tests/) in ``nprocs`` workers (:func:`worker_env`) under
+    ``skyjax.launcher.launch``; the launcher's exit status and output."""
+    import io
+
+    from skyjax.launcher import launch
+
+    out = io.BytesIO()
+    rc = launch([], nprocs, timeout_s=240, env=worker_env(tmp_path, spec, f"spec{nprocs}.json"),
+                module=module, stdout=out, grace_s=2)
+    return rc, out.getvalue().decode(errors="replace")
+
+
+def worker_start(watchdog: bool = False) -> tuple[dict, int, int, Any, Any]:
+    """A launched worker's start: its spec, ``jax.distributed`` initialised (with ``watchdog``,
+    the peer watchdog too, timing out after the spec's ``peer_timeout_s``, default 30 s);
+    (spec, process index, process count, device, its ``TransferServerTransport``)."""
+    import jax
+
+    from skyjax.transport import TransferServerTransport
+    from skyjax.transport import group as distributed
+
+    with open(os.environ[SPEC_ENV]) as f:
+        spec = json.load(f)
+    distributed.initialize()
+    if watchdog:
+        distributed.start_watchdog(spec.get("peer_timeout_s", 30))
+    pid, n = jax.process_index(), jax.process_count()
+    device = jax.local_devices()[0]
+    transport = TransferServerTransport(pid, n, device, namespace="test", timeout_s=120)
+    return spec, pid, n, device, transport
+
+
+def worker_end(spec: dict, pid: int, losses: list[float]) -> None:
+    """Process 0 writes ``losses`` to ``spec["out"]/losses.json``; every worker shuts down."""
+    from skyjax.transport import group as distributed
+
+    if pid == 0:
+        with open(os.path.join(spec["out"], "losses.json"), "w") as f:
+            json.dump(losses, f)
+    distributed.shutdown()
 
 
 def __getattr__(name: str):
@@ -732,6 +721,55 @@ def write_vocab(path, tokens=VOCAB) -> str:
     with open(os.path.join(path, "vocab.txt"), "w") as f:
         f.write("\n".join(tokens) + "\n")
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def vocab_dir(tmp_path_factory) -> str:
+    """A tokenizer directory of :data:`VOCAB` (a fixture: import it into the test module)."""
+    return write_vocab(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def reference_tokenizer(vocab_dir: str) -> Any:
+    """The ``BertTokenizerFast`` of ``vocab_dir``, which batches are checked against."""
+    import transformers
+
+    return transformers.BertTokenizerFast.from_pretrained(vocab_dir, local_files_only=True)
+
+
+def text_config(vocab_dir: str, name: str, num_labels: int, data: dict[str, Any]) -> Any:
+    """The base config reading text data ``name`` with the tokenizer of ``vocab_dir``, every
+    held-out example, then the config.data fields of ``data`` (not validated)."""
+    from skyjax.config import defaults as config_defaults
+
+    config = config_defaults.base_config()
+    config.data.name = name
+    config.data.tokenizer = vocab_dir
+    config.data.eval_examples = -1
+    config.model.num_labels = num_labels
+    for key, value in data.items():
+        config.data[key] = value
+    return config
+
+
+def take(iterator: Any, n: int) -> list[dict[str, np.ndarray]]:
+    """The first ``n`` batches of a batch iterator, which is then closed."""
+    out = [next(iterator) for _ in range(n)]
+    iterator.close()
+    return out
+
+
+def tokenized(tokenizer: Any, rows: list[dict], columns: tuple[str, ...], seq_len: int,
+              labels: np.ndarray) -> dict[str, np.ndarray]:
+    """The batch of one ``tokenizer(a, b, truncation=True, ...)`` call per row (text read from
+    ``columns``, bytes decoded), with ``labels``: what the data pipeline must give."""
+    enc: dict[str, list] = {"input_ids": [], "token_type_ids": [], "attention_mask": []}
+    for r in rows:
+        texts = [r[c].decode() if isinstance(r[c], bytes) else r[c] for c in columns]
+        e = tokenizer(*texts, truncation=True, max_length=seq_len, padding="max_length")
+        for k in enc:
+            enc[k].append(e[k])
+    return {**{k: np.asarray(v, np.int32) for k, v in enc.items()}, "labels": labels}
 
 
 def read_events(logdir: str) -> dict[str, list[tuple[int, float]]]:

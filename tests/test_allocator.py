@@ -252,7 +252,7 @@ def test_fastest_subsets_find_starved_optimum(monkeypatch):
     got = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True)
     assert got.step_time_s == pytest.approx(want, rel=1e-9)
     assert [s.device for s in got.stages] == [0, 2]
-    monkeypatch.setattr(heuristic, "_fastest_subsets", lambda t, top, *a: top)
+    monkeypatch.setattr(heuristic, "fastest_subsets", lambda t, top, *a: top)
     without = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True)
     assert without.step_time_s > want * 1.1
 
@@ -262,20 +262,20 @@ def test_fastest_subsets_never_worse(monkeypatch):
     the brute-force optimum, and the plan stays valid."""
     rng = np.random.default_rng(12)
     steps = []
-    real = heuristic._fastest_subsets
-    monkeypatch.setattr(heuristic, "_overcharged", lambda *a: True)  # always try the step
+    real = heuristic.fastest_subsets
+    monkeypatch.setattr(heuristic, "overcharged", lambda *a: True)  # always try the step
     for i in range(25):
         prof = region_profile(rng, int(rng.integers(3, 6)), int(rng.integers(3, 7)), 2)
         m = (3, 4, 8)[i % 3]
         want = brute_force(prof, "1f1b", m)
         if math.isinf(want):
             continue
-        monkeypatch.setattr(heuristic, "_fastest_subsets", lambda t, top, *a: top)
+        monkeypatch.setattr(heuristic, "fastest_subsets", lambda t, top, *a: top)
         try:
             without = plan_lib.plan(prof, "optimal", "1f1b", m, force_heuristic=True)
         except InfeasibleError:
             continue
-        monkeypatch.setattr(heuristic, "_fastest_subsets", real)
+        monkeypatch.setattr(heuristic, "fastest_subsets", real)
         got = plan_lib.plan(prof, "optimal", "1f1b", m, force_heuristic=True)
         check_plan_valid(prof, got)
         assert want * (1 - 1e-9) <= got.step_time_s <= without.step_time_s * (1 + 1e-9), i

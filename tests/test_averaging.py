@@ -85,8 +85,8 @@ def test_error_feedback_carries_what_rounding_dropped():
     residual = jax.tree.map(jnp.zeros_like, grads[0])
     applied = jax.tree.map(jnp.zeros_like, grads[0])
     for g in grads:
-        coded, residual = averaging._encode_with_feedback(g, residual)
-        applied = jax.tree.map(jnp.add, applied, averaging._decode(coded, g))
+        coded, residual = averaging.encode_with_feedback(g, residual)
+        applied = jax.tree.map(jnp.add, applied, averaging.decode_int8(coded, g))
     true = jax.tree.map(lambda *x: sum(x), *grads)
     np.testing.assert_allclose(applied[0]["w"] + residual[0]["w"], true[0]["w"], atol=1e-5)
     last = np.asarray(grads[-1][0]["w"]) + 0  # the residual's scale: one step of a block
@@ -99,7 +99,7 @@ def test_the_outer_step_is_nesterov_on_the_weighted_pseudo_gradient():
     anchor = [{"w": jnp.array([1.0, 2.0])}]
     momentum = [{"w": jnp.array([0.5, 0.0])}]
     delta = [{"w": jnp.array([0.2, -0.4])}]
-    new, v = averaging._outer_update(anchor, momentum, delta, 0.7, 0.9)
+    new, v = averaging.outer_update(anchor, momentum, delta, 0.7, 0.9)
     want_v = 0.9 * np.array([0.5, 0.0]) + np.array([0.2, -0.4])
     np.testing.assert_allclose(v[0]["w"], want_v, rtol=1e-6)
     np.testing.assert_allclose(new[0]["w"], np.array([1.0, 2.0]) - 0.7 * (

@@ -18,8 +18,9 @@ import optax
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan.replay.declared import declare
-from skyjax.plan.pricing.exchange import pipeline_groups, routing, routing_s
+from skyjax.plan.replay.rehearsal import rehearsal_times
+from skyjax.plan.pricing.exchange import (BACK, BETWEEN, IN_GROUP, PHASES, pipeline_groups,
+                                          routing, routing_s)
 from skyjax.plan.data_parallel.pipelines import INT8_WIRE, grad_prefix, relaxed_exchange
 from skyjax.profile.format import Profile
 from skyjax.relax import Relaxation
@@ -54,7 +55,7 @@ def regional_profile(rng, d: int, u: int, labels, outer_every: int = H) -> Profi
                                                       outer_every=outer_every))
 
 
-def phase_s(route, gp, lat, bw, coded=(), rate=None, phases=(0, 1, 2)) -> float:
+def phase_s(route, gp, lat, bw, coded=(), rate=None, phases=PHASES) -> float:
     """The design doc's AR from the messages: per phase the slowest sender's messages one after
     another; coded phases send INT8_WIRE of the bytes plus the sender's coding."""
     total = 0.0
@@ -103,23 +104,23 @@ def test_per_class_exchange_replays_and_prices_exactly():
                  ("exact", "int8-across", "int8", "diloco-across", "diloco")}
         direct = routing(chains, None)
         assert price["int8"][0] == pytest.approx(
-            phase_s(direct, gp, lat, bw, (0, 1, 2), rate), rel=1e-12)
+            phase_s(direct, gp, lat, bw, PHASES, rate), rel=1e-12)
         assert price["diloco"][0] == pytest.approx(phase_s(direct, gp, lat, bw) / H, rel=1e-12)
         r = routing(chains, groups, np.diff(gp)) if groups else None
         phases = {m.phase for m in r.messages} if r else set()
-        if {0, 1} <= phases:  # some unit sums in a group and crosses groups
+        if {IN_GROUP, BETWEEN} <= phases:  # some unit sums in a group and crosses groups
             seen.add("int8-across")
             assert sorted(price["int8-across"][2]) == sorted(groups)
             assert price["int8-across"][0] == pytest.approx(
-                phase_s(r, gp, lat, bw, (1,), rate), rel=1e-12)
+                phase_s(r, gp, lat, bw, (BETWEEN,), rate), rel=1e-12)
         else:  # exact or int8 here: not offered
             assert np.isinf(price["int8-across"][0])
         pg = pipeline_groups(chains, groups) if groups else None
         if pg is not None and 1 < len(set(pg)) < len(pg):
             seen.add("diloco-across")
             assert price["diloco-across"][0] == pytest.approx(
-                phase_s(r, gp, lat, bw, phases=(0, 2))
-                + phase_s(r, gp, lat, bw, phases=(1, 2)) / H, rel=1e-12)
+                phase_s(r, gp, lat, bw, phases=(IN_GROUP, BACK))
+                + phase_s(r, gp, lat, bw, phases=(BETWEEN, BACK)) / H, rel=1e-12)
         else:  # exact or diloco here (or a pipeline across regions): not offered
             assert np.isinf(price["diloco-across"][0])
         chosen = relaxed_exchange(chains, gp, prof)
@@ -135,7 +136,7 @@ def test_per_class_exchange_replays_and_prices_exactly():
                     for ui in range(u) for rep in r.rep[ui]}
         inbox = {}
         for m in r.messages:
-            if m.phase == 0:
+            if m.phase == IN_GROUP:
                 for ui in m.units:
                     inbox[m.dst, m.src, ui] = vals[m.src, ui]
         partial, code, total = {}, {}, {}
@@ -146,22 +147,22 @@ def test_per_class_exchange_replays_and_prices_exactly():
                     g = vals[rep, ui] if x == rep else inbox[rep, x, ui]
                     acc = g if acc is None else acc + g
                 partial[rep, ui] = acc
-                coded, res = averaging._encode_with_feedback([jnp.asarray(acc)],
-                                                             [jnp.asarray(residual[rep, ui])])
+                coded, res = averaging.encode_with_feedback([jnp.asarray(acc)],
+                                                            [jnp.asarray(residual[rep, ui])])
                 code[rep, ui] = coded
                 np.testing.assert_allclose(  # what rounding dropped is kept
-                    np.asarray(res[0]) + np.asarray(averaging._decode(coded, [acc])[0]),
+                    np.asarray(res[0]) + np.asarray(averaging.decode_int8(coded, [acc])[0]),
                     acc + residual[rep, ui], atol=1e-5)
         got = {}
         for m in r.messages:
-            if m.phase == 1:
+            if m.phase == BETWEEN:
                 for ui in m.units:
                     got[m.dst, m.src, ui] = code[m.src, ui]
         for ui in range(u):
             for rep in r.rep[ui]:  # one group: its partial sum is the total, nothing coded
                 parts = [partial[rep, ui]] if len(r.rep[ui]) == 1 else [
-                    np.asarray(averaging._decode(code[rep, ui] if q == rep else got[rep, q, ui],
-                                                 [jnp.zeros((2, 64))])[0])
+                    np.asarray(averaging.decode_int8(code[rep, ui] if q == rep else got[rep, q, ui],
+                                                     [jnp.zeros((2, 64))])[0])
                     for q in r.rep[ui]]
                 acc = parts[0]
                 for p in parts[1:]:
@@ -169,7 +170,7 @@ def test_per_class_exchange_replays_and_prices_exactly():
                 total[rep, ui] = acc
             back = {}
             for m in r.messages:
-                if m.phase == 2 and ui in m.units:
+                if m.phase == BACK and ui in m.units:
                     back[m.dst] = total[m.src, ui]
             held = [total[x, ui] if x in r.rep[ui] else back[x]
                     for i in range(k) for x in [owner[i][ui]]]
@@ -201,14 +202,14 @@ def test_the_planner_takes_the_per_class_mode_where_it_pays():
     r = routing(chains, plan.exchange_groups, given=plan.exchange_reps)
     rate = np.asarray(slow.codecs["int8"]["seconds_per_byte"])
     assert plan.allreduce_s == pytest.approx(
-        phase_s(r, gp, slow.latency_s, slow.bandwidth_Bps, (1,), rate), rel=1e-12)
+        phase_s(r, gp, slow.latency_s, slow.bandwidth_Bps, (BETWEEN,), rate), rel=1e-12)
     assert plan.allreduce_s < relaxed_exchange(chains, gp, prof, ("int8",))[0]
     back = plan_lib.Plan.from_json(json.loads(json.dumps(plan.to_json())))
     assert back.to_json() == plan.to_json() and back.averaging == "int8-across"
-    dec = declare(plan, slow)
+    dec = rehearsal_times(plan, slow)
     for m in r.messages:
         g = sum(gp[x + 1] - gp[x] for x in m.units)
-        across = m.phase == 1
+        across = m.phase == BETWEEN
         assert dec.wire_bytes[m.src, m.dst] == pytest.approx(g * (INT8_WIRE if across else 1))
         assert (dec.coding_s[m.src, m.dst] > 0) == across
     loose = dataclasses.replace(slow, relax=Relaxation(averaging="diloco", outer_every=4,

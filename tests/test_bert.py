@@ -303,7 +303,7 @@ def test_bf16_attention_keeps_its_scores_and_mask_and_recomputes_the_softmax():
     # the rematerialised attention is the plain one to bf16's rounding
     q, k, v = (jax.random.normal(jax.random.key(i), (3, 12, 4, 8), jnp.bfloat16) for i in (5, 6, 7))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    attend = functools.partial(modeling._attend, 8, 0.3, True)
+    attend = functools.partial(modeling.attend, 8, 0.3, True)
     remat = jax.checkpoint(attend, policy=modeling.KEEP_DROPOUT_MASKS)
     cotangent = jnp.cos(jnp.arange(3 * 12 * 4 * 8, dtype=jnp.float32)).reshape(3, 12, 4, 8)
     grads = [jax.vjp(lambda s, vv: f(s, jnp.asarray(mask), vv, keys), scores, v)[1](

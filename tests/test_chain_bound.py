@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan.certificates import chain_bound as chain_mod
-from skyjax.plan.certificates.chain_bound import PricedChain, chain_bound
+from skyjax.plan.certificates import priced_chain
+from skyjax.plan.certificates.chain_bound import chain_bound
+from skyjax.plan.certificates.priced_chain import PricedChain
 from skyjax.plan.pricing.classes import link_groups
-from skyjax.plan.bounds.group_bound import GroupBound, group_bound
+from skyjax.plan.bounds.group_bound import group_bound
+from skyjax.plan.bounds.group_terms import GroupBound
 from skyjax.plan.certificates.master_lp import master_prices
 from tests.helpers import (all_plans, as_solution, brute_force, group_visits, random_profile,
                            region_instances, region_profile, with_overheads)
@@ -122,7 +124,7 @@ def test_chain_bound_applies_to_gpipe_only(monkeypatch):
     for schedule, m in (("1f1b", 8), ("gpipe", 1)):
         assert chain_bound(plan_lib.tables(prof, schedule, m), upper=1e9) == -math.inf
     assert chain_bound(plan_lib.tables(prof, "gpipe", 4)) == -math.inf  # no known plan
-    monkeypatch.setattr(chain_mod, "MAX_CELLS", 0)  # too large a DP: no bound, no error
+    monkeypatch.setattr(priced_chain, "MAX_CELLS", 0)  # too large a DP: no bound, no error
     assert chain_bound(plan_lib.tables(prof, "gpipe", 4), upper=1e9) == -math.inf
 
 

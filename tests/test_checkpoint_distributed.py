@@ -8,36 +8,23 @@ The workers are this module run by the launcher (``_worker`` at the end)."""
 
 from __future__ import annotations
 
-import io
-import json
 import os
 
 import numpy as np
+import optax
 import pytest
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS_DIR)
-
-import jax  # noqa: E402
-import optax  # noqa: E402
-
-from skyjax.launch import launch  # noqa: E402
-from skyjax.names import EXIT_PEER_LOST  # noqa: E402
+from skyjax.names import EXIT_PEER_LOST
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 M, CLIP = 2, 0.5
 
 
 def _run(tmp_path, nprocs: int, spec: dict) -> tuple[int, str]:
-    spec_path = tmp_path / f"spec{nprocs}.json"
-    spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
-    out = io.BytesIO()
-    from tests.helpers import one_device_xla_flags
-    env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": one_device_xla_flags(),
-           "JAX_PLATFORMS": "cpu", "SKYJAX_TEST_SPEC": str(spec_path)}
-    rc = launch([], nprocs, timeout_s=240, env=env, module="test_checkpoint_distributed",
-                stdout=out, grace_s=2)
-    return rc, out.getvalue().decode(errors="replace")
+    from tests.helpers import launch_workers
+
+    return launch_workers(tmp_path, "test_checkpoint_distributed", nprocs, spec)
 
 
 def _plan(blocks, devices):
@@ -111,12 +98,9 @@ def _spawn(tmp_path, n: int, spec: dict) -> tuple[list[int], list[str]]:
     from skyjax import env_vars
     from skyjax.cluster.network import free_port
 
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
-    from tests.helpers import one_device_xla_flags
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS_DIR, REPO]),
-               XLA_FLAGS=one_device_xla_flags(),
-               JAX_PLATFORMS="cpu", SKYJAX_TEST_SPEC=str(spec_path),
+    from tests.helpers import worker_env
+
+    env = dict(os.environ, **worker_env(tmp_path, spec),
                **{env_vars.COORDINATOR: f"127.0.0.1:{free_port()}",
                   env_vars.NUM_PROCESSES: str(n)})
     procs = [subprocess.Popen([sys.executable, "-m", "test_checkpoint_distributed"],
@@ -144,18 +128,11 @@ def _worker() -> None:
     from skyjax.checkpoint import store
     from skyjax.checkpoint.names import state_entries
     from skyjax.plan import Plan
-    from skyjax.transport import group as distributed
     from skyjax.runtime.distributed_executor import DistributedExecutor
-    from skyjax.transport import TransferServerTransport
+    from skyjax.transport import group as distributed
     from tests import helpers as ref
 
-    with open(os.environ["SKYJAX_TEST_SPEC"]) as f:
-        spec = json.load(f)
-    distributed.initialize()
-    distributed.start_watchdog(spec.get("peer_timeout_s", 30))
-    pid, n = jax.process_index(), jax.process_count()
-    device = jax.local_devices()[0]
-    transport = TransferServerTransport(pid, n, device, namespace="test", timeout_s=120)
+    spec, pid, n, device, transport = ref.worker_start(watchdog=True)
     chain = ref.fresh_chain(spec["granularity"])
     plan = Plan.from_json(spec["plan"])
     resume = checkpoint.find_resume(spec["ckpt"])
@@ -189,10 +166,7 @@ def _worker() -> None:
                 arrays = {f"{u}|{name}": np.asarray(x) for u, (p, o) in ex.unit_states().items()
                           for name, x in state_entries(chain[u].path, p, o)}
                 np.savez(os.path.join(spec["out"], f"states{pid}.npz"), **arrays)
-    if pid == 0:
-        with open(os.path.join(spec["out"], "losses.json"), "w") as f:
-            json.dump(losses, f)
-    distributed.shutdown()
+    ref.worker_end(spec, pid, losses)
 
 
 if __name__ == "__main__":

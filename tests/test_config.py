@@ -93,7 +93,7 @@ def test_local_hetero():
 ])
 def test_shipped_configs_take_the_documented_overrides(name, overrides):
     """Calibration has nothing to do on the even split or with too few steps: it is skipped
-    (logged), not refused, so the shipped configs take the README's overrides."""
+    (logged), not refused, so the shipped configs take the guides' overrides (docs/guide/)."""
     from skyjax.train import calibration_steps
 
     config = load(os.path.join(REPO, "configs", name))

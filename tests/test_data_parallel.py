@@ -83,7 +83,7 @@ def test_the_exchange_through_link_groups_keeps_the_losses_and_bit_identical_rep
     losses are a one-pipeline run's, and every replica holds the same bits."""
     ex, losses = run(granularity, pipelines, shares, "1f1b", groups=groups)
     replicas = [ex.replica_params(i) for i in range(len(pipelines))]
-    assert all(s.routes is not None for s in ex.stages)
+    assert all(s.role.routes is not None for s in ex.stages)
     ex.close()
     np.testing.assert_allclose(losses, one_pipeline, atol=1e-5, rtol=0)
     for other in replicas[1:]:

@@ -19,7 +19,8 @@ import threading
 import numpy as np
 import pytest
 
-from skyjax import launch, workdir as workdir_lib
+from skyjax import workdir as workdir_lib
+from skyjax.cli import launch
 from skyjax.checkpoint import committed_steps, find_resume
 from skyjax.names import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PEER_LOST
 from skyjax.profile.format import save_profile

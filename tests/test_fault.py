@@ -92,21 +92,22 @@ def test_a_lost_process_loses_its_pipeline_not_the_run(tmp_path, reference):
     assert steps == list(range(1, 15)), steps
 
 
-def _readme_command(flag: str) -> list[str]:
-    """The README's ``python -m skyjax.launch`` command with ``flag``, split as a shell would."""
-    with open(os.path.join(REPO, "README.md")) as f:
+def _guide_command(flag: str) -> list[str]:
+    """docs/guide/checkpoints.md's ``python -m skyjax.launch`` command with ``flag``, split as a
+    shell would."""
+    with open(os.path.join(REPO, "docs", "guide", "checkpoints.md")) as f:
         text = f.read().replace("\\\n", " ")
     [line] = [ln for ln in text.splitlines()
               if ln.startswith("python -m skyjax.launch") and flag in ln]
     return shlex.split(line)
 
 
-def test_the_readme_recovery_command_restarts_on_the_survivors(tmp_path):
-    """The README's own recovery example (its flags as written: ``slowdowns="()"`` overriding
-    the config file's four entries), with fewer steps: one process SIGKILLed after a checkpoint,
-    the restart on the two survivors keeps the empty override (not the file's value, which
-    would not fit 2 devices), resumes and finishes."""
-    cmd = _readme_command("--max_restarts")
+def test_the_guide_recovery_command_restarts_on_the_survivors(tmp_path):
+    """The checkpoints guide's own recovery example (its flags as written: ``slowdowns="()"``
+    overriding the config file's four entries), with fewer steps: one process SIGKILLed after a
+    checkpoint, the restart on the two survivors keeps the empty override (not the file's
+    value, which would not fit 2 devices), resumes and finishes."""
+    cmd = _guide_command("--max_restarts")
     i = cmd.index("--")
     launcher, args = cmd[3:i], cmd[i + 1:]
     assert "--config.cluster.slowdowns=()" in args, args  # the case this test is about

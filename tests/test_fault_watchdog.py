@@ -132,9 +132,9 @@ def test_a_loss_seen_by_one_process_is_adopted_by_the_others():
     for p in (0, 2):
         kv.key_value_set(f"skyjax/alive/{p}", "1")
     seer = PeerWatchdog(kv, 0, 3, 60.0, exit=exits.append)
-    seer._declare("process 2 (stage 1) lost: no heartbeat for 61.0 s", 2)
+    seer.declare("process 2 (stage 1) lost: no heartbeat for 61.0 s", 2)
     late = PeerWatchdog(kv, 1, 3, 60.0, exit=exits.append)  # never started: its clock is far
-    late._exit_if_lost()  # the exit handler of a process ending on an error
+    late.exit_if_lost()  # the exit handler of a process ending on an error
     assert late.lost == "process 2 (stage 1) lost: no heartbeat for 61.0 s"
     assert late.lost_process == 2 and exits == [EXIT_PEER_LOST]
     assert kv.data["skyjax/alive/1"] == LEFT
@@ -149,7 +149,7 @@ def test_a_running_watchdog_adopts_a_published_loss_at_its_next_look():
     dog = PeerWatchdog(kv, 1, 3, 30.0, grace_s=0.2, exit=exits.append).start()
     time.sleep(0.2)
     assert dog.lost is None
-    PeerWatchdog(kv, 0, 3, 30.0)._declare("process 2 lost: no heartbeat for 31.0 s", 2)
+    PeerWatchdog(kv, 0, 3, 30.0).declare("process 2 lost: no heartbeat for 31.0 s", 2)
     assert _wait_for(lambda: exits, 10)
     stop.set()
     assert dog.lost == "process 2 lost: no heartbeat for 31.0 s" and exits == [EXIT_PEER_LOST]
@@ -158,5 +158,5 @@ def test_a_running_watchdog_adopts_a_published_loss_at_its_next_look():
 def test_no_published_loss_no_exit_code():
     kv, exits = FakeKV(), []
     dog = PeerWatchdog(kv, 1, 2, 60.0, exit=exits.append)
-    dog._exit_if_lost()
+    dog.exit_if_lost()
     assert dog.lost is None and exits == []

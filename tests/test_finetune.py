@@ -108,7 +108,7 @@ def test_mnli_from_a_hugging_face_checkpoint_reports_both_splits(reference_run):
 @pytest.mark.timeout(600)
 def test_two_processes_each_build_only_their_units_and_match_one_device(checkpoint,
                                                                         reference_run, tmp_path):
-    from skyjax.launch import launch
+    from skyjax.launcher import launch
 
     spec = tmp_path / "spec.json"
     workdir = tmp_path / "run"
@@ -141,12 +141,12 @@ def test_two_processes_each_build_only_their_units_and_match_one_device(checkpoi
 # ------------------------------------------------------------------------------------- worker
 
 def _worker() -> None:
-    from skyjax import main as skyjax_main
+    from skyjax import startup
 
     with open(os.environ["SKYJAX_TEST_SPEC"]) as f:
         spec = json.load(f)
     config = finetune_config(spec["checkpoint"], **spec["overrides"])
-    skyjax_main.start_jax(config)
+    startup.start_jax(config)
     from skyjax import train
     from skyjax.transport import group as distributed
 

@@ -20,7 +20,8 @@ from skyjax.config import defaults as config_defaults
 from skyjax.config import validate_config
 from skyjax.data import glue
 from skyjax.data.prefetch import Prefetcher
-from tests.helpers import VOCAB, write_vocab
+from tests.helpers import (VOCAB, reference_tokenizer, take, text_config, tokenized,  # noqa: F401
+                           vocab_dir, write_vocab)
 
 tfds = pytest.importorskip("tensorflow_datasets")  # the "test" / "tfds" extra installs it
 transformers = pytest.importorskip("transformers")
@@ -28,16 +29,6 @@ transformers = pytest.importorskip("transformers")
 NUM_EXAMPLES = 20  # examples per mocked split
 BATCH = 8
 SEQ_LEN = 16  # mock pairs are 6-28 tokens here: some fit, some are truncated
-
-@pytest.fixture(scope="module")
-def vocab_dir(tmp_path_factory):
-    return write_vocab(tmp_path_factory.mktemp("tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def reference_tokenizer(vocab_dir):
-    return transformers.BertTokenizerFast.from_pretrained(vocab_dir, local_files_only=True)
-
 
 @pytest.fixture
 def mock():
@@ -50,23 +41,10 @@ def mock():
 
 
 def make_config(vocab_dir: str, name: str = "glue/mnli", **data) -> ml_collections.ConfigDict:
-    config = config_defaults.base_config()
-    config.data.name = name
-    config.data.tokenizer = vocab_dir
-    config.data.batch_size = BATCH
-    config.data.seq_len = SEQ_LEN
-    config.data.eval_examples = -1
-    config.model.num_labels = glue.TASKS[name].num_labels
-    for key, value in data.items():
-        config.data[key] = value
+    config = text_config(vocab_dir, name, glue.TASKS[name].num_labels,
+                         {"batch_size": BATCH, "seq_len": SEQ_LEN, **data})
     validate_config(config)
     return config
-
-
-def take(iterator, n: int) -> list[dict[str, np.ndarray]]:
-    out = [next(iterator) for _ in range(n)]
-    iterator.close()
-    return out
 
 
 def assert_batches_equal(a, b):
@@ -89,15 +67,8 @@ def source_rows(name: str, split: str) -> list[dict]:
 
 def reference_batch(tokenizer, name: str, rows: list[dict], seq_len: int = SEQ_LEN):
     """One tokenizer call per example, as the task asks: tokenizer(a, b, truncation=True, ...)."""
-    keys = glue.TASKS[name].text
-    out = {"input_ids": [], "token_type_ids": [], "attention_mask": []}
-    for row in rows:
-        texts = [row[k].decode() if isinstance(row[k], bytes) else row[k] for k in keys]
-        enc = tokenizer(*texts, truncation=True, max_length=seq_len, padding="max_length")
-        for key in out:
-            out[key].append(enc[key])
-    return {**{k: np.asarray(v, np.int32) for k, v in out.items()},
-            "labels": np.asarray([int(r["label"]) for r in rows], np.int32)}
+    return tokenized(tokenizer, rows, glue.TASKS[name].text, seq_len,
+                     np.asarray([int(r["label"]) for r in rows], np.int32))
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,6 +90,11 @@ def test_task_table():
         "glue/cola": "matthews", "glue/mrpc": "f1", "glue/qqp": "f1",
         "glue/stsb": "pearson_spearman"}
     assert t["glue/stsb"].num_labels == 1 and t["glue/stsb"].regression
+    # label names in TFDS's id order, one per class (STS-B, a regression, has none)
+    assert t["glue/mnli"].label_names == ("entailment", "neutral", "contradiction")
+    assert t["glue/wnli"].label_names == ("not_entailment", "entailment")
+    assert all(len(task.label_names) == task.num_labels for n, task in t.items()
+               if n != "glue/stsb") and t["glue/stsb"].label_names is None
     for name, task in t.items():
         assert task.train_split == "train"
         if name not in ("glue/mnli", "glue/stsb"):
@@ -396,7 +372,7 @@ def test_split_prepared_without_random_access_is_read_into_memory(vocab_dir, moc
     config = make_config(vocab_dir, name="glue/sst2")
     monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
     source = glue.open_split("glue/sst2", "validation")
-    assert isinstance(source, glue._InMemorySource) and len(source) == NUM_EXAMPLES
+    assert isinstance(source, glue.InMemorySource) and len(source) == NUM_EXAMPLES
     rows = list(tfds.as_numpy(tfds.builder("glue/sst2").as_dataset(split="validation")))
     assert [r["sentence"] for r in (source[0], source[19])] == [
         rows[0]["sentence"].decode(), rows[19]["sentence"].decode()]

@@ -27,7 +27,7 @@ def _env() -> dict[str, str]:
 
 
 def _launch(mode: str, n: int, timeout_s: float | None = 60, **kw) -> tuple[int, str, float]:
-    from skyjax.launch import launch
+    from skyjax.launcher import launch
 
     out = io.BytesIO()
     t = time.monotonic()
@@ -172,7 +172,7 @@ def test_restart_on_the_survivors(tmp_path):
     args = ["die_once", "--config", os.path.join(REPO, "configs", "local_demo.py"),
             "--config.cluster.num_devices=3", "--config.cluster.slowdowns=(1, 2, 4)",
             "--workdir", str(tmp_path)]
-    from skyjax.launch import launch
+    from skyjax.launcher import launch
 
     out = io.BytesIO()
     rc = launch(args, 3, 60, env=_env(), module="test_launch", stdout=out, grace_s=2,
@@ -190,7 +190,7 @@ def test_restart_on_the_survivors(tmp_path):
 
 
 def test_restarts_are_bounded():
-    from skyjax.launch import launch
+    from skyjax.launcher import launch
 
     out = io.BytesIO()
     rc = launch(["die_always"], 3, 60, env=_env(), module="test_launch", stdout=out, grace_s=2,
@@ -225,7 +225,7 @@ def test_a_missing_module_is_one_line():
 
 
 def test_bind_cores_gives_each_process_its_own_cores():
-    from skyjax.launch import core_slices
+    from skyjax.launcher import core_slices
 
     assert core_slices(3, [4, 0, 1, 2, 3, 5, 6]) == [[0, 1, 2], [3, 4], [5, 6]]
     with pytest.raises(ValueError, match="--bind_cores: 3 processes but only 2 core"):

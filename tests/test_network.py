@@ -78,7 +78,7 @@ def two_free_ports() -> int:
     """p with p and p + 1 both free on loopback a moment ago."""
     for _ in range(50):
         p = network.free_port()
-        if p < 65535 and network._bindable("127.0.0.1", p + 1):
+        if p < 65535 and network.bindable("127.0.0.1", p + 1):
             return p
     pytest.skip("no two adjacent free ports")
 

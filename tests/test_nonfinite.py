@@ -78,7 +78,7 @@ def test_infinite_config_values_are_refused(key, value):
 
 
 def test_synthetic_data_draws_from_the_pretrained_vocabulary():
-    """The README's fixture with the demo config: the checkpoint's 99 tokens, not config 128."""
+    """The tiny BERT fixture with the demo config: the checkpoint's 99 tokens, not config 128."""
     config = tiny_run_config()
     config.model.pretrained = TINY_BERT
     validate_config(config)

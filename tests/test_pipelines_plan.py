@@ -14,7 +14,7 @@ from skyjax import plan as plan_lib
 from skyjax.plan import InfeasibleError
 from skyjax.plan.pricing.cost import evaluate_tables
 from skyjax.plan.data_parallel.split import candidate_splits, greedy_shares, search
-from skyjax.plan.pricing.exchange import routing, routing_s
+from skyjax.plan.pricing.exchange import BACK, BETWEEN, IN_GROUP, PHASES, routing, routing_s
 from skyjax.plan.data_parallel.pipelines import evaluate_pipelines, exchange_s, fractional_bound, grad_prefix
 from skyjax.plan.replay.simulate import simulate_plan
 from skyjax.plan.model.types import Plan
@@ -294,9 +294,9 @@ def test_exchange_routing_replays_exactly():
             assert r.order[ui] == list(byg.values())
             for members, rep in zip(byg.values(), r.rep[ui]):
                 assert rep in members
-                want |= {(0, x, rep, ui) for x in members if x != rep}
-                want |= {(2, rep, x, ui) for x in members if x != rep}
-            want |= {(1, a, b, ui) for a in r.rep[ui] for b in r.rep[ui] if a != b}
+                want |= {(IN_GROUP, x, rep, ui) for x in members if x != rep}
+                want |= {(BACK, rep, x, ui) for x in members if x != rep}
+            want |= {(BETWEEN, a, b, ui) for a in r.rep[ui] for b in r.rep[ui] if a != b}
         got = [(m.phase, m.src, m.dst, ui) for m in r.messages for ui in m.units]
         assert sorted(got) == sorted(want) and len(got) == len(set(got))
         # float32 replay: what each device holds of each unit, phase by phase
@@ -306,7 +306,7 @@ def test_exchange_routing_replays_exactly():
                  for ui in range(u)}
         inbox, partial, total = {}, {}, {}
         for m in r.messages:
-            if m.phase == 0:
+            if m.phase == IN_GROUP:
                 for ui in m.units:
                     inbox[m.dst, m.src, ui] = vals[m.src, ui]
         for ui in range(u):
@@ -327,11 +327,11 @@ def test_exchange_routing_replays_exactly():
                                        atol=1e-5)
         gp = np.concatenate([[0.0], np.cumsum(rng.uniform(1, 9, u) * 1e6)])
         lat, bw = rng.uniform(0, 0.01, (d, d)), rng.uniform(1e8, 1e9, (d, d))
-        per = [{} for _ in range(3)]
+        per = {p: {} for p in PHASES}
         for ph, a, b, ui in got:
             per[ph][a, b] = per[ph].get((a, b), 0.0) + gp[ui + 1] - gp[ui]
         phase_s = []
-        for ph in per:
+        for ph in per.values():
             send = {}
             for (a, b), g in ph.items():
                 send[a] = send.get(a, 0.0) + lat[a, b] + g / bw[a, b]

@@ -10,9 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from skyjax.plan import cli as plan_cli
+from skyjax.cli import plan as plan_cli
+from skyjax.profile.flops import paper_profile
 from skyjax.profile.format import save_profile
-from tests.helpers import make_profile, paper_case, shared_profile
+from tests.helpers import make_profile, shared_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -152,7 +153,7 @@ def test_certify_tightens_the_bound_never_the_plan(tmp_path, capsys):
     bound one pipeline's plans, so under --pipelines auto the bound is over every pipeline count
     and looser, the plan the same)."""
     path = tmp_path / "paper.json"
-    save_profile(paper_case(), str(path))
+    save_profile(paper_profile(), str(path))
     out = {}
     for pipes in ("1", "auto"):
         for flags in ((), ("--certify",)):

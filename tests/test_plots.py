@@ -1,5 +1,5 @@
 """Pictures (skyjax.report.plots): the plan and the timeline for 4 and for 64 devices (a synthetic
-64-node profile from the FLOP model of experiments/paper_reproduction.py), the measured
+64-node profile from the FLOP model of skyjax/profile/flops.py), the measured
 per-stage numbers, and that drawing stays out of the import path (no matplotlib, no JAX until a
 picture is asked)."""
 
@@ -15,8 +15,9 @@ import pytest
 
 from skyjax import plan as plan_lib
 from skyjax.plan.replay.simulate import simulate_plan
+from skyjax.profile import flops
 from skyjax.spans import Span
-from tests.helpers import GIB, bert_units, make_profile, synth_profile, uniform_links
+from tests.helpers import make_profile
 
 plots = pytest.importorskip("skyjax.report.plots")
 pytest.importorskip("matplotlib")
@@ -38,9 +39,9 @@ def four_devices():
 
 
 def sixty_four_devices():
-    slow = np.random.default_rng(35).integers(1, 7, 64)
-    lat, bw = uniform_links(64, 10e9 / 8, 50e-6)
-    prof = synth_profile(bert_units(layers=40), slow, np.full(64, 16 * GIB), lat, bw)
+    lat, bw = flops.uniform_links(64, 10e9 / 8, 50e-6)
+    units = flops.bert_units(flops.BertShape(layers=40), "sublayer", split_head=True)
+    prof = flops.slowdown_profile(units, flops.paper_slowdowns(), np.full(64, 16 << 30), lat, bw)
     return prof, plan_lib.plan(prof, "even", "1f1b", 32)
 
 
@@ -101,7 +102,7 @@ def test_timeline_draws_w_in_its_own_colour(tmp_path):
 
 
 def test_drawing_is_not_on_the_import_path():
-    code = ("import sys, skyjax.report.plots, skyjax.plan.cli; "
+    code = ("import sys, skyjax.report.plots, skyjax.cli.plan; "
             "print('matplotlib' in sys.modules, 'jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)

@@ -1,4 +1,4 @@
-"""`python -m skyjax.data.prepare` (skyjax/data/prepare.py): a GLUE task written as array_record
+"""`python -m skyjax.data.prepare` (skyjax/data/glue_build.py): a GLUE task written as array_record
 from GLUE's own files (unpacked here, as --extracted reads them: everything but the download),
 then read back by the GLUE reader; bad input is one line."""
 
@@ -103,7 +103,7 @@ def test_offline_it_fails_at_once_and_names_extracted(tmp_path, monkeypatch):
     port), before TFDS starts, and the line names the offline way."""
     import socket
 
-    from skyjax.data import prepare
+    from skyjax.data import glue_build as prepare
 
     for proxy in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
         monkeypatch.delenv(proxy, raising=False)

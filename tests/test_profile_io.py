@@ -193,32 +193,32 @@ def _saved(tmp_path, **changes) -> str:
 
 def test_a_run_given_a_profile_of_another_model_or_micro_batch_is_refused(tmp_path):
     """Same unit and device counts are not enough: the times are another model's."""
-    from skyjax import main
+    from skyjax import startup
 
     config = _config()
     config.profile.path = _saved(tmp_path)
-    main.check_profile_path(config)  # measured for this model and micro-batch (8 x 128)
+    startup.check_profile_path(config)  # measured for this model and micro-batch (8 x 128)
     where = re.escape(f"config.profile.path={config.profile.path!r}")
     config.model.hidden_size = 128
     with pytest.raises(ProfileError, match=rf"^{where} was measured for hidden_size=64; this "
                                            r"run has hidden_size=128 \(config\.model\."
                                            r"hidden_size\): profile again"):
-        main.check_profile_path(config)
+        startup.check_profile_path(config)
     config = _config(microbatches=4)
     config.profile.path = _saved(tmp_path)
     with pytest.raises(ProfileError, match=r"was measured with micro-batches of 8 x 128 \(size x "
                                            r"seq_len\); this run's are 4 x 128 \(config\.data\."
                                            r"batch_size / config\.pipeline\.microbatches x "
                                            r"config\.data\.seq_len\)"):
-        main.check_profile_path(config)
+        startup.check_profile_path(config)
     config = _config()
     config.train.compute_dtype = "bfloat16"
     config.profile.path = _saved(tmp_path)
     with pytest.raises(ProfileError, match=r"compute_dtype='float32'; this run has "
                                            r"compute_dtype='bfloat16' \(config\.train\."):
-        main.check_profile_path(config)
+        startup.check_profile_path(config)
     config.train.compute_dtype = "auto"  # known once JAX sees the devices: checked then
-    main.check_profile_path(config)
+    startup.check_profile_path(config)
     # A record's key that this run does not know, or a record without a key, is not compared.
     config = _config()
     config.profile.path = _saved(tmp_path, future_key="x")
@@ -226,15 +226,15 @@ def test_a_run_given_a_profile_of_another_model_or_micro_batch_is_refused(tmp_pa
     del older["model"]["granularity"]
     json.dump(older, open(config.profile.path, "w"))
     config.allocation.granularity = "sublayer"
-    main.check_profile_path(config)
+    startup.check_profile_path(config)
 
 
 def test_a_profile_without_a_record_is_still_accepted(tmp_path):
     """Older files and hand-built (FLOP-model) profiles have no record: read as before."""
-    from skyjax import main
+    from skyjax import startup
     from skyjax.profile.format import check_measured_for
 
     config = _config(hidden=1024, batch=4, microbatches=1, seq_len=16)
     config.profile.path = _saved(tmp_path, record=False)
-    main.check_profile_path(config)
+    startup.check_profile_path(config)
     assert check_measured_for(load_profile(config.profile.path), RECORD, (1, 1), "p", {}) is False

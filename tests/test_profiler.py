@@ -432,7 +432,7 @@ def test_multiprocess_profile_under_jax_distributed(tmp_path, monkeypatch):
     import io
 
     monkeypatch.delenv(env_vars.PROFILE_CACHE)  # the workdir's own cache
-    from skyjax.launch import launch
+    from skyjax.launcher import launch
 
     env = {"PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), REPO]),
            "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}

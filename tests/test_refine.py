@@ -20,9 +20,9 @@ from skyjax.plan import planner
 from skyjax.plan.search import refine as refine_mod
 from skyjax.plan.pricing.classes import link_groups
 from skyjax.plan.pricing.cost import Solution, check_assignment
-from tests.helpers import (all_plans, as_solution, brute_force, check_plan_valid, paper_case,
-                           price, random_profile, realign_profile, region_profile,
-                           with_overheads)
+from skyjax.profile.flops import paper_profile
+from tests.helpers import (all_plans, as_solution, brute_force, check_plan_valid, price,
+                           random_profile, realign_profile, region_profile, with_overheads)
 
 
 def _solution(prof, t, assignment) -> Solution | None:
@@ -200,7 +200,7 @@ def test_refine_realigns_memory_bound_blocks(monkeypatch):
 def test_paper_case_gpipe32_improves():
     """The issue's row: 483 units x 64 nodes, GPipe m = 32; the heuristic's 2.885 becomes 2.873
     (interleaved device kinds no fixed order contains)."""
-    got = plan_lib.plan(paper_case(), "optimal", "gpipe", 32)
+    got = plan_lib.plan(paper_profile(), "optimal", "gpipe", 32)
     assert got.step_time_s < 2.8735
     assert len({s.device for s in got.stages}) == len(got.stages)
 

@@ -1,7 +1,7 @@
 """Rehearsal (declared timing): a cluster's profile composed from parts, every call and message of
 the real runtime taking the time the profile declares, the math unchanged, and the measured step
-against the simulator's (skyjax.profile.compose, skyjax.plan.replay.declared, skyjax.cluster.declared,
-skyjax.runtime.rehearsal)."""
+against the simulator's (skyjax.profile.cluster_profile, skyjax.plan.replay.rehearsal,
+skyjax.cluster.rehearsal, skyjax.runtime.rehearsal)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.cluster.declared import DeclaredLinks, Ledger, declared_call
-from skyjax.plan.replay.declared import declare, fit_config, scale_plan, scale_profile
+from skyjax.cluster.rehearsal import RehearsalLedger, RehearsalLinks, rehearsed_call
+from skyjax.plan.replay.rehearsal import rehearsal_times, scale_plan, scale_profile
 from skyjax.plan.replay.simulate import simulate_plan
 from skyjax.plan.pricing.stage_times import stage_actions_s
-from skyjax.profile.compose import ClusterError, compose
+from skyjax.profile.cluster_profile import ClusterError, compose
 from skyjax.profile.format import save_profile
 from skyjax.relax import Relaxation
 
@@ -117,7 +117,7 @@ def test_declared_times_are_the_cost_models_and_scale_exactly():
     plan = plan_lib.plan(prof, "optimal", "1f1b", 8, max_pipelines=4,
                          relax=Relaxation(handoff_bits=8))
     assert plan.num_pipelines >= 2
-    dec = declare(plan, prof)
+    dec = rehearsal_times(plan, prof)
     for i in range(plan.num_pipelines):
         fwd, bwd, link = stage_actions_s(plan.pipeline(i), prof)
         ids = plan.stage_ids(i)
@@ -126,7 +126,7 @@ def test_declared_times_are_the_cost_models_and_scale_exactly():
         stages = plan.pipeline(i).stages
         for k in range(len(stages) - 1):  # the declared link delay is the simulator's
             d, e = stages[k].device, stages[k + 1].device
-            links = DeclaredLinks(dec.latency_s, dec.bandwidth_Bps, dec.wire_bytes, dec.coding_s)
+            links = RehearsalLinks(dec.latency_s, dec.bandwidth_Bps, dec.wire_bytes, dec.coding_s)
             assert links.delay(d, e, 123) == pytest.approx(link[k], rel=1e-12)
             assert links.delay(e, d, 1) == pytest.approx(link[k], rel=1e-12)
             assert links.delay(d, e, 0) == prof.latency_s[d, e]
@@ -138,16 +138,16 @@ def test_declared_times_are_the_cost_models_and_scale_exactly():
 
 
 def test_declared_call_waits_out_its_time_and_counts_overruns():
-    ledger = Ledger()
+    ledger = RehearsalLedger()
 
     def work(x):
         time.sleep(x)
         return x
 
     for _ in range(2):  # the first call of a program compiles: not in the ledger
-        _, took = declared_call(work, 0.0, seconds=0.02, ledger=ledger)
+        _, took = rehearsed_call(work, 0.0, seconds=0.02, ledger=ledger)
         assert took >= 0.02
-    _, took = declared_call(work, 0.03, seconds=0.01, ledger=ledger)  # an overrun
+    _, took = rehearsed_call(work, 0.03, seconds=0.01, ledger=ledger)  # an overrun
     assert took >= 0.03
     rec = ledger.to_json()
     assert rec["calls"] == 2 and rec["overruns"] == 1
@@ -156,6 +156,7 @@ def test_declared_call_waits_out_its_time_and_counts_overruns():
 
 def test_fit_config_takes_the_profiles_devices_and_layers(tmp_path):
     from skyjax.config import base_config
+    from skyjax.runtime.rehearsal import fit_config
 
     path = str(tmp_path / "p.json")
     save_profile(compose(two_regions(layers=5)), path)

@@ -3,7 +3,7 @@ the CSV walkthrough (``configs/csv_pairs.py``), runs that the planner relaxes (i
 a slow link, int8 or DiLoCo averaging between pipelines) end within 2 % of the exact run's eval
 metric over the same steps, for all three (figures in the comment above ``ASSERTED``).
 
-The planner is forced as the README's relaxation example forces it, without its sleeps: each run
+The planner is forced as docs/guide/relaxation.md's example forces it, without its sleeps: each run
 plans on a fixed profile (``config.profile.path``) whose devices sit in regions joined at
 100 Mbit/s and 40 ms, with the codecs timed; memory caps make every plan cross a slow link (the
 hand-off runs), or a whole model fits every device and the exchange crosses (the averaging runs).

@@ -1,6 +1,6 @@
 """Distributed pipeline executor: one process per stage under jax.distributed on localhost.
 
-The test starts this module as a worker in N processes (``skyjax.launch.launch``); the workers
+The test starts this module as a worker in N processes (``skyjax.launcher.launch``); the workers
 write their results to files the test then compares with full-model references computed here:
 several steps give the same losses as single-device training, over uneven plans, m < p, a
 re-plan that moves every unit and a plan that leaves a process idle.
@@ -8,34 +8,19 @@ re-plan that moves every unit and a plan that leaves a process idle.
 
 from __future__ import annotations
 
-import io
 import json
-import os
 
 import numpy as np
+import optax
 import pytest
-
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS_DIR)
-
-import jax  # noqa: E402
-import optax  # noqa: E402
-
-from skyjax.launch import launch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path, nprocs: int, spec: dict) -> None:
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
-    out = io.BytesIO()
-    from tests.helpers import one_device_xla_flags
-    env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": one_device_xla_flags(),
-           "JAX_PLATFORMS": "cpu", "SKYJAX_TEST_SPEC": str(spec_path)}
-    rc = launch([], nprocs, timeout_s=240, env=env, module="test_runtime_distributed",
-                stdout=out, grace_s=2)
-    text = out.getvalue().decode(errors="replace")
+    from tests.helpers import launch_workers
+
+    rc, text = launch_workers(tmp_path, "test_runtime_distributed", nprocs, spec)
     assert rc == 0, text[-6000:]
 
 
@@ -70,18 +55,11 @@ def test_rebuild_moves_units_between_processes_without_changing_the_math(tmp_pat
 
 def _worker() -> None:
     from skyjax.plan import Plan
-    from skyjax.transport import group as distributed
     from skyjax.runtime.distributed_executor import DistributedExecutor
-    from skyjax.transport import TransferServerTransport
 
     from tests import helpers as ref
 
-    with open(os.environ["SKYJAX_TEST_SPEC"]) as f:
-        spec = json.load(f)
-    distributed.initialize()
-    pid, n = jax.process_index(), jax.process_count()
-    device = jax.local_devices()[0]
-    transport = TransferServerTransport(pid, n, device, namespace="test", timeout_s=120)
+    spec, pid, n, device, transport = ref.worker_start()
     chain = ref.fresh_chain()
     ex = DistributedExecutor(chain, Plan.from_json(spec["plan"]), transport, pid, device,
                              batch_size=ref.BATCH, seq_len=ref.SEQ, optimizer=optax.adamw(1e-3),
@@ -92,10 +70,7 @@ def _worker() -> None:
         if "then" in spec and step == spec["steps"] // 2:
             ex = ex.rebuild(Plan.from_json(spec["then"]))
         losses.append(ex.train_step(step, ref.make_batch(step)).loss)
-    if pid == 0:
-        with open(os.path.join(spec["out"], "losses.json"), "w") as f:
-            json.dump(losses, f)
-    distributed.shutdown()
+    ref.worker_end(spec, pid, losses)
 
 
 if __name__ == "__main__":

@@ -69,8 +69,8 @@ def test_task_command_passes_skyjax_main_flags_and_config_checks(tmp_path):
     flags = argv[2:]
     assert f"--workdir={tmp_path / 'out'}" in flags and (tmp_path / "out").is_dir()
     # The real flag parser and config checks of skyjax.main, without starting JAX.
-    code = ("import json, sys; from skyjax import main; main.parse_flags(sys.argv); "
-            "from skyjax.config import validate_config; c = main.FLAGS.config; "
+    code = ("import json, sys; from skyjax.cli import flags, train; flags.parse_flags(sys.argv); "
+            "from skyjax.config import validate_config; c = train.FLAGS.config; "
             "validate_config(c); print(json.dumps(c.to_dict()))")
     r = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
@@ -94,7 +94,7 @@ def test_transfer_host_command_overrides_the_discovered_address(tmp_path):
 
 def test_a_misspelt_override_would_fail_the_same_check(tmp_path):
     """The check above would catch a flag the script passes wrongly."""
-    code = "import sys; from skyjax import main; main.parse_flags(sys.argv)"
+    code = "import sys; from skyjax.cli import flags, train; flags.parse_flags(sys.argv)"
     r = subprocess.run([sys.executable, "-c", code, "--config=configs/bert_base_mnli.py",
                         "--workdir=x", "--config.cluster.num_device=8"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)

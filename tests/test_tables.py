@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 
 import numpy as np
 import pytest
@@ -15,10 +14,10 @@ import pytest
 from skyjax import data
 from skyjax.checkpoint.restore import CheckpointMismatch, Resume, check_compatible
 from skyjax.checkpoint.run import run_identity
-from skyjax.config import defaults as config_defaults
 from skyjax.config import validate_config
 from skyjax.data import tables, text
-from tests.helpers import write_vocab
+from tests.helpers import (reference_tokenizer, take, text_config, tokenized,  # noqa: F401
+                           vocab_dir)
 
 transformers = pytest.importorskip("transformers")
 
@@ -54,46 +53,16 @@ def write_jsonl(path, rows):
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def vocab_dir(tmp_path_factory):
-    return write_vocab(tmp_path_factory.mktemp("tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(vocab_dir):
-    return transformers.BertTokenizerFast.from_pretrained(vocab_dir, local_files_only=True)
-
-
 def make_config(vocab_dir, name, *, num_labels=3, validate=True, **keys):
-    config = config_defaults.base_config()
-    config.data.name = name
-    config.data.tokenizer = vocab_dir
-    config.data.batch_size = BATCH
-    config.data.seq_len = SEQ_LEN
-    config.data.eval_examples = -1
-    config.data.text_columns = ("first", "second")
-    config.model.num_labels = num_labels
-    for key, value in keys.items():
-        config.data[key] = value
+    config = text_config(vocab_dir, name, num_labels, {
+        "batch_size": BATCH, "seq_len": SEQ_LEN, "text_columns": ("first", "second"), **keys})
     if validate:
         validate_config(config)
     return config
 
 
-def take(iterator, n):
-    out = [next(iterator) for _ in range(n)]
-    iterator.close()
-    return out
-
-
 def reference(tokenizer, rows, labels, columns=("first", "second")):
-    enc = {"input_ids": [], "token_type_ids": [], "attention_mask": []}
-    for r in rows:
-        e = tokenizer(*[r[c] for c in columns], truncation=True, max_length=SEQ_LEN,
-                      padding="max_length")
-        for k in enc:
-            enc[k].append(e[k])
-    return {**{k: np.asarray(v, np.int32) for k, v in enc.items()}, "labels": labels}
+    return tokenized(tokenizer, rows, columns, SEQ_LEN, labels)
 
 
 def assert_batch(batch, expected):
@@ -106,7 +75,8 @@ def assert_batch(batch, expected):
 # Reading and batching.
 
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl"])
-def test_batches_equal_the_tokenizer_on_the_same_rows(fmt, tmp_path, vocab_dir, tokenizer):
+def test_batches_equal_the_tokenizer_on_the_same_rows(fmt, tmp_path, vocab_dir,
+                                                      reference_tokenizer):
     rows = pair_rows(10, seed=1)
     path = str(tmp_path / f"train.{fmt}")
     if fmt == "jsonl":
@@ -121,10 +91,11 @@ def test_batches_equal_the_tokenizer_on_the_same_rows(fmt, tmp_path, vocab_dir, 
     for i, batch in enumerate(batches):
         picked = [rows[j] for j in order.indices(i * BATCH, BATCH)]
         labels = np.asarray([names.index(r["label"]) for r in picked], np.int32)
-        assert_batch(batch, reference(tokenizer, picked, labels))
+        assert_batch(batch, reference(reference_tokenizer, picked, labels))
 
 
-def test_single_sentences_integer_labels_and_a_resumed_stream(tmp_path, vocab_dir, tokenizer):
+def test_single_sentences_integer_labels_and_a_resumed_stream(tmp_path, vocab_dir,
+                                                               reference_tokenizer):
     rows = [{"first": r["first"], "label": i % 2} for i, r in enumerate(pair_rows(9, seed=2))]
     path = write_jsonl(tmp_path / "train.jsonl", rows)
     config = make_config(vocab_dir, path, num_labels=2, text_columns=("first",))
@@ -135,7 +106,7 @@ def test_single_sentences_integer_labels_and_a_resumed_stream(tmp_path, vocab_di
         assert_batch(a, b)
     order = text.EpochOrder(config.train.seed, 9)
     picked = [rows[j] for j in order.indices(0, BATCH)]
-    assert_batch(fresh[0], reference(tokenizer, picked, np.asarray([r["label"] for r in picked],
+    assert_batch(fresh[0], reference(reference_tokenizer, picked, np.asarray([r["label"] for r in picked],
                                                                    np.int32), ("first",)))
     other = make_config(vocab_dir, path, num_labels=2, text_columns=("first",))
     other.train.seed = 1
@@ -326,7 +297,7 @@ def saved_dataset(tmp_path_factory):
     return path, {s: d for s, d in splits.items()}
 
 
-def test_a_saved_dataset_batches_like_files(saved_dataset, vocab_dir, tokenizer):
+def test_a_saved_dataset_batches_like_files(saved_dataset, vocab_dir, reference_tokenizer):
     path, splits = saved_dataset
     config = make_config(vocab_dir, "hf:" + path, num_labels=2)
     assert data.label_names(config) == ["neg", "pos"]
@@ -336,7 +307,7 @@ def test_a_saved_dataset_batches_like_files(saved_dataset, vocab_dir, tokenizer)
     for i, batch in enumerate(batches):
         picked = [train[int(j)] for j in order.indices(i * BATCH, BATCH)]
         labels = np.asarray([r["label"] for r in picked], np.int32)
-        assert_batch(batch, reference(tokenizer, picked, labels))
+        assert_batch(batch, reference(reference_tokenizer, picked, labels))
     resumed = take(data.train_batches(config, start_step=2), 1)
     assert_batch(resumed[0], batches[2])
     evals = data.eval_splits(config)
@@ -385,7 +356,7 @@ def test_load_dataset_reads_a_folder_of_split_files(tmp_path, vocab_dir, monkeyp
 
 
 # --------------------------------------------------------------------------------------------
-# The README's CSV command, end to end.
+# docs/guide/configs.md's CSV command, end to end.
 
 @pytest.mark.slow
 def test_the_csv_example_trains_scores_and_guards_its_label_mapping(tmp_path):

@@ -1,7 +1,7 @@
 """Transports: LocalTransport (threads) in-process; TransferServerTransport with 3 processes.
 
 The multi-process tests run this very file as a module (``test_transport``, tests/ on PYTHONPATH)
-under ``skyjax.launch.launch``; the ``__main__`` block at the end is the worker.
+under ``skyjax.launcher.launch``; the ``__main__`` block at the end is the worker.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def test_local_ring_out_of_order_and_collectives(devices):
         assert sums == [3.75] * 3
     assert res[0][1] == [{"stage": k, "v": [k] * k} for k in range(3)]
     assert res[1][1] is None and res[2][1] is None
-    assert not t._mail and not t._rounds  # nothing left over
+    assert t.idle()  # nothing left over
 
 
 def test_local_recv_timeout_names_stages_and_tag(devices):
@@ -196,7 +196,7 @@ def test_initialize_rejects_partial_coordinates(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_transfer_server_transport_three_processes():
-    from skyjax.launch import launch
+    from skyjax.launcher import launch
 
     out = io.BytesIO()
     start = time.monotonic()
@@ -345,7 +345,7 @@ def test_a_renewed_transport_sends_after_a_peer_died_pulling():
     After both survivors renew their transports (a new server each, ``runtime.recovery``),
     process 0's next message reaches process 1. With the old server kept, process 1 waited in
     vain in about half the runs (5 of 9)."""
-    from skyjax.launch import launch
+    from skyjax.launcher import launch
 
     out = io.BytesIO()
     env = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, REPO]), "XLA_FLAGS": "",
@@ -410,7 +410,7 @@ def _free_run(n: int) -> int:
 
     for _ in range(100):
         p = network.free_port()
-        if p + n <= 65536 and all(network._bindable("127.0.0.1", q) for q in range(p, p + n)):
+        if p + n <= 65536 and all(network.bindable("127.0.0.1", q) for q in range(p, p + n)):
             return p
     pytest.skip(f"no {n} consecutive free ports")
 
@@ -457,11 +457,11 @@ def test_transfer_server_address_is_the_route_to_the_coordinator(monkeypatch):
     from skyjax.transport import server as server_lib
 
     monkeypatch.delenv("SKYJAX_TRANSFER_HOST", raising=False)
-    monkeypatch.setattr(server_lib, "_coordinator", lambda: "localhost:1")
+    monkeypatch.setattr(server_lib, "coordinator_address", lambda: "localhost:1")
     srv = server_lib.start_server(jax.local_devices()[0], server_lib.ServerOptions())
     assert srv.address().rpartition(":")[0] in ("127.0.0.1", "[::1]")
     monkeypatch.setenv("SKYJAX_TRANSFER_HOST", "127.0.0.1")
-    monkeypatch.setattr(server_lib, "_coordinator", lambda: "no-such-host.invalid:1")
+    monkeypatch.setattr(server_lib, "coordinator_address", lambda: "no-such-host.invalid:1")
     srv = server_lib.start_server(jax.local_devices()[0], server_lib.ServerOptions())
     assert srv.address().startswith("127.0.0.1:")
 
@@ -470,7 +470,7 @@ def test_transfer_server_address_is_the_route_to_the_coordinator(monkeypatch):
 def test_handoff_speed_between_two_processes_on_a_port_range():
     """Two fresh processes under jax.distributed on loopback, their servers on a port range:
     one positive GB/s per size. (What the speed is depends on the host; nothing is asserted.)"""
-    from skyjax.transport.handoff_speed import measure_handoff_gbps
+    from skyjax.transport.handoff_timing import measure_handoff_gbps
 
     p = _free_run(4)
     got = measure_handoff_gbps([1 << 16, 1 << 20], repeats=2, ports=f"{p}-{p + 3}",

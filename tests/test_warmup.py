@@ -103,7 +103,7 @@ def test_window_model_brute_force_and_bound():
             extra = t.step_extra(plan.stages[0].update_s)
             fits = []
             for warm in _warmup_vectors(len(plan.stages), m):
-                mem = [warmup._memory(t, *s.units, min(m, w + 1)) for s, w in
+                mem = [warmup.stage_memory(t, *s.units, min(m, w + 1)) for s, w in
                        zip(plan.stages, warm)]
                 if all(x <= t.memory[s.device] for x, s in zip(mem, plan.stages)):
                     fits.append(win.step(m, warm, extra))
@@ -228,7 +228,7 @@ def test_replanning_keeps_deeper_warmups():
 def test_the_plan_cli_takes_the_warmup():
     """The plan CLI's ``--warmup`` takes "1f1b" (default) or "auto" (the config key's check is in
     tests/test_config.py)."""
-    from skyjax.plan import cli
+    from skyjax.cli import plan as cli
 
     assert cli.parse_args(["--profile", "p.json", "--warmup", "auto"]).warmup == "auto"
     assert cli.parse_args(["--profile", "p.json"]).warmup == "1f1b"
@@ -236,10 +236,10 @@ def test_the_plan_cli_takes_the_warmup():
 
 @pytest.mark.parametrize("m", [4, 8])
 def test_two_regions_latency_paid_once(m):
-    """The README's shape: a light first unit on one side of a 40 ms link, four layers behind
-    it, the plan fixed across the link. 1F1B's own warm-ups pay the round trip per micro-batch
-    (a round trip per 3 in flight); deeper ones pay it once: the simulator's step is within
-    2 % of T_win and under 70 % of 1F1B's."""
+    """docs/guide/relaxation.md's shape: a light first unit on one side of a 40 ms link, four
+    layers behind it, the plan fixed across the link. 1F1B's own warm-ups pay the round trip per
+    micro-batch (a round trip per 3 in flight); deeper ones pay it once: the simulator's step is
+    within 2 % of T_win and under 70 % of 1F1B's."""
     fwd = np.array([0.2, 2.4, 2.4, 2.4, 2.4, 0.05])[:, None] * np.ones((1, 3)) * 1e-3
     lat = np.full((3, 3), 1e-5)
     lat[0, 1:] = lat[1:, 0] = 0.04

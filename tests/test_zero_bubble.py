@@ -133,7 +133,7 @@ def test_auto_schedule_keeps_the_least_step(tmp_path, capsys):
     from skyjax import plan as plan_lib
     from skyjax.config import defaults, validate_config
     from skyjax.names import SCHEDULES
-    from skyjax.plan import cli as plan_cli
+    from skyjax.cli import plan as plan_cli
     from skyjax.profile.format import save_profile
     from tests.helpers import random_profile
 
@@ -175,13 +175,13 @@ def test_auto_schedule_keeps_the_least_step(tmp_path, capsys):
 def test_rehearsal_time_base_and_replay_keep_w():
     """A rehearsal's time base scales the plan's F/B/W passes and the profile's
     backward_weight_s with every other time, so the runtime runs the lists the plan was filled
-    for and declare() gives B and W k times theirs; the report's replay of measured spans
+    for and rehearsal_times() gives B and W k times theirs; the report's replay of measured spans
     keeps W apart (a replay of the simulator's own spans is its step)."""
     import dataclasses
 
     from skyjax import plan as plan_lib
     from skyjax.plan.pricing.cost import weight_s
-    from skyjax.plan.replay.declared import declare, scale_plan, scale_profile
+    from skyjax.plan.replay.rehearsal import rehearsal_times, scale_plan, scale_profile
     from skyjax.plan.pricing.stage_times import stage_actions_s, stage_weight_s
     from skyjax.report.compare import stage_comparison
     from tests.helpers import random_profile
@@ -199,7 +199,7 @@ def test_rehearsal_time_base_and_replay_keep_w():
                                                   for s in p.stages]
         assert schedules.plan_lists(sp) == schedules.plan_lists(p)
         np.testing.assert_allclose(weight_s(sprof), k * weight_s(prof))
-        times = declare(sp, sprof).stages
+        times = rehearsal_times(sp, sprof).stages
         w = stage_weight_s(p, prof)
         _, bwd, _ = stage_actions_s(p, prof)
         np.testing.assert_allclose([t.weight_s for t in times], [k * x for x in w])

@@ -180,7 +180,8 @@ class CheckpointManager:
         meta["checksum"] = layout.meta_checksum(meta)
         path = layout.commit(self.directory, step, partial, meta)
         deleted = layout.prune(self.directory, self.keep, newest=step)
-        nbytes = sum(int(np.prod(s)) * store._dtype(d).itemsize for s, d in index.shapes.values())
+        nbytes = sum(int(np.prod(s)) * store.numpy_dtype(d).itemsize
+                     for s, d in index.shapes.values())
         return {"step": int(step), "path": path, "tensors": len(index.shapes), "bytes": nbytes,
                 "pruned": deleted}
 

@@ -117,7 +117,7 @@ def restore(resume: Any, executor: Any, chain: Sequence[Any], optimizer: Any,
     """Puts the relaxed state of checkpoint ``resume`` into this process's stages of
     ``executor`` (built from the checkpoint's pipeline-0 unit states), as the module doc says;
     returns the names of the states restored. ``unit_source(unit path)``: the saved unit of a
-    unit-level tensor (``restore._unit_source``)."""
+    unit-level tensor (:func:`skyjax.checkpoint.restore.unit_source`)."""
     if resume is None:
         return []
     plan, step = executor.plan, resume.step

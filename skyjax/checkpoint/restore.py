@@ -114,7 +114,7 @@ def find_resume(directory: str, replace: bool = False) -> Resume | None:
     return None
 
 
-def _unit_source(resume: Resume, unit_path: tuple[str, ...]):
+def unit_source(resume: Resume, unit_path: tuple[str, ...]):
     """Maps a unit-level tensor name of ``unit_path`` to the saved unit holding it: the same
     unit, or the saved unit that contains it / that it contains (another granularity)."""
     prefix = key_path(unit_path)
@@ -146,7 +146,7 @@ def check_compatible(resume: Resume, run: dict, chain: Sequence[Any], optimizer:
     saved = resume.meta["tensors"]
     used = set()
     for unit in chain:
-        source = _unit_source(resume, tuple(unit.path))
+        source = unit_source(resume, tuple(unit.path))
         for name, leaf in state_entries(unit.path, *unit_like(unit, optimizer)):
             name = source(name) if name.startswith("unit/") else name
             used.add(name)
@@ -194,4 +194,4 @@ def restore_units(resume: Resume, chain: Sequence[Any], units: Iterable[int],
 
     read = checked_reader(index, resume.path)
     return {u: rebuild(tuple(chain[u].path), unit_like(chain[u], optimizer), read,
-                       _unit_source(resume, tuple(chain[u].path))) for u in units}
+                       unit_source(resume, tuple(chain[u].path))) for u in units}

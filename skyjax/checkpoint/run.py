@@ -12,8 +12,8 @@ from absl import logging
 
 from skyjax.checkpoint import layout, relaxed
 from skyjax.checkpoint.manager import CheckpointManager, UnitState
-from skyjax.checkpoint.restore import (CheckpointMismatch, Resume, _unit_source, check_compatible,
-                                       find_resume, restore_units)
+from skyjax.checkpoint.restore import (CheckpointMismatch, Resume, check_compatible, find_resume,
+                                       restore_units, unit_source)
 
 
 def run_identity(config: Any) -> dict:
@@ -95,7 +95,7 @@ def restore_relaxed(resume: Resume | None, executor: Any, chain: Sequence[Any],
     if resume is None:
         return []
     return relaxed.restore(resume, executor, chain, optimizer,
-                           lambda path: _unit_source(resume, path))
+                           lambda path: unit_source(resume, path))
 
 
 def make_manager(config: Any, workdir: str, chain: Sequence[Any],

@@ -154,11 +154,12 @@ class TensorIndex:
         x = self._files[self._where[name]].get_tensor(name)
         want = self._dtypes[name]
         if x.dtype.name != want:
-            x = x.view(_dtype(want))
+            x = x.view(numpy_dtype(want))
         return x
 
 
-def _dtype(name: str) -> np.dtype:
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype a stored tensor's dtype name stands for (``bfloat16``: ml_dtypes')."""
     try:
         return np.dtype(name)
     except TypeError:

@@ -4,7 +4,7 @@ JAX starts.
 
 * ``devices``: :class:`Cluster` (devices, memory, links) built from ``config.cluster``;
 * ``emulation``: slow calls (:func:`timed_call`) and slow links (:class:`LinkEmulation`);
-* ``declared``: calls and links that take the times a profile declares (``config.rehearse``);
+* ``rehearsal``: calls and links that take the times a profile declares (``config.rehearse``);
 * ``network``: the transfer server's address and port range (no JAX: the config checks parse
   them).
 """

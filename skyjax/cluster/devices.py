@@ -56,9 +56,9 @@ class Cluster:
     link_bandwidth_Bps: np.ndarray
     emulate_links: bool
     mode: str = "local"
-    # a rehearsal's links (skyjax.cluster.declared.DeclaredLinks), one object shared by the
+    # a rehearsal's links (skyjax.cluster.rehearsal.RehearsalLinks), one object shared by the
     # transport and the executor; None: ``links`` builds the emulation from the matrices
-    declared_links: Any = None
+    rehearsal_links: Any = None
 
     def __post_init__(self):
         n = len(self.devices)
@@ -75,8 +75,8 @@ class Cluster:
     @property
     def links(self) -> "LinkEmulation":
         """The emulation of this cluster's links (a no-op when ``emulate_links`` is False)."""
-        if self.declared_links is not None:
-            return self.declared_links
+        if self.rehearsal_links is not None:
+            return self.rehearsal_links
         if not self.emulate_links:
             n = self.num_devices
             return LinkEmulation(np.zeros((n, n)), np.full((n, n), np.inf))

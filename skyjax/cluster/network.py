@@ -135,7 +135,7 @@ def _lock(port: int) -> int | None:
         return None
 
 
-def _bindable(host: str, port: int) -> bool:
+def bindable(host: str, port: int) -> bool:
     """True when nothing listens on (host, port): a plain bind (no SO_REUSEPORT) succeeds."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -158,7 +158,7 @@ def port_leases(host: str, ports: range, spec: str, name: str,
         fd = _lock(port)
         if fd is None:
             continue
-        if not _bindable(host, port):
+        if not bindable(host, port):
             os.close(fd)
             continue
         fds.append(fd)

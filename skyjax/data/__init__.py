@@ -18,9 +18,11 @@ Importing this package imports neither TensorFlow nor transformers nor JAX.
 * ``synthetic``: the offline sentence-pair task with a learnable rule;
 * ``glue``: the GLUE task table and its splits from TensorFlow Datasets;
 * ``tables``: your own ``.csv`` / ``.tsv`` / ``.jsonl`` files or Hugging Face ``datasets``;
+* ``readers``: their rows read into memory (:func:`.readers.rows`, also prediction's reader);
 * ``text``: what every text source shares: tokenizer, encoding, epoch order, batches;
 * ``prefetch``: batches built ahead by a background thread (``Prefetcher``, ``StepBatches``);
-* ``prepare``: ``python -m skyjax.data.prepare``, a GLUE task downloaded and written for TFDS.
+* ``glue_build``: a GLUE task downloaded and written for TFDS (``array_record``);
+* ``prepare``: ``python -m skyjax.data.prepare``, only naming :mod:`skyjax.cli.prepare`.
 """
 
 from __future__ import annotations
@@ -104,7 +106,10 @@ def metric(config: Any) -> str:
 def label_names(config: Any) -> list[str] | None:
     """String labels in id order of your own data (None: integer ids, a regression, GLUE or
     synthetic); part of the run's identity, which checkpoints record."""
-    return tables.label_names(config) if kind(config.data.name) in ("files", "hf") else None
+    if kind(config.data.name) not in ("files", "hf"):
+        return None
+    names = tables.load(config).names
+    return None if names is None else list(names)
 
 
 def _train_make(config: Any) -> Callable[[int], Batch]:

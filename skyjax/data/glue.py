@@ -2,8 +2,9 @@
 :mod:`.text`'s (tokenised with a BERT WordPiece tokenizer, batch ``i`` a pure function of
 ``(seed, i)``).
 
-:data:`TASKS` is the one table of the tasks (text features, label count, metric, splits): all nine
-of GLUE's labelled tasks, each with its published metric (:mod:`skyjax.scores`): Matthews
+:data:`TASKS` is the one table of the tasks (text features, label count, metric, splits, label
+names in TensorFlow Datasets' id order): all nine of GLUE's labelled tasks, each with its
+published metric (:mod:`skyjax.scores`): Matthews
 correlation for CoLA, F1 and accuracy for MRPC and QQP, Pearson and Spearman correlation for the
 regression STS-B (``num_labels = 1``), accuracy elsewhere; MNLI is scored on its matched and
 mismatched validation splits. Examples are read with ``tfds.data_source`` (random access to an
@@ -29,16 +30,21 @@ from skyjax.data.text import (Batch, DataError, EpochOrder, Task, as_text, first
 from skyjax.data import text
 
 TASKS: dict[str, Task] = {
-    "glue/cola": Task(("sentence",), 2, metric="matthews"),
-    "glue/sst2": Task(("sentence",), 2),
-    "glue/mrpc": Task(("sentence1", "sentence2"), 2, metric="f1"),
-    "glue/qqp": Task(("question1", "question2"), 2, metric="f1"),
+    "glue/cola": Task(("sentence",), 2, metric="matthews",
+                      label_names=("unacceptable", "acceptable")),
+    "glue/sst2": Task(("sentence",), 2, label_names=("negative", "positive")),
+    "glue/mrpc": Task(("sentence1", "sentence2"), 2, metric="f1",
+                      label_names=("not_equivalent", "equivalent")),
+    "glue/qqp": Task(("question1", "question2"), 2, metric="f1",
+                     label_names=("not_duplicate", "duplicate")),
     "glue/stsb": Task(("sentence1", "sentence2"), 1, metric="pearson_spearman"),
     "glue/mnli": Task(("premise", "hypothesis"), 3,
-                      eval_splits=("validation_matched", "validation_mismatched")),
-    "glue/qnli": Task(("question", "sentence"), 2),
-    "glue/rte": Task(("sentence1", "sentence2"), 2),
-    "glue/wnli": Task(("sentence1", "sentence2"), 2),
+                      eval_splits=("validation_matched", "validation_mismatched"),
+                      label_names=("entailment", "neutral", "contradiction")),
+    "glue/qnli": Task(("question", "sentence"), 2, label_names=("entailment", "not_entailment")),
+    "glue/rte": Task(("sentence1", "sentence2"), 2, label_names=("entailment", "not_entailment")),
+    "glue/wnli": Task(("sentence1", "sentence2"), 2,
+                      label_names=("not_entailment", "entailment")),
 }
 
 
@@ -57,7 +63,9 @@ def check_config(config: Any, *, need_tokenizer: bool = False) -> None:
 # --------------------------------------------------------------------------------------------
 # Examples from TFDS.
 
-def _tfds() -> Any:
+def import_tfds() -> Any:
+    """``tensorflow_datasets`` with ``glue/*`` registered, or a ``DataError`` saying how to
+    install it."""
     try:  # lazy; tensorflow_datasets does not import TensorFlow by itself
         import tensorflow_datasets as tfds
         import tensorflow_datasets.text.glue  # noqa: F401  registers glue/*
@@ -78,7 +86,7 @@ def _not_prepared(name: str, data_dir: str, builder: Any) -> DataError:
         "directory")
 
 
-class _InMemorySource:
+class InMemorySource:
     """A split read once, in order, into memory (for preparations without random access)."""
 
     def __init__(self, rows: list[dict[str, Any]]):
@@ -91,18 +99,18 @@ class _InMemorySource:
         return self._rows[i]
 
 
-def _read_all(builder: Any, split: str, keys: Sequence[str]) -> _InMemorySource:
-    tfds = _tfds()
+def _read_all(builder: Any, split: str, keys: Sequence[str]) -> InMemorySource:
+    tfds = import_tfds()
     ds = builder.as_dataset(split=split, shuffle_files=False)
     rows = [{k: (as_text(ex[k]) if k != "label" else ex[k].item()) for k in keys}
             for ex in tfds.as_numpy(ds)]
-    return _InMemorySource(rows)
+    return InMemorySource(rows)
 
 
 def open_split(name: str, split: str, data_dir: str = "") -> Any:
     """Random access to ``split`` of TFDS dataset ``name`` (``len(src)``, ``src[i]``), from
     ``data_dir`` ("" = TFDS's default)."""
-    tfds = _tfds()
+    tfds = import_tfds()
     t = task(name)
     try:
         builder = tfds.builder(name, data_dir=data_dir or None)

@@ -47,13 +47,16 @@ class DataError(ValueError):
 class Task:
     """A text task: ``text`` holds one feature (single sentence) or two (sentence pair);
     ``num_labels`` 1 is a regression; ``metric`` is one of ``skyjax.scores.METRICS``;
-    ``eval_splits`` are the labelled held-out splits, first one first."""
+    ``eval_splits`` are the labelled held-out splits, first one first; ``label_names`` the
+    classes' names in id order where the task's source names them (GLUE's; the data carries
+    integer ids)."""
 
     text: tuple[str, ...]
     num_labels: int
     metric: str = "accuracy"
     train_split: str = "train"
     eval_splits: tuple[str, ...] = ("validation",)
+    label_names: tuple[str, ...] | None = None
 
     @property
     def regression(self) -> bool:

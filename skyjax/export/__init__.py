@@ -3,8 +3,9 @@ of pipelines, as one Hugging Face directory (``python -m skyjax.export``), and p
 rows or GLUE's test sets (``python -m skyjax.predict``), on one device.
 
 * ``trained``: the run's config, checkpoint and parameters gathered into one model;
-* ``hf_format``: the Hugging Face directory (names, ``config.json``, tokenizer, ``skyjax.json``);
+* ``hf_format``: the Hugging Face directory (names, ``config.json``, tokenizer, ``skyjax.json``)
+  and a run exported as one;
 * ``inference``: rows of a file tokenised as in training, the model's predictions, the TSV;
 * ``glue_submission``: GLUE's test splits as the files the GLUE server takes;
-* ``cli``: ``python -m skyjax.export``.
+* ``predict``: a model loaded from a run or a directory, its predictions written.
 """

@@ -1,7 +1,6 @@
-"""``python -m skyjax.export``: see :mod:`skyjax.export.cli`."""
+"""``python -m skyjax.export``, the name users type for the command :mod:`skyjax.cli.export`."""
 
-import sys
+from skyjax.cli.export import run
 
-from skyjax.export.cli import main
-
-sys.exit(main())
+if __name__ == "__main__":
+    run()

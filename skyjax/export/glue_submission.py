@@ -17,7 +17,7 @@ import numpy as np
 
 from skyjax.data import glue, text
 from skyjax.export import inference
-from skyjax.export.trained import GLUE_LABELS, ExportError, TrainedModel
+from skyjax.export.trained import ExportError, TrainedModel
 
 # task: {TFDS test split: the server's file name}
 FILES: dict[str, dict[str, str]] = {
@@ -56,7 +56,7 @@ def write(name: str, model: TrainedModel, tokenizer: Any, seq_len: int, out: str
     the files written."""
     check_task(name, model)
     task = glue.task(name)
-    labels = GLUE_LABELS.get(name) if name in NAMED else None
+    labels = task.label_names if name in NAMED else None
     os.makedirs(out, exist_ok=True)
     written = []
     for split, file in FILES[name].items():

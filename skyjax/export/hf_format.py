@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from skyjax.export.trained import ExportError, TrainedModel
+from skyjax.export.trained import ExportError, TrainedModel, from_workdir
 from skyjax.models.hf_loading import hf_to_path
 
 SKYJAX_FILE = "skyjax.json"
@@ -162,3 +162,16 @@ def write(model: TrainedModel, out: str) -> dict[str, Any]:
         raise
     return {"out": out, "tensors": len(tensors),
             "parameters": int(sum(x.size for x in tensors.values())), "tokenizer": tokenizer}
+
+
+def export_run(workdir: str, out: str, step: int | None = None) -> list[str]:
+    """A run's checkpoint (its latest that verifies, or ``step``) written as the Hugging Face
+    directory ``out``; returns what was written, one line each (for the log)."""
+    check_out(out)  # before the checkpoint is read
+    model = from_workdir(workdir, step)
+    done = write(model, out)
+    return [f"step {model.step} of {workdir} -> {out}: {done['tensors']} tensors, "
+            f"{done['parameters']:,} parameters, {model.bert.num_labels} label(s)"
+            + ("" if model.regression else f" ({', '.join(id2label(model).values())})"),
+            (f"tokenizer from {done['tokenizer']}" if done["tokenizer"]
+             else "no tokenizer: the synthetic task's token ids are its own")]

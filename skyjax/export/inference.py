@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from skyjax.data import tables, text
+from skyjax.data import readers, text
 from skyjax.export.hf_format import SKYJAX_FILE
 from skyjax.export.trained import ExportError, TrainedModel
 
@@ -83,20 +83,20 @@ def load_tokenizer(path: str) -> Any:
 
 def read_rows(path: str, columns: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """``(ids, texts)`` of a ``.csv`` / ``.tsv`` / ``.jsonl`` file, read as training reads its
-    files (:mod:`skyjax.data.tables`: UTF-8 with or without a byte-order mark, GLUE's TSV
+    files (:func:`skyjax.data.readers.rows`: UTF-8 with or without a byte-order mark, GLUE's TSV
     quoting): each row's ``id`` or ``idx`` column (else its index from 0) and ``texts[k]`` the
     ``columns[k]`` values. A missing column is one line naming the file, line and column."""
     if os.path.isdir(path):
         raise ExportError(f"--data {path} is a directory, not a file")
     if not os.path.isfile(path):
         raise ExportError(f"--data {path}: file not found")
-    if not tables.is_files(path):
+    if not readers.is_files(path):
         raise ExportError(f"--data {path}: not a .csv, .tsv or .jsonl file")
     ids: list[str] = []
     texts: list[list[str]] = [[] for _ in columns]
     key: str | None = None
-    try:  # the reader training uses (private to tables, which its own files call through)
-        for n, (where, row, names) in enumerate(tables._rows(path, tuple(columns))):
+    try:  # the reader training uses
+        for n, (where, row, names) in enumerate(readers.rows(path, tuple(columns))):
             if n == 0:
                 key = next((c for c in ID_COLUMNS if c in names), None)
             for column, out in zip(columns, texts):

@@ -29,19 +29,6 @@ from skyjax.models.modeling import BertConfig
 LABELS_FILE = "labels.json"
 CONFIG_FILE = "config.json"
 
-# GLUE's label names in TensorFlow Datasets' id order (tensorflow_datasets/text/glue.py): the
-# names an exported GLUE model's config.json gives its classes (STS-B is a regression).
-GLUE_LABELS: dict[str, tuple[str, ...]] = {
-    "glue/cola": ("unacceptable", "acceptable"),
-    "glue/sst2": ("negative", "positive"),
-    "glue/mrpc": ("not_equivalent", "equivalent"),
-    "glue/qqp": ("not_duplicate", "duplicate"),
-    "glue/mnli": ("entailment", "neutral", "contradiction"),
-    "glue/qnli": ("entailment", "not_entailment"),
-    "glue/rte": ("entailment", "not_entailment"),
-    "glue/wnli": ("not_entailment", "entailment"),
-}
-
 
 class ExportError(failures.BadInput):
     """A workdir, checkpoint, model directory or data file that cannot be exported or predicted
@@ -187,10 +174,11 @@ def consolidate(resume: restore.Resume, bert: BertConfig) -> dict:
     return jax.tree.unflatten(treedef, leaves)
 
 
-def label_names(workdir: str, resume: restore.Resume, config: ml_collections.ConfigDict
-                ) -> list[str] | None:
-    """The class names in id order: the checkpoint's record, else ``labels.json``, else GLUE's
-    names; None for integer labels, a regression or the synthetic task."""
+def recorded_label_names(workdir: str, resume: restore.Resume, config: ml_collections.ConfigDict
+                         ) -> list[str] | None:
+    """The class names in id order a trained run recorded: the checkpoint's record, else
+    ``labels.json``, else the GLUE task's (:data:`skyjax.data.glue.TASKS`); None for integer
+    labels, a regression or the synthetic task."""
     if int(config.model.num_labels) == 1:
         return None
     if resume.meta.get("label_names"):
@@ -202,8 +190,8 @@ def label_names(workdir: str, resume: restore.Resume, config: ml_collections.Con
                 return list(json.load(f)["label_names"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ExportError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
-    names = GLUE_LABELS.get(config.data.name)
-    return list(names) if names else None
+    task = glue.TASKS.get(config.data.name)
+    return list(task.label_names) if task is not None and task.label_names else None
 
 
 def from_workdir(workdir: str, step: int | None = None, compute_dtype: str = "float32"
@@ -219,5 +207,6 @@ def from_workdir(workdir: str, step: int | None = None, compute_dtype: str = "fl
         base = hf_config.read(config.model.pretrained) if config.model.pretrained else None
     except ValueError as e:
         raise ExportError(f"{workdir}/{CONFIG_FILE}: {e}") from None
-    return TrainedModel(bert, consolidate(resume, bert), label_names(workdir, resume, config),
+    return TrainedModel(bert, consolidate(resume, bert),
+                        recorded_label_names(workdir, resume, config),
                         config, run_task(config), resume.step, resume.path, base)

@@ -62,7 +62,7 @@ def measure_wake(unit: bert.Unit, is_last: bool, carry: Any, labels: np.ndarray,
     """Per target ``(jax device, slowdown)``: ``[[gap_s, extra_s], ...]`` for ``GAPS_S``, the
     extra of one action (forward and backward averaged) after that gap over back to back;
     the fastest half of ``repeats`` of each is kept, as for the unit times. ``params_on(dev)``:
-    ``[unit's params]`` on a device (``skyjax.profile.units.device_params``)."""
+    ``[unit's params]`` on a device (``skyjax.profile.unit_timing.device_params``)."""
     from skyjax.programs.stage import StageProgram
 
     prog = StageProgram([unit], is_last=is_last, microbatches=1, optimizer=None, train=True)
@@ -112,10 +112,10 @@ def time_after_idle(prog: Any, params: list, x: Any, rng: Any, labels: Any, cota
                     grads: list, slowdown: float, gaps: list[tuple[float, float]],
                     repeats: int) -> list[list[tuple[float, float]]]:
     """Per (forward gap, backward gap) of ``gaps``: ``repeats`` (forward s, backward s) of the
-    stage program ``prog`` (``skyjax.programs.stage.StageProgram``), as the profiler times a unit
-    (``skyjax.profile.units``): an untimed forward and backward, then that long idle before each
-    of the timed pair; the settings interleaved so that drift hits all alike. ``grads`` is
-    donated to the backward calls: pass a copy."""
+    stage program ``prog`` (``skyjax.programs.stage.StageProgram``), as the profiler times a
+    unit (``skyjax.profile.unit_timing``): an untimed forward and backward, then that long idle
+    before each of the timed pair; the settings interleaved so that drift hits all alike.
+    ``grads`` is donated to the backward calls: pass a copy."""
     times: list[list[tuple[float, float]]] = [[] for _ in gaps]
     for _ in range(repeats):
         for i, (gap_f, gap_b) in enumerate(gaps):

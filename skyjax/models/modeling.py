@@ -203,10 +203,10 @@ class BertSelfAttention(nnx.Module):
         # float32 scores straight from the matmul's float32 accumulator: the softmax's input
         # is never rounded to the compute dtype
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-        attend = functools.partial(_attend, cfg.head_dim, cfg.attention_probs_dropout_prob, train)
+        fn = functools.partial(attend, cfg.head_dim, cfg.attention_probs_dropout_prob, train)
         if v.dtype != jnp.float32:
-            attend = jax.checkpoint(attend, policy=KEEP_DROPOUT_MASKS)
-        return attend(scores, attention_mask, v, key).reshape(b, s, cfg.hidden_size)
+            fn = jax.checkpoint(fn, policy=KEEP_DROPOUT_MASKS)
+        return fn(scores, attention_mask, v, key).reshape(b, s, cfg.hidden_size)
 
 
 # What a rematerialised block keeps besides its inputs: the dropout masks (recomputing them would
@@ -214,8 +214,8 @@ class BertSelfAttention(nnx.Module):
 KEEP_DROPOUT_MASKS = jax.checkpoint_policies.save_only_these_names(DROPOUT_MASK)
 
 
-def _attend(head_dim: int, rate: float, train: bool, scores: jax.Array, attention_mask: jax.Array,
-            v: jax.Array, key) -> jax.Array:
+def attend(head_dim: int, rate: float, train: bool, scores: jax.Array, attention_mask: jax.Array,
+           v: jax.Array, key) -> jax.Array:
     """HF's attention after ``q kᵀ`` (float32 ``scores``): scale, additive key mask, softmax,
     dropout on the probabilities, times ``v``. Below float32 it runs rematerialised (the
     caller): it keeps the scores and the dropout mask, and the backward recomputes the softmax,

@@ -13,8 +13,9 @@ Sub-packages, lowest first; each imports only those before it (``tests/test_layo
 and above them all:
 
 * ``planner``: ``plan()``, which picks the strategy and search;
-* ``replan``: the re-planning policy and calibration from measured steps;
-* ``cli``: ``python -m skyjax.plan`` (``__main__`` only calls it).
+* ``replan``: the re-planning policy and calibration from measured steps.
+
+``python -m skyjax.plan`` (``__main__``) is the command :mod:`skyjax.cli.plan`.
 
 Pure Python + numpy: nothing here imports JAX (``tests/test_layout.py`` checks it), so plans can
 be made and inspected on any machine from a profile.json. The names below are the planner's API.

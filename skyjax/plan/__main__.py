@@ -1,7 +1,6 @@
-"""``python -m skyjax.plan``: see :mod:`skyjax.plan.cli`."""
+"""``python -m skyjax.plan``, the name users type for the command :mod:`skyjax.cli.plan`."""
 
-import sys
+from skyjax.cli.plan import run
 
-from skyjax.plan.cli import main
-
-sys.exit(main())
+if __name__ == "__main__":
+    run()

@@ -1,40 +1,24 @@
 """``plan``: from a profile to the plan with the least predicted step time T (the cost model:
-:mod:`skyjax.plan.pricing.cost`).
+:mod:`skyjax.plan.pricing.cost`). docs/design.md, "Planning", gives the searches and bounds and
+the reasons for them; this module chooses among them:
 
-Strategies: ``even`` uses every device in profile order, unit counts as equal as possible, the
-remainder to the first stages (with more devices than units, the first U devices;
-:mod:`skyjax.plan.search.even`); ``optimal`` (and ``dynamic``, which is ``optimal`` at plan time)
-minimises T over which devices are used, their order and the cuts, under memory.
-
-Bottleneck (all searches). For a cap t on every t_k let DP(t) = min sum_k t_k subject to t_k <= t
-and memory. Then T* = min_t DP(t) + (m - 1) t (Alpa's approach). DP(t) is a non-increasing step
-function, so only its Pareto points matter; the exact search walks them all
-(:mod:`skyjax.plan.search.exact`), the heuristic samples caps (:mod:`skyjax.plan.search.heuristic`).
-
-Which search: the exact DP over device classes when its size (``exact.exact_cost``) is within
-budget, giving ``exact: true``; otherwise the heuristic, whose plan carries ``lower_bound_s``,
-the larger of two relaxations (:mod:`skyjax.plan.bounds.step`: fractional;
-:mod:`skyjax.plan.bounds.group_bound`: region crossings, whole blocks, 1F1B in-flight levels, told the
-plan's T); for GPipe, while that gap exceeds ``REGION_GAP``, ``refine`` looks for a lower sum at
-the plan's bottleneck. A plan that meets its bound is reported exact.
-
-Certificates (``certify=True``; ``python -m skyjax.plan --certify``): while the gap to those two
-bounds exceeds ``REGION_GAP``, a third relaxation, for 1F1B (:mod:`region_bound
-<skyjax.plan.certificates.region_bound>`: each region visited in one run), for GPipe
-(:mod:`chain_bound <skyjax.plan.certificates.chain_bound>`: device kinds priced along an exact
-chain of blocks); they only tighten ``lower_bound_s`` and the ``exact`` flag, never the plan, and
-can take seconds at scale, so they run only when asked.
-
-Extra cost terms (``extra``, :mod:`skyjax.plan.model.extension`; the optional shared-host model): T
-carries what they add, which the searches do not see; the planner then also asks them for
-better plans (``ExtraCost.best_of``: device subsets for processes sharing a host's cores).
-
-Several pipelines (``max_pipelines`` > 1): the devices split into up to that many pipelines in
-data parallel, each planned by the searches above on its devices with its share of the
-micro-batches, the replicated gradients exchanged between them (:mod:`skyjax.plan.data_parallel.pipelines`,
-:mod:`skyjax.plan.data_parallel.split`); the single-pipeline plan is returned where it is best.
-
-Schedule "auto" (``least_schedule``): the above under every schedule, the least T kept.
+* strategy: ``even`` (:mod:`skyjax.plan.search.even`) or ``optimal``, which minimises T over
+  which devices are used, their order and the cuts, under memory (``dynamic`` is ``optimal`` at
+  plan time);
+* search: the exact DP (:mod:`skyjax.plan.search.exact`, ``exact: true``) where it fits, else the
+  heuristic (:mod:`skyjax.plan.search.heuristic`), whose plan carries ``lower_bound_s``, the
+  larger of :mod:`skyjax.plan.bounds.step` and :mod:`skyjax.plan.bounds.group_bound`. For GPipe,
+  while that gap exceeds ``REGION_GAP``, ``refine`` looks for a lower sum at the plan's
+  bottleneck. A plan that meets its bound is reported exact;
+* certificates (``certify=True``; ``python -m skyjax.plan --certify``): while the gap still
+  exceeds ``REGION_GAP``, :mod:`skyjax.plan.certificates` tightens ``lower_bound_s`` and the
+  ``exact`` flag, never the plan; they can take seconds at scale, so they run only when asked;
+* extra cost terms (``extra``, :mod:`skyjax.plan.model.extension`; the optional shared-host
+  model): T carries what they add, which the searches do not see, and the planner asks them for
+  better plans (``ExtraCost.best_of``);
+* several pipelines (``max_pipelines`` > 1, :mod:`skyjax.plan.data_parallel`): the
+  single-pipeline plan is returned where it is best;
+* schedule "auto" (``least_schedule``): the above under every schedule, the least T kept.
 
 An infeasible problem raises InfeasibleError naming the tightest device and the missing bytes.
 """
@@ -54,7 +38,8 @@ from skyjax.plan.bounds.step import lower_bound, min_bottleneck
 from skyjax.plan.pricing.classes import device_classes
 from skyjax.plan.pricing.cost import Tables, evaluate_tables, tables
 from skyjax.plan.search.even import even_assignment
-from skyjax.plan.bounds.group_bound import GroupBound, group_bound
+from skyjax.plan.bounds.group_bound import group_bound
+from skyjax.plan.bounds.group_terms import GroupBound
 from skyjax.plan.search.warmup import linkless, plan_auto
 from skyjax.plan.search.refine import refine_plan
 from skyjax.plan.model.extension import ExtraCost
@@ -71,17 +56,17 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
          extra: ExtraCost | None = None, max_pipelines: int = 1,
          relax: Relaxation = EXACT, warmup: str = "1f1b") -> Plan:
     """Plan a profile. even: all devices in order; optimal/dynamic: least T (module doc).
-    ``certify``: also compute the lower-bound certificates (module doc); ``extra``: extra cost
-    terms (:mod:`skyjax.plan.model.extension`), None for the core model alone. ``max_pipelines``:
-    above 1, the least T over 1..max_pipelines pipelines in data parallel
+    ``certify``: also compute the lower-bound certificates (module doc); ``extra``: extra cost terms
+    (:mod:`skyjax.plan.model.extension`), None for the core model alone. ``max_pipelines``: above 1,
+    the least T over 1..max_pipelines pipelines in data parallel
     (:mod:`skyjax.plan.data_parallel.split`; ``even`` ignores it); 0 (auto): up to
-    min(``AUTO_PIPELINES``, devices, micro-batches), 1 with extra cost terms. ``relax``: what the plan may
-    relax on slow links (:mod:`skyjax.relax`): each link's codec and the pipelines' averaging
-    are then the cheapest allowed under the cost model, and the relaxed plan is taken only
-    where its T is at least ``relax.min_gain`` below the exact plan's (a relaxation changes
-    the math: it must buy something); the default relaxes nothing. ``schedule`` "auto":
-    :func:`least_schedule`. ``warmup`` "auto": a one-pipeline 1F1B plan takes deeper warm-ups
-    before slow links where the window model says they pay (:mod:`skyjax.plan.search.warmup`)."""
+    min(``AUTO_PIPELINES``, devices, micro-batches), 1 with extra cost terms. ``relax``: what the
+    plan may relax on slow links (:mod:`skyjax.relax`): each link's codec and the pipelines'
+    averaging are then the cheapest allowed under the cost model, and the relaxed plan is taken only
+    where its T is at least ``relax.min_gain`` below the exact plan's (a relaxation changes the
+    math: it must buy something); the default relaxes nothing. ``schedule`` "auto":
+    :func:`least_schedule`. ``warmup`` "auto": a one-pipeline 1F1B plan takes deeper warm-ups before
+    slow links where the window model says they pay (:mod:`skyjax.plan.search.warmup`)."""
     if warmup not in WARMUPS:
         raise ValueError(f"warmup: expected one of {WARMUPS}, got {warmup!r}")
     if schedule == AUTO_SCHEDULE:

@@ -1,13 +1,13 @@
-"""Dynamic re-planning: correct the profile with the times the runtime measured, plan again.
+"""Re-planning from measured steps: correct the profile with the times the runtime measured, and
+plan again. docs/design.md, "Calibration and re-planning", gives the correction and its reasons.
 
-The original Sky Computing's "dynamic" mode balanced once before training and never again. Here,
-every ``config.allocation.replan_every`` steps the trainer takes each stage's measured compute per
-step (forward + backward spans of all micro-batches, emulation included), compares it with what
-the plan predicted for that stage, and scales the profile's columns of that device by the ratio
-(devices the plan does not use keep their profiled times). If the optimal plan for the corrected
-profile beats the current plan, *re-evaluated on the same corrected profile*, by more than
-``min_gain``, the units (params and per-unit optimizer state) move to their new devices.
-Pure functions; the executors do the moving.
+``corrected_profile`` scales each used device's unit and call times by what its stages measured
+against what the plan predicted, after taking out the excess every call pays on a busy host,
+and with link waits also grows the links' latency by their excess. ``decide`` plans the
+corrected profile and compares that plan with the running one, re-priced on the same corrected
+profile; ``Decision.switch`` says to move when the gain exceeds ``min_gain`` and the blocks
+differ, and the units (parameters and optimizer state) then move to their new devices. Pure
+functions; the executors do the moving.
 """
 
 from __future__ import annotations
@@ -68,15 +68,15 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     / predicted compute.
 
     Compute: a stage's prediction is its compute times the busy-time ratio that ``extra``'s terms
-    give it (:mod:`skyjax.plan.model.extension`; 1 without), so that what is corrected is the device,
-    not the plan's interference. Its excess is split into
-    a host-wide cost per action, ``b``, and a per-device factor on the rest. ``b`` is the least
-    excess per action of any stage (clipped at 0): what a busy host adds to every call whatever
-    its size (dispatch, wake-ups, an emulated sleep's overshoot). It weighs the most on small
-    stages, so a plain ratio measured on a one-unit stage would multiply the device's every unit
-    by it (and a ratio measured on a big stage undercharge a small one). Each used device's
-    unit and call times then scale by (measured - actions x b) / predicted, and every device's
-    forward and backward call costs grow by ``b`` (the unused ones too: it is the host's).
+    give it (:mod:`skyjax.plan.model.extension`; 1 without), so that what is corrected is the
+    device, not the plan's interference. Its excess is split into a host-wide cost per action,
+    ``b``, and a per-device factor on the rest. ``b`` is the least excess per action of any stage
+    (clipped at 0): what a busy host adds to every call whatever its size (dispatch, wake-ups, an
+    emulated sleep's overshoot). It weighs the most on small stages, so a plain ratio measured on a
+    one-unit stage would multiply the device's every unit by it (and a ratio measured on a big stage
+    undercharge a small one). Each used device's unit and call times then scale by (measured -
+    actions x b) / predicted, and every device's forward and backward call costs grow by ``b`` (the
+    unused ones too: it is the host's).
 
     Devices that ``extra`` groups (``ExtraCost.calibration_groups``: processes sharing a host's
     cores) take one factor for the group instead, its stages' (measured - actions x b) summed

@@ -1,8 +1,6 @@
-"""``python -m skyjax.profile``: see :mod:`skyjax.profile.cli`."""
+"""``python -m skyjax.profile``, the name users type for the command :mod:`skyjax.cli.profile`."""
 
-from absl import app
+from skyjax.cli.profile import run
 
-from skyjax.config.flags import parse_flags
-from skyjax.profile.cli import main
-
-app.run(main, flags_parser=parse_flags)
+if __name__ == "__main__":
+    run()

@@ -59,10 +59,10 @@ class Workload:
 def check_given(profile: Profile, config: Any, dtype: str, warn: Callable[[str], None]
                 ) -> None:
     """A profile given to a run (``config.profile.path``) must have been measured for the run's
-    model and micro-batch (:func:`format.check_measured_for`; ``dtype``: the run's resolved
-    compute dtype, its chain's); one without the record cannot be checked and is used with a ``warn`` line, unless the
-    profiler's options name another compute dtype (its hand-off and activation bytes are 2x
-    off)."""
+    model and micro-batch (:func:`format.check_measured_for`; ``dtype``: the run's resolved compute
+    dtype, its chain's); one without the record cannot be checked and is used with a ``warn`` line,
+    unless the profiler's options name another compute dtype (its hand-off and activation bytes are
+    2x off)."""
     where = f"config.profile.path={config.profile.path!r}"
     workload = dataclasses.replace(Workload.from_config(config), dtype=dtype)
     if check_measured_for(profile, workload.record(), workload.microbatch, where,

@@ -1,11 +1,12 @@
 """What each hand-off codec (:mod:`skyjax.codecs`) costs: its bytes per unit output, from shapes,
 and each device's encode + decode time, measured.
 
-The runtime runs a codec inside the stage programs (the sender's forward encodes, the receiver's
-forward decodes; backward the other way round), so a device spends one encode and one decode per
-link and micro-batch. The profiler times that pair on the largest unit output, jitted, with the
-device's emulated slow-down, and keeps it per byte of the uncoded message: the cost model charges
-``seconds_per_byte[d] * output_bytes`` at each end of a coded link (:mod:`skyjax.plan.pricing.cost`).
+The runtime runs a codec inside the stage programs (the sender's forward encodes, the
+receiver's forward decodes; backward the other way round), so a device spends one encode and
+one decode per link and micro-batch. The profiler times that pair on the largest unit output,
+jitted, with the device's emulated slow-down, and keeps it per byte of the uncoded message: the
+cost model charges ``seconds_per_byte[d] * output_bytes`` at each end of a coded link
+(:mod:`skyjax.plan.pricing.cost`).
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 Each process measures its own device for every unit kind (:mod:`skyjax.profile.units`), all at
 once, or one process at a time where the extra probes ask for it (``Options.host``: processes
-sharing a host's cores would time each other's load), in ``Options.passes`` rounds of turns;
-the results are gathered to process 0 through the runtime's transport, links are probed pairwise through the
-same transport (:func:`skyjax.profile.links.probe_links_across`), and process 0 assembles the
-profile. :func:`load_or_measure_shared` is the cache under ``jax.distributed``:
-process 0 decides (cache hit or measure), every process takes part in measuring, and all of them
-get process 0's profile through the key-value store.
+sharing a host's cores would time each other's load), in ``Options.passes`` rounds of turns.
+The results are gathered to process 0 through the runtime's transport, links are probed
+pairwise through the same transport (:func:`skyjax.profile.links.probe_links_across`), and
+process 0 assembles the profile. :func:`load_or_measure_shared` is the cache under
+``jax.distributed``: process 0 decides (cache hit or measure), every process takes part in
+measuring, and all of them get process 0's profile through the key-value store.
 """
 
 from __future__ import annotations

@@ -4,11 +4,16 @@ for clusters nobody has profiled yet (a device kind at its peak, or the paper's 
 Per unit: forward FLOPs (matmuls, attention scores and the element-wise work), parameters,
 the activations kept for backward and the output carry, for a BERT of the given shape at layer
 (embeddings, L layers, the head: L + 2 units) or sub-layer granularity (attention,
-intermediate, output per layer: 3L + 2). A device of ``flops_per_s`` takes
-``flops / flops_per_s + overhead_s`` forward and twice the FLOPs backward; ``bytes_per_value``
-4 (float32) or 2 (bfloat16) sizes what is kept and sent; the state is 16 bytes per parameter
-(float32 parameters, gradients and Adam's two moments). Pure numpy.
-"""
+intermediate, output per layer: 3L + 2); with ``split_head`` the head is the paper's two units,
+pooler and classifier. A device of ``flops_per_s`` takes ``flops / flops_per_s + overhead_s``
+forward and twice the FLOPs backward; ``bytes_per_value`` 4 (float32) or 2 (bfloat16) sizes
+what is kept and sent; the state is 16 bytes per parameter (float32 parameters, gradients and
+Adam's two moments). Pure numpy.
+
+Sky Computing (arXiv 2202.11836) emulated heterogeneous nodes differently: one fast node's
+times multiplied by each node's seeded slow-down (:func:`slowdown_profile`,
+:func:`paper_slowdowns`); its setting is :data:`PAPER_SHAPE` on 64 nodes of 16 GiB, here also
+spread over four regions (:func:`paper_profile`)."""
 
 from __future__ import annotations
 
@@ -34,17 +39,33 @@ class BertShape:
     labels: int = 3
 
 
-def bert_units(s: BertShape, granularity: str = "layer", bytes_per_value: int = 4) -> list[dict]:
+def _merged(name: str, parts: list[dict]) -> dict:
+    """One unit of consecutive ``parts``: their sums, the last one's carry."""
+    return dict(name=name, flops=sum(p["flops"] for p in parts),
+                params=sum(p["params"] for p in parts), act=sum(p["act"] for p in parts),
+                out=parts[-1]["out"])
+
+
+# the paper's model: 160 BERT-large layers (483 units at sub-layer granularity, split head)
+PAPER_SHAPE = BertShape(layers=160)
+
+
+def bert_units(s: BertShape, granularity: str = "layer", bytes_per_value: int = 4,
+               split_head: bool = False) -> list[dict]:
     """Units with ``flops`` (forward), ``params``, ``act`` (bytes kept per micro-batch) and
-    ``out`` (bytes of the carry a stage ending there sends)."""
+    ``out`` (bytes of the carry a stage ending there sends); ``split_head``: the head as two
+    units, ``pooler`` and ``classifier`` (the paper's), else one."""
     tok, h, f, v = s.batch * s.seq, s.hidden, s.ffn, bytes_per_value
     scores = s.batch * s.heads * s.seq * s.seq
     embeddings = dict(name="embeddings", flops=10 * tok * h,
                       params=(s.vocab + s.positions + 2) * h + 2 * h, act=3 * tok * h * v,
                       out=tok * h * v)
-    head = dict(name="head", flops=2 * s.batch * h * h + 2 * s.batch * h * s.labels,
-                params=h * h + h + h * s.labels + s.labels, act=3 * s.batch * h * v,
-                out=s.batch * s.labels * 4)
+    pooler = dict(name="pooler", flops=2 * s.batch * h * h, params=h * h + h,
+                  act=2 * s.batch * h * v, out=s.batch * h * v)
+    classifier = dict(name="classifier", flops=2 * s.batch * h * s.labels,
+                      params=h * s.labels + s.labels, act=s.batch * h * v,
+                      out=s.batch * s.labels * 4)
+    head = [pooler, classifier] if split_head else [_merged("head", [pooler, classifier])]
     units = [embeddings]
     for i in range(s.layers):
         parts = [
@@ -55,11 +76,9 @@ def bert_units(s: BertShape, granularity: str = "layer", bytes_per_value: int = 
             dict(name=f"layer{i}.output", flops=tok * (2 * f * h + 10 * h),
                  params=f * h + 3 * h, act=(tok * f + 2 * tok * h) * v, out=tok * h * v)]
         if granularity == "layer":
-            parts = [dict(name=f"layer{i}", flops=sum(p["flops"] for p in parts),
-                          params=sum(p["params"] for p in parts),
-                          act=sum(p["act"] for p in parts), out=parts[-1]["out"])]
+            parts = [_merged(f"layer{i}", parts)]
         units += parts
-    return units + [head]
+    return units + head
 
 
 # bytes on the wire per value of each hand-off codec (skyjax.codecs: blocks of 64 values with
@@ -96,3 +115,58 @@ def flop_profile(units: list[dict], devices: list[dict], latency_s: np.ndarray,
         "devices": records, "forward_s": fwd.tolist(), "backward_s": bwd.tolist(),
         "links": {"latency_s": np.asarray(latency_s, float).tolist(),
                   "bandwidth_Bps": np.asarray(bandwidth_Bps, float).tolist()}})
+
+
+def paper_slowdowns(n: int = 64) -> np.ndarray:
+    """The paper's emulated heterogeneity: node ``d`` is ``default_rng(35).integers(1, 7, n)[d]``
+    times slower than the fastest."""
+    return np.random.default_rng(35).integers(1, 7, n)
+
+
+def slowdown_profile(units: list[dict], slowdowns: np.ndarray, memory: np.ndarray,
+                     latency: np.ndarray, bandwidth: np.ndarray, flops_per_s: float = 20e12,
+                     overhead_s: float = 20e-6, extra_devices: list[dict] | None = None
+                     ) -> Profile:
+    """A profile from unit FLOPs and per-device slow-downs, as the paper emulated its nodes:
+    forward FLOPs / ``flops_per_s`` + ``overhead_s`` on the fastest device, backward twice the
+    FLOPs, both times a device's slow-down; ``extra_devices[d]`` adds keys to device ``d``'s
+    record."""
+    fwd = np.array([u["flops"] / flops_per_s + overhead_s for u in units])
+    bwd = np.array([2 * u["flops"] / flops_per_s + overhead_s for u in units])
+    devices = [dict(name=f"node{d}", memory_bytes=int(memory[d]), slowdown=int(slowdowns[d]))
+               for d in range(len(slowdowns))]
+    for d, extra in enumerate(extra_devices or []):
+        devices[d].update(extra)
+    return Profile.from_json({
+        "version": 1, "microbatch": {"size": 8, "seq_len": 128},
+        "units": [dict(name=u["name"], state_bytes=16 * u["params"], activation_bytes=u["act"],
+                       output_bytes=u["out"]) for u in units],
+        "devices": devices,
+        "forward_s": (fwd[:, None] * slowdowns[None, :]).tolist(),
+        "backward_s": (bwd[:, None] * slowdowns[None, :]).tolist(),
+        "links": {"latency_s": latency.tolist(), "bandwidth_Bps": bandwidth.tolist()}})
+
+
+def uniform_links(n: int, bandwidth: float, latency: float) -> tuple[np.ndarray, np.ndarray]:
+    """[n, n] latency and bandwidth of ``n`` devices with one link speed (no latency to self)."""
+    lat = np.full((n, n), latency)
+    bw = np.full((n, n), bandwidth)
+    np.fill_diagonal(lat, 0.0)
+    return lat, bw
+
+
+def paper_profile(units: list[dict] | None = None, cross_latency_s: float = 20e-3,
+                  cross_Bps: float = 10e9 / 8) -> Profile:
+    """The paper's setting in four regions: ``units`` (default :data:`PAPER_SHAPE`'s 483 at
+    sub-layer granularity, split head) on 64 nodes of 16 GiB with :func:`paper_slowdowns`; nodes
+    16 r .. 16 r + 15 form region r (100 Gbit/s, 10 us inside; ``cross_*`` across)."""
+    if units is None:
+        units = bert_units(PAPER_SHAPE, "sublayer", split_head=True)
+    slow = paper_slowdowns(64)
+    region = np.arange(64) // 16
+    same = region[:, None] == region[None, :]
+    lat = np.where(same, 10e-6, cross_latency_s)
+    np.fill_diagonal(lat, 0.0)
+    bw = np.where(same, 100e9 / 8, cross_Bps)
+    extra = [{"region": f"r{r}", "kind": f"x{s}"} for r, s in zip(region, slow)]
+    return slowdown_profile(units, slow, np.full(64, 16 << 30), lat, bw, extra_devices=extra)

@@ -1,22 +1,17 @@
-"""profile.json (version 2; version 1 files are still read) reading, validation and writing.
+"""profile.json: reading, checking and writing (version 2; version 1 files are still read).
+docs/design.md, "profile.json", specifies the format; this module is its one reader and writer.
 
-The format is stable and documented in docs/design.md. Version 2 adds the fixed costs of the
-cost model (``overheads``: per-device seconds per forward / backward / update call and per
-message, and the step's synchronisation) and the optimizer update per unit (``update_s``); in a
-version 1 file they are absent and read as 0 (its unit times then carry the call costs, as they
-were measured). ``backward_weight_s`` (optional, [U][D]) is the W part of each unit's backward
-under a zero-bubble schedule; ``backward_s`` stays the whole backward. ``Profile.from_json``
-checks every field and raises :class:`ProfileError` whose message names the offending field, e.g. ``profile.forward_s[3][1]: negative time -0.2``; unknown keys are
-kept in ``Profile.extra`` (unknown keys of ``links`` under ``extra["links"]``)
-and written back by ``to_json``; other keys of ``overheads`` (``batch_s`` in older files) are
-ignored.
+``Profile.from_json`` checks every field and raises :class:`ProfileError` naming the offending
+one (``profile.forward_s[3][1]: negative time -0.2``); unknown keys are kept in
+``Profile.extra`` (unknown keys of ``links`` under ``extra["links"]``) and written back by
+``to_json``. A version 1 file has no fixed costs (``overheads``) or update times (``update_s``):
+they read as 0, and its unit times carry the call costs, as they were measured.
 
-``model`` (optional) records what the unit times were measured for besides the micro-batch:
-the model's shape, attention path, compute dtype and granularity (:data:`MODEL_KEYS`). The
-profiler writes it; :func:`check_measured_for` refuses a profile given to a run of another model
-or micro-batch (same unit and device counts would otherwise plan from another model's times).
-Profiles without it (older files, hand-built or FLOP-model ones) cannot be checked and are read
-as before.
+``model`` (optional, :data:`MODEL_KEYS`) records what the unit times were measured for besides
+the micro-batch. :func:`check_measured_for` refuses a profile given to a run of another model or
+micro-batch, since the same unit and device counts would otherwise plan from another model's
+times; profiles without the record (older files, hand-built or FLOP-model ones) cannot be
+checked and are read as before.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
-"""What putting a step's inputs on a device costs the host: profile.json's ``overheads.input_s``.
+"""What putting a step's inputs on a device costs the host: profile.json's ``overheads.input_s``
+(docs/design.md, "Profiling" and "The cost model").
 
-The runtime puts each step's forward inputs on a stage's device in one transfer (per micro-batch:
-the first stage's carry, the last stage's labels and the dropout key;
-``skyjax.runtime.steps.StepInputs``), during the stage's first wait of the step before
-(``DistributedExecutor.train_step``). A plan of one stage has no such wait: its put runs between
-its last action and its update, on the critical path (1.2 ms per step of the shipped model at
-m = 4 on one core here, against 0.6 ms timed alone with warm caches). The cost model charges
-``m * input_s[d]`` to such a plan's step (``skyjax.plan.pricing.cost.Tables.alone``); in a longer pipeline
-the put fits in the first stage's wait for its first gradient and the last stage's fill.
-The batches themselves are built ahead by the data's prefetch thread (``skyjax.data.prefetch``),
-off the steps' critical path, so the profile has no term for building them.
+The runtime puts each step's forward inputs on a stage's device in one transfer (per
+micro-batch: the first stage's carry, the last stage's labels and the dropout key;
+``skyjax.runtime.steps.StepInputs``), during the stage's first wait of the step before. A plan
+of one stage has no such wait, so its put lands on the critical path, and the cost model
+charges ``m * input_s[d]`` to such a plan's step (``skyjax.plan.pricing.cost.Tables.alone``);
+in a longer pipeline the put fits in the waits. The batches themselves are built ahead by the
+data's prefetch thread (``skyjax.data.prefetch``), off the critical path, so the profile has no
+term for building them.
 """
 
 from __future__ import annotations

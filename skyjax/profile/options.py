@@ -1,8 +1,9 @@
 """How hard and how robustly the profiler measures: :class:`Options`, :func:`robust_time` and
 :func:`evict_caches`.
 
-Shared by the unit timings (:mod:`skyjax.profile.units`) and the link probes
-(:mod:`skyjax.profile.links`), which must agree on what "the" time of a few repeats is.
+Shared by the unit timings (:mod:`skyjax.profile.unit_timing`), the stage calls
+(:mod:`skyjax.profile.stage_calls`) and the link probes (:mod:`skyjax.profile.links`), which
+must agree on what "the" time of a few repeats is.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from absl import logging
 
 from skyjax import cluster as cluster_lib
 from skyjax.models import bert
+from skyjax.optim import make_optimizer
 from skyjax.profile import distributed, measure
 from skyjax.profile.cache import cache_key, load_or_measure
 from skyjax.profile.chain import Workload
@@ -74,3 +75,19 @@ def _recorded(prof: Profile, workload: Workload) -> Profile:
     if prof.model is None:
         prof.model = workload.record()
     return prof
+
+
+def profile_config(config: Any, *, workdir: str | None = None, reprofile: bool = False,
+                   host: Any = None, log: Log | None = None, **overrides: Any) -> Profile:
+    """The profile of ``config``'s model on its cluster, in this one process (a
+    ``"distributed"`` config's devices too): cached under ``workdir`` (:func:`profile_or_load`)
+    when one is given, else measured. ``host``: the shared-host model's probes
+    (``Options.host``); ``overrides``: :class:`Options` fields (repeats, budget, dedup)."""
+    workload = Workload.from_config(config)
+    cluster = cluster_lib.cluster_from_config(config)
+    optimizer = make_optimizer(config.train)
+    options = Options.from_config(config, host=host, **overrides)
+    if workdir:
+        return profile_or_load(workdir, workload, cluster, optimizer, options,
+                               reprofile=reprofile, log=log)
+    return measure.profile(workload, cluster, optimizer, options, log=log)

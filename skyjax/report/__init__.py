@@ -11,5 +11,7 @@ package, which imports nothing itself (import the submodules).
 * ``tensorboard``: TensorBoard event files, written without TensorFlow;
 * ``progress``: the training log line, its ETA and the live bar on a terminal;
 * ``profile_table``: a profile as text (what ``python -m skyjax.profile`` prints);
+* ``plan_report``: a profile file planned, its table, plan.json, trace and pictures (what
+  ``python -m skyjax.plan`` does);
 * ``text_table``: aligned text tables and the number formats shared by all of the above.
 """

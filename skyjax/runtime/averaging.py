@@ -1,5 +1,5 @@
 """Relaxed averaging across pipelines (``Plan.averaging``; :mod:`skyjax.relax`): what a stage
-does instead of summing its replicas exactly (``PipelineStage.reduce_replicas``).
+does instead of summing its replicas exactly (``runtime.replicas.reduce_replicas``).
 
 * ``int8``: each owner sends its gradients of a shared unit in the int8 codec
   (:mod:`skyjax.codecs`) and sums the decoded replicas in pipeline order, its own decoded too,
@@ -36,17 +36,19 @@ and optimizer state may differ from pipeline 0's), so checkpoints save and resto
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from skyjax import codecs
-from skyjax.plan.pricing.exchange import pipeline_groups
+from skyjax.plan.pricing.exchange import BACK, BETWEEN, IN_GROUP, pipeline_groups
+from skyjax.runtime.replicas import sum_replicas, swap_with_peers
 
 
 @jax.jit
-def _encode_with_feedback(grads: list, residual: list) -> tuple[list, list]:
+def encode_with_feedback(grads: list, residual: list) -> tuple[list, list]:
     """(int8 code of grads + residual, the new residual)."""
     total = jax.tree.map(jnp.add, grads, residual)
     coded = codecs.encode("int8", total)
@@ -54,7 +56,8 @@ def _encode_with_feedback(grads: list, residual: list) -> tuple[list, list]:
 
 
 @jax.jit
-def _decode(coded: list, like: list) -> list:
+def decode_int8(coded: list, like: list) -> list:
+    """What int8 ``coded`` decodes to, shaped as ``like``."""
     return codecs.decode("int8", coded, like)
 
 
@@ -64,7 +67,7 @@ def _weighted_delta(anchor: list, params: list, weight) -> list:
 
 
 @jax.jit
-def _outer_update(anchor: list, momentum: list, delta: list, lr, mu) -> tuple[list, list]:
+def outer_update(anchor: list, momentum: list, delta: list, lr, mu) -> tuple[list, list]:
     """(new params = new anchor, new momentum): Nesterov SGD on the pseudo-gradient."""
     v = jax.tree.map(lambda m, d: mu * m + d, momentum, delta)
     new = jax.tree.map(lambda a, d, m: a - lr * (d + mu * m), anchor, delta, v)
@@ -127,10 +130,10 @@ class Int8Averaging(_StateTrees):
         return 1.0
 
     def reduce(self, stage: Any, step: int) -> None:
-        coded, self.residual = _encode_with_feedback(stage.state.grads, self.residual)
-        own = _decode(coded, stage.state.grads)
-        got = stage.swap_with_peers(step, coded, _decode)
-        stage.state.grads = stage.sum_replicas(own, got)
+        coded, self.residual = encode_with_feedback(stage.state.grads, self.residual)
+        own = decode_int8(coded, stage.state.grads)
+        got = swap_with_peers(stage, step, coded, decode_int8)
+        stage.state.grads = sum_replicas(stage, own, got)
 
     def after_update(self, stage: Any, step: int) -> None:
         pass
@@ -162,9 +165,9 @@ class DilocoAveraging(_StateTrees):
             return
         weight = jnp.float32(stage.program.microbatches / stage.program.loss_microbatches)
         delta = _weighted_delta(self.anchor, stage.state.params, weight)
-        got = stage.swap_with_peers(step, delta)
-        new, self.momentum = _outer_update(self.anchor, self.momentum,
-                                           stage.sum_replicas(delta, got), self.lr, self.mu)
+        got = swap_with_peers(stage, step, delta)
+        new, self.momentum = outer_update(self.anchor, self.momentum,
+                                          sum_replicas(stage, delta, got), self.lr, self.mu)
         stage.state.params = new
         self.anchor = _copy(new)
 
@@ -186,7 +189,7 @@ class Int8AcrossAveraging(_StateTrees):
         return 1.0
 
     def reduce(self, stage: Any, step: int) -> None:
-        stage.state.grads = stage.routes.run(stage, step, stage.state.grads, coder=self)
+        stage.state.grads = stage.role.routes.run(stage, step, stage.state.grads, coder=self)
 
     def encode(self, units: list[int], partials: list) -> tuple[list, list]:
         """(int8 codes of the units' partial sums + residuals, what they decode to); keeps the
@@ -194,15 +197,15 @@ class Int8AcrossAveraging(_StateTrees):
         if not units:
             return [], []
         at = [u - self.first for u in units]
-        coded, kept = _encode_with_feedback(partials, [self.residual[j] for j in at])
+        coded, kept = encode_with_feedback(partials, [self.residual[j] for j in at])
         residual = list(self.residual)
         for j, r in zip(at, kept):
             residual[j] = r
         self.residual = residual
-        return coded, _decode(coded, partials)
+        return coded, decode_int8(coded, partials)
 
     def decode(self, coded: list, like: list) -> list:
-        return _decode(coded, like)
+        return decode_int8(coded, like)
 
     def after_update(self, stage: Any, step: int) -> None:
         pass
@@ -216,14 +219,13 @@ class DilocoAcrossAveraging(_StateTrees):
     STATE = SHARED = ("anchor", "momentum")
     REPLICAS_DIFFER = True  # params of different regions between outer steps
 
-    def __init__(self, stage: Any, plan: Any):
-        groups = replica_groups(plan)
+    def __init__(self, stage: Any, spec: AveragingSpec):
+        groups = list(spec.groups)
         self.norm_groups = groups if len(set(groups)) > 1 else None  # one group: exact
         self.own_norm = self.norm_groups is not None
-        shares = plan.pipeline_shares()
-        self.share = sum(x for x, g in zip(shares, groups) if g == groups[stage.pipeline])
-        self.every, self.lr, self.mu = (int(plan.outer_every), float(plan.outer_lr),
-                                        float(plan.outer_momentum))
+        self.share = sum(x for x, g in zip(spec.shares, groups) if g == groups[stage.pipeline])
+        self.every, self.lr, self.mu = (int(spec.outer_every), float(spec.outer_lr),
+                                        float(spec.outer_momentum))
         self.anchor = _copy(stage.state.params)
         self.momentum = jax.tree.map(jnp.zeros_like, stage.state.params)
 
@@ -232,15 +234,16 @@ class DilocoAcrossAveraging(_StateTrees):
         return stage.program.loss_microbatches / self.share
 
     def reduce(self, stage: Any, step: int) -> None:
-        stage.state.grads = stage.routes.run(stage, step, stage.state.grads, phases=(0, 2))
+        stage.state.grads = stage.role.routes.run(stage, step, stage.state.grads,
+                                                  phases=(IN_GROUP, BACK))
 
     def after_update(self, stage: Any, step: int) -> None:
         if self.norm_groups is None or (step + 1) % self.every:
             return
         weight = jnp.float32(self.share / stage.program.loss_microbatches)
         delta = _weighted_delta(self.anchor, stage.state.params, weight)
-        total = stage.routes.run(stage, step, delta, phases=(1, 2))
-        new, self.momentum = _outer_update(self.anchor, self.momentum, total, self.lr, self.mu)
+        total = stage.role.routes.run(stage, step, delta, phases=(BETWEEN, BACK))
+        new, self.momentum = outer_update(self.anchor, self.momentum, total, self.lr, self.mu)
         stage.state.params = new
         self.anchor = _copy(new)
 
@@ -269,16 +272,39 @@ def norm_groups(plan: Any) -> list[int] | None:
     return None
 
 
-def make_averaging(plan: Any, stage: Any) -> Any:
-    """The plan's relaxed averaging for one stage; None for exact (or one pipeline)."""
+@dataclasses.dataclass(frozen=True)
+class AveragingSpec:
+    """What a stage's relaxed averaging takes from the plan (part of its ``StageRole``): the
+    mode, the outer step's settings, each pipeline's share and, for ``diloco-across``, each
+    pipeline's replica group."""
+
+    mode: str
+    outer_every: int
+    outer_lr: float
+    outer_momentum: float
+    shares: tuple[int, ...]
+    groups: tuple[int, ...] | None = None
+
+
+def averaging_spec(plan: Any) -> AveragingSpec | None:
+    """The plan's relaxed averaging as its stages run it; None for exact (or one pipeline)."""
     if plan.num_pipelines < 2 or plan.averaging == "exact":
         return None
-    if plan.averaging == "int8":
+    if state_class(plan.averaging) is None:
+        raise ValueError(f"plan.averaging: unknown mode {plan.averaging!r}")
+    groups = tuple(replica_groups(plan)) if plan.averaging == "diloco-across" else None
+    return AveragingSpec(plan.averaging, plan.outer_every, plan.outer_lr, plan.outer_momentum,
+                         tuple(plan.pipeline_shares()), groups)
+
+
+def make_averaging(spec: AveragingSpec | None, stage: Any) -> Any:
+    """A stage's averaging state for ``spec`` (made with the stage); None for exact."""
+    if spec is None:
+        return None
+    if spec.mode == "int8":
         return Int8Averaging(stage)
-    if plan.averaging == "diloco":
-        return DilocoAveraging(stage, plan.outer_every, plan.outer_lr, plan.outer_momentum)
-    if plan.averaging == "int8-across":
+    if spec.mode == "diloco":
+        return DilocoAveraging(stage, spec.outer_every, spec.outer_lr, spec.outer_momentum)
+    if spec.mode == "int8-across":
         return Int8AcrossAveraging(stage)
-    if plan.averaging == "diloco-across":
-        return DilocoAcrossAveraging(stage, plan)
-    raise ValueError(f"plan.averaging: unknown mode {plan.averaging!r}")
+    return DilocoAcrossAveraging(stage, spec)

@@ -19,11 +19,12 @@ from skyjax.plan.model.schedules import plan_lists
 from skyjax.transport import group as distributed, tags
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
-from skyjax.runtime.averaging import make_averaging, norm_groups
-from skyjax.runtime.exchange import stage_routes
-from skyjax.runtime.pipeline import PipelineStage, norm_allreduce, sq_to_norm
+from skyjax.runtime.averaging import norm_groups
+from skyjax.runtime.pipeline import PipelineStage, sq_to_norm
 from skyjax.runtime.placement import (UnitState, abstract_units, boundary_shapes, build_stage,
-                                      pipeline_sizes, placements, replica_peers, unit_owners)
+                                      placements, stage_role, unit_owners)
+from skyjax.runtime.rehearsal import Rehearsal
+from skyjax.runtime.replicas import norm_allreduce
 from skyjax.runtime.steps import StepInputs, StepMetrics, StepResult
 from skyjax.spans import Span
 
@@ -66,14 +67,15 @@ class DistributedExecutor:
                  optimizer: optax.GradientTransformation, max_grad_norm: float | None,
                  rng: Callable[[int, int, int], jax.Array], slowdown: float = 1.0,
                  sync_actions: bool = True,
-                 unit_states: dict[int, UnitState] | None = None, declared: Any = None):
+                 unit_states: dict[int, UnitState] | None = None,
+                 rehearsal: Rehearsal | None = None):
         self.plan = plan
         self.chain = abstract_units(chain)
         self.optimizer = optimizer
         self.device = device
         self._args = dict(batch_size=batch_size, seq_len=seq_len, optimizer=optimizer,
                           max_grad_norm=max_grad_norm, rng=rng, slowdown=slowdown,
-                          sync_actions=sync_actions)
+                          sync_actions=sync_actions, rehearsal=rehearsal)
         self.places = placements(plan)
         self.schedule = plan.schedule
         self.microbatches = int(plan.microbatches)  # of the global batch
@@ -82,8 +84,7 @@ class DistributedExecutor:
         self.rng = rng
         self.transport = transport
         self.process_index = process_index
-        shares, sizes = plan.pipeline_shares(), pipeline_sizes(self.places)
-        several = len(shares) > 1
+        several = plan.num_pipelines > 1
         watchdog = distributed.watchdog()
         if watchdog is not None:  # a lost process is reported with its stage
             watchdog.recoverable = several  # its pipeline can be dropped (runtime.recovery)
@@ -95,22 +96,16 @@ class DistributedExecutor:
         self.actions: list = []
         if mine:
             k = mine[0]
-            place = self.places[k]
-            i = place.pipeline
+            i = self.places[k].pipeline
             link = ProcessLink(transport, [self.places[j].device for j in plan.stage_ids(i)])
             shapes = boundary_shapes(chain, microbatch_like(batch_size, seq_len,
                                                             self.microbatches))
-            self.stage = build_stage(chain, place, place.index, sizes[i], device, link, shapes,
-                                     shares[i], optimizer, slowdown, unit_states,
+            role = stage_role(plan, k, [q.device for q in self.places], rehearsal)
+            self.stage = build_stage(chain, role, device, link, shapes, optimizer,
+                                     replica_link=transport, slowdown=slowdown,
+                                     unit_states=unit_states,
                                      loss_microbatches=self.microbatches,
                                      sync_actions=sync_actions)
-            self.stage.num_pipelines, self.stage.stage_id = len(shares), k
-            self.stage.first_microbatch = plan.first_microbatch(i)
-            self.stage.peers = replica_peers(self.places, k, [q.device for q in self.places])
-            self.stage.replica_link = transport
-            self.stage.routes = stage_routes(plan, k, [q.device for q in self.places])
-            self.stage.averaging = make_averaging(plan, self.stage)
-            self.stage.declared = declared.stages[k] if declared is not None else None
             self.actions = plan_lists(plan, i)
         self._gathers = 0
         # (batch, StepInputs) of the next step, put ahead during this one (train_step)

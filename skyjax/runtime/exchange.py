@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from skyjax.plan.pricing.exchange import Message, routing
+from skyjax.plan.pricing.exchange import BACK, BETWEEN, IN_GROUP, PHASES, Message, routing
 from skyjax.transport import tags
 from skyjax.tree import tree_shapes
 
@@ -30,7 +30,7 @@ from skyjax.tree import tree_shapes
 @jax.jit
 def ordered_sum(trees: list) -> Any:
     """The sum of gradient trees in list order (one order for every owner, so replicas stay
-    bit-identical); the direct exchange (``PipelineStage.sum_replicas``) sums with it too."""
+    bit-identical); the direct exchange (``replicas.sum_replicas``) sums with it too."""
     total = trees[0]
     for g in trees[1:]:
         total = jax.tree.map(jnp.add, total, g)
@@ -58,14 +58,15 @@ class Routes:
         stage.state.grads = self.run(stage, step, stage.state.grads)
 
     def represents(self, u: int) -> bool:
-        """Whether this device sends unit ``u``'s partial sum to other groups (phase 2)."""
+        """Whether this device sends unit ``u``'s partial sum to other groups (phase 2,
+        ``BETWEEN``)."""
         return self.device in self.rep[u] and len(self.rep[u]) > 1
 
-    def run(self, stage: Any, step: int, trees: list, phases: Sequence[int] = (0, 1, 2),
+    def run(self, stage: Any, step: int, trees: list, phases: Sequence[int] = PHASES,
             coder: Any = None) -> list:
         """Per unit of ``stage`` (``trees``: one entry each) what the exchange's ``phases``
-        leave on every owner: all three, the sum over every pipeline; (0, 2), the sum over the
-        device's group; (1, 2), the sum over the groups of their representatives' entries
+        leave on every owner: all three, the sum over every pipeline; (1, 3), the sum over the
+        device's group; (2, 3), the sum over the groups of their representatives' entries
         (each group's owners holding the same). ``coder`` (``runtime.averaging``): phase 2
         carries ``coder.encode(units, partial sums)`` = (codes, what each code decodes to) and
         each representative sums ``coder.decode(codes, like)`` of the others and its own
@@ -74,12 +75,12 @@ class Routes:
         a, d, link = stage.first_unit, self.device, stage.replica_link
         own = {a + j: g for j, g in enumerate(trees)}
         held = {(u, d): g for u, g in own.items()}  # (unit, device) -> what d has of it
-        partial: dict[int, Any] = {} if 0 in phases else {
+        partial: dict[int, Any] = {} if IN_GROUP in phases else {
             u: g for u, g in own.items() if d in self.rep[u]}
         total: dict[int, Any] = {}
         sent: dict[int, Any] = {}  # phase 2's entries on the wire (coded: the codes)
         for phase in phases:
-            if phase == 1:
+            if phase == BETWEEN:
                 sent = dict(partial)
                 if coder is not None:
                     units = [u for u in sorted(partial) if self.represents(u)]
@@ -87,29 +88,29 @@ class Routes:
                     sent.update(zip(units, codes))
                     for u, g in zip(units, decoded):
                         held[u, d] = g  # its own partial sum as the others decode it
-            source = own if phase == 0 else sent if phase == 1 else total
+            source = own if phase == IN_GROUP else sent if phase == BETWEEN else total
             for m in self.messages:
                 if m.phase == phase and m.src == d:
                     link.send(tag, [source[u] for u in m.units], self.address[m.dst])
             for m in self.messages:
                 if m.phase == phase and m.dst == d:
-                    like = [tree_shapes(own[u] if phase != 1 else sent[u]) for u in m.units]
+                    like = [tree_shapes(own[u] if phase != BETWEEN else sent[u]) for u in m.units]
                     got = link.recv(tag, like, self.address[m.src])
-                    if phase == 1 and coder is not None:
+                    if phase == BETWEEN and coder is not None:
                         got = coder.decode(got, [own[u] for u in m.units])
                     for u, g in zip(m.units, got):
-                        if phase == 2:
+                        if phase == BACK:
                             total[u] = g
                         else:
                             held[u, m.src] = g
             for u in own:
-                if phase == 0 and d in self.rep[u]:
+                if phase == IN_GROUP and d in self.rep[u]:
                     group = next(g for g in self.order[u] if d in g)
                     partial[u] = _sum([held[u, e] for e in group])
-                elif phase == 1 and d in self.rep[u]:
+                elif phase == BETWEEN and d in self.rep[u]:
                     mine = held[u, d] if coder is not None and self.represents(u) else partial[u]
                     total[u] = _sum([mine if r == d else held[u, r] for r in self.rep[u]])
-            if phase == 0 and 1 not in phases:
+            if phase == IN_GROUP and BETWEEN not in phases:
                 total.update(partial)  # no phase 2: the group's sum is the total
         return [total[u] for u in sorted(own)]
 

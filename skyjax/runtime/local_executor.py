@@ -18,11 +18,10 @@ from skyjax.plan import Plan
 from skyjax.plan.model.schedules import plan_lists
 from skyjax.runtime.batches import (Batch, eval_microbatches, microbatch_like,
                                    split_microbatches)
-from skyjax.runtime.averaging import make_averaging
-from skyjax.runtime.exchange import stage_routes
 from skyjax.runtime.pipeline import PipelineStage, sq_to_norm
 from skyjax.runtime.placement import (PipelineLink, UnitState, abstract_units, boundary_shapes,
-                                      build_stage, pipeline_sizes, placements, replica_peers)
+                                      build_stage, placements, stage_role)
+from skyjax.runtime.rehearsal import Rehearsal
 from skyjax.runtime.steps import StepMetrics
 from skyjax.transport import LocalTransport
 
@@ -35,8 +34,8 @@ class LocalExecutor:
     index) and ``links`` (a ``LinkEmulation`` by device index) emulate heterogeneous devices;
     ``sync_actions`` (by device index; () = all): whether a stage's calls block
     (``skyjax.cluster.actions_block``); ``unit_states`` continues from another executor's
-    (``rebuild``); ``declared`` (``skyjax.plan.replay.declared.Declared`` of ``plan``): a rehearsal's
-    declared time of every stage's calls.
+    (``rebuild``); ``rehearsal``: the run's :class:`~skyjax.runtime.rehearsal.Rehearsal`,
+    whose declared times of ``plan`` every stage's calls take.
     """
 
     needs_batch = True  # its first and last stages read every step's batch
@@ -46,12 +45,14 @@ class LocalExecutor:
                  max_grad_norm: float | None, rng: Callable[[int, int, int], jax.Array],
                  slowdowns: Sequence[float] = (), links: Any = None,
                  sync_actions: Sequence[bool] = (),
-                 unit_states: dict[int, UnitState] | None = None, declared: Any = None):
+                 unit_states: dict[int, UnitState] | None = None,
+                 rehearsal: Rehearsal | None = None):
         self.plan = plan
         self.chain = abstract_units(chain)
         self._args = dict(devices=devices, batch_size=batch_size, seq_len=seq_len,
                           optimizer=optimizer, max_grad_norm=max_grad_norm, rng=rng,
-                          slowdowns=slowdowns, links=links, sync_actions=sync_actions)
+                          slowdowns=slowdowns, links=links, sync_actions=sync_actions,
+                          rehearsal=rehearsal)
         self.places = placements(plan)
         transport = LocalTransport([devices[p.device] for p in self.places], links,
                                    link_ids=[p.device for p in self.places])
@@ -60,27 +61,19 @@ class LocalExecutor:
         self.max_grad_norm = max_grad_norm
         self.rng = rng
         self.microbatch_size = batch_size // self.microbatches
-        shares, sizes = plan.pipeline_shares(), pipeline_sizes(self.places)
         shapes = boundary_shapes(chain, microbatch_like(batch_size, seq_len, self.microbatches))
-        ids = [plan.stage_ids(i) for i in range(len(shares))]
+        ids = [plan.stage_ids(i) for i in range(plan.num_pipelines)]
         self.stages = []
         for k, place in enumerate(self.places):
-            i = place.pipeline
-            stage = build_stage(chain, place, place.index, sizes[i], devices[place.device],
-                                PipelineLink(transport.for_stage(k), ids[i]), shapes, shares[i],
-                                optimizer, slowdowns[place.device] if slowdowns else 1.0,
-                                unit_states, loss_microbatches=self.microbatches,
-                                sync_actions=sync_actions[place.device] if sync_actions else True)
-            stage.num_pipelines, stage.stage_id = len(shares), k
-            stage.first_microbatch = plan.first_microbatch(i)
-            stage.peers = replica_peers(self.places, k, range(len(self.places)))
-            stage.replica_link = transport.for_stage(k)
-            stage.routes = stage_routes(plan, k, range(len(self.places)))
-            stage.averaging = make_averaging(plan, stage)
-            stage.declared = declared.stages[k] if declared is not None else None
-            self.stages.append(stage)
+            d = place.device
+            self.stages.append(build_stage(
+                chain, stage_role(plan, k, range(len(self.places)), rehearsal), devices[d],
+                PipelineLink(transport.for_stage(k), ids[place.pipeline]), shapes, optimizer,
+                replica_link=transport.for_stage(k), slowdown=slowdowns[d] if slowdowns else 1.0,
+                unit_states=unit_states, loss_microbatches=self.microbatches,
+                sync_actions=sync_actions[d] if sync_actions else True))
         self.transport = transport
-        self.actions = [plan_lists(plan, i) for i in range(len(shares))]
+        self.actions = [plan_lists(plan, i) for i in range(plan.num_pipelines)]
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self.places),
                                                            thread_name_prefix="stage")
 

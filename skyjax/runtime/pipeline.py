@@ -1,18 +1,19 @@
-"""The per-stage pipeline loop, shared by the local (threads) and distributed (processes) executors.
+"""The per-stage pipeline loop, shared by the local (threads) and distributed (processes)
+executors.
 
-Each stage walks its own action list from ``skyjax.plan.model.schedules`` (GPipe, 1F1B, zero bubble): a forward
-receives its input from the previous stage (or the batch, at stage 0), runs the jitted forward and
-sends the output on; a backward receives the cotangent from the next stage (none at the last,
-whose forward ends in the loss), runs the jitted backward and sends the input cotangent back
-(zero bubble: B sends it, and a later W adds the parameter gradients).
+Each stage walks its own action list from ``skyjax.plan.model.schedules`` (GPipe, 1F1B, zero
+bubble): a forward receives its input from the previous stage (or the batch, at stage 0), runs
+the jitted forward and sends the output on; a backward receives the cotangent from the next
+stage (none at the last, whose forward ends in the loss), runs the jitted backward and sends the
+input cotangent back (zero bubble: B sends it, and a later W adds the parameter gradients).
 After the step's actions the stages agree on the global gradient norm (for clipping) and apply
 optax. Sends never block and receives block only on data the stage needs, so any schedule whose
 action lists are consistent runs without deadlock, for any number of stages and micro-batches.
 Training hand-offs travel in the codec the plan chose for their link (:mod:`skyjax.codecs`;
 encoded and decoded inside the stage programs); eval hand-offs are always exact, so held-out
-scores do not depend on the plan. Message tags come from ``skyjax.transport.tags``;
- measured actions are ``skyjax.spans.Span`` records
-(the simulator's type, so a measured step and its simulation share one trace builder).
+scores do not depend on the plan. Message tags come from ``skyjax.transport.tags``; measured
+actions are ``skyjax.spans.Span`` records (the simulator's type, so a measured step and its
+simulation share one trace builder).
 
 Host waits: a stage whose actions block (:attr:`PipelineStage.sync_actions`: CPU and emulated
 devices) waits for each call's result, so its spans are compute times. Otherwise (GPU/TPU) it
@@ -21,11 +22,11 @@ waits once per step: the last stage for its losses and accuracies (one transfer)
 for its gradient norm where clipping needs it; a measured step (``measure``) blocks like a
 synchronous one, so that its spans are compute times (docs/design.md, "Host waits in a step").
 
-Several pipelines in data parallel: each stage is in one pipeline, whose share of the global batch
-is whole micro-batches from ``first_microbatch`` on; after its last action a stage sends the
-gradients of the units it shares with stages of other pipelines (``ReplicaPeer``) to them, and
-sums every replica in pipeline order (:meth:`PipelineStage.reduce_replicas`), so every owner
-holds the same sum, bit for bit, before the update.
+A stage is made with its role (:class:`~skyjax.runtime.role.StageRole`: its place in the plan,
+fixed). Several pipelines in data parallel: each stage is in one pipeline, whose share of the
+global batch is whole micro-batches from the role's ``first_microbatch`` on; after its last
+action a stage sums the gradients of the units it shares with its replicas
+(:mod:`.replicas`), so every owner holds the same sum, bit for bit, before the update.
 """
 
 from __future__ import annotations
@@ -33,44 +34,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol
 
 import jax
 import numpy as np
 
 from skyjax import codecs
 from skyjax.cluster import block, timed_call
-from skyjax.cluster.declared import declared_call, wait_declared
 from skyjax.optim import clip_scale, global_sq_norm
 from skyjax.plan.model.schedules import Action
 from skyjax.transport import tags
+from skyjax.runtime.averaging import make_averaging
 from skyjax.runtime.batches import Batch
-from skyjax.runtime.exchange import ordered_sum
+from skyjax.runtime.replicas import norm_allreduce, reduce_replicas
+from skyjax.runtime.role import StageRole
 from skyjax.programs.stage import StageProgram, StageState, float_entries
 from skyjax.runtime.steps import StepInputs, StepResult
 from skyjax.spans import Span
-from skyjax.tree import tree_shapes
-
-
-def norm_allreduce(link: Any, step: int, local: float, max_grad_norm: float | None,
-                   pipeline: int, num_pipelines: int,
-                   groups: Sequence[int] | None) -> float:
-    """The squared gradient norm every stage clips by: the sum of ``local`` over all stages
-    (one all-reduce), or, with ``groups`` (each pipeline's replica group: DiLoCo's inner steps,
-    a pipeline each, or a region's pipelines under ``diloco-across``; clipping on), over this
-    pipeline's group's stages (an all-reduce per group, every stage joining each). With several
-    pipelines the all-reduce also runs without clipping: it is the step's commit point, which
-    every process passes or none (runtime.recovery). A process without a stage joins with
-    ``local`` 0 and ``pipeline`` -1."""
-    if groups is not None and max_grad_norm:
-        mine = groups[pipeline] if pipeline >= 0 else -1
-        sums = [link.allreduce_sum(local if g == mine else 0.0,
-                                   tags.pipeline_norm(step, g, num_pipelines))
-                for g in range(max(groups) + 1)]
-        return sums[mine] if pipeline >= 0 else 0.0
-    if max_grad_norm or num_pipelines > 1:
-        return link.allreduce_sum(local, tags.grad_norm(step))
-    return 0.0
 
 
 def sq_to_norm(sq: float | None) -> float | None:
@@ -95,18 +75,6 @@ def host_carry(batch: Batch) -> dict[str, np.ndarray]:
             for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
-@dataclasses.dataclass(frozen=True)
-class ReplicaPeer:
-    """A stage of another pipeline owning units ``[start, end)`` that this stage owns too:
-    ``address`` is where its transport reaches it (local: its stage id; distributed: its
-    process)."""
-
-    pipeline: int
-    address: int
-    start: int
-    end: int
-
-
 PULL_AHEAD = 2  # receives posted ahead of the action that needs them (transports with prefetch)
 
 
@@ -119,50 +87,58 @@ def message_tag(step: int, action: Action, microbatches: int) -> int:
 
 @dataclasses.dataclass
 class PipelineStage:
-    """One stage: its program and state, its place in the pipeline, its device and emulation."""
+    """One stage: its role in the plan, its program and state, its device and emulation."""
 
-    index: int
-    num_stages: int
+    role: StageRole
     program: StageProgram
     state: StageState
     device: jax.Device
     link: StageLink
     in_like: Any  # ShapeDtypeStructs of the input carry (micro-batch shapes)
     out_like: Any  # of the output carry (unused on the last stage)
+    # where the stages of other pipelines that own its units are reached (several pipelines)
+    replica_link: Any = None
     slowdown: float = 1.0
     # whether each action waits for its result (skyjax.cluster.actions_block); False: dispatched
     # only, except in measured steps
     sync_actions: bool = True
-    # several pipelines (module doc): which one, its first global micro-batch, this stage's id
-    # among all pipelines' stages (spans), the other pipelines' owners of its units and the
-    # transport handle that reaches them
-    pipeline: int = 0
-    num_pipelines: int = 1
-    first_microbatch: int = 0
-    stage_id: int | None = None
-    first_unit: int = 0
-    peers: tuple[ReplicaPeer, ...] = ()
-    replica_link: Any = None
-    # a relaxed averaging across pipelines (runtime.averaging); None: the exact sum, routed
-    # through the link groups by ``routes`` (runtime.exchange.Routes; None: directly to peers)
-    averaging: Any = None
-    routes: Any = None
-    # a rehearsal's declared times of this stage (skyjax.plan.replay.declared.StageTimes): each call
-    # then takes its declared seconds (skyjax.cluster.declared); None: calls take what they take
-    declared: Any = None
+    # a relaxed averaging's state (runtime.averaging), made with the stage from its role; None:
+    # the exact sum (runtime.replicas)
+    averaging: Any = dataclasses.field(default=None, init=False, repr=False)
     _posted: int = dataclasses.field(default=0, init=False, repr=False)  # see _pull_ahead
     # the global squared gradient norm of the last update (None: clipping off, not computed)
     last_sq_norm: float | None = dataclasses.field(default=None, init=False, repr=False)
     # whether the current step's calls block (run_actions sets it; the update follows it)
     _blocking: bool = dataclasses.field(default=True, init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        self.averaging = make_averaging(self.role.averaging, self)
+
+    @property
+    def index(self) -> int:
+        """Its position in its pipeline."""
+        return self.role.index
+
+    @property
+    def pipeline(self) -> int:
+        return self.role.pipeline
+
+    @property
+    def first_unit(self) -> int:
+        return self.role.place.start
+
+    @property
+    def first_microbatch(self) -> int:
+        """Its pipeline's first global micro-batch."""
+        return self.role.first_microbatch
+
     @property
     def is_first(self) -> bool:
-        return self.index == 0
+        return self.role.is_first
 
     @property
     def is_last(self) -> bool:
-        return self.index == self.num_stages - 1
+        return self.role.is_last
 
     def _put(self, tree: Any) -> Any:
         return jax.device_put(tree, self.device)
@@ -180,8 +156,8 @@ class PipelineStage:
         ``rng(g)``: its dropout keys. This pipeline's micro-batches are ``first_microbatch`` on."""
         ids = range(self.first_microbatch, self.first_microbatch + self.program.microbatches)
         if self.needs_batch and microbatch is None:
-            raise ValueError(f"stage {self.index} of {self.num_stages}: step {step} needs its "
-                             "batch (the first stage's tokens, the last stage's labels)")
+            raise ValueError(f"stage {self.index} of {self.role.num_stages}: step {step} needs "
+                             "its batch (the first stage's tokens, the last stage's labels)")
         mbs = [microbatch(g) for g in ids] if self.needs_batch else None
         carries, labels, keys = self._put((
             [host_carry(b) for b in mbs] if self.is_first else None,
@@ -298,7 +274,7 @@ class PipelineStage:
                     self.link.send(message_tag(step, action, self.program.microbatches), d_carry,
                                    self.index - 1)
             t0 = wall_start + (t0 - start)
-            spans.append(Span(self.span_id, action.kind, self.first_microbatch + mb, t0,
+            spans.append(Span(self.role.stage_id, action.kind, self.first_microbatch + mb, t0,
                               t0 + seconds))
         if idle is not None:
             idle()
@@ -310,68 +286,19 @@ class PipelineStage:
 
     def _call(self, what: str, fn: Callable, *args: Any, sync: bool) -> tuple[Any, float]:
         """One call of the stage: emulated (``timed_call``: this host's time, slowed down), or
-        under a rehearsal the declared ``what`` seconds of :attr:`declared`."""
-        if self.declared is not None:
-            return declared_call(fn, *args, seconds=getattr(self.declared, what))
+        under a rehearsal the declared ``what`` seconds of its role."""
+        if self.role.rehearsal is not None:
+            return self.role.rehearsal.call(what, fn, *args)
         return timed_call(fn, *args, slowdown=self.slowdown, sync=sync)
-
-    @property
-    def span_id(self) -> int:
-        """The stage's id in spans and traces: its position among all pipelines' stages."""
-        return self.index if self.stage_id is None else self.stage_id
 
     def finish_step(self, step: int, max_grad_norm: float | None) -> float | None:
         """What follows a step's actions: the exchange with the other pipelines, the update
         and, under DiLoCo, the outer step; returns :meth:`update`'s value."""
-        self.reduce_replicas(step)
+        reduce_replicas(self, step)
         local = self.update(step, max_grad_norm)
         if self.averaging is not None:
             self.averaging.after_update(self, step)
         return local
-
-    def reduce_replicas(self, step: int) -> None:
-        """Several pipelines: sends this stage's gradients of the units it shares to each peer
-        (sends never block), receives theirs, and replaces its gradients by the sum over all
-        pipelines in pipeline order (no-op with one pipeline). A relaxed averaging
-        (:attr:`averaging`) does its own exchange instead."""
-        if not self.peers:
-            return
-        if self.averaging is not None:
-            self.averaging.reduce(self, step)
-            return
-        if self.routes is not None:
-            self.routes.reduce(self, step)
-            return
-        self.state.grads = self.sum_replicas(self.state.grads,
-                                             self.swap_with_peers(step, self.state.grads))
-
-    def swap_with_peers(self, step: int, trees: list,
-                        unwire: Callable[[Any, list], list] | None = None
-                        ) -> dict[tuple[int, int], Any]:
-        """Sends each peer the entries of ``trees`` (one per unit of this stage) of the units it
-        shares and receives its own: ``{(unit, pipeline): tree}``. Coded ``trees``:
-        ``unwire(received, gradient slice)`` is what a received slice stands for."""
-        tag = tags.replica_grads(step, self.program.loss_microbatches)
-        a = self.first_unit
-        for peer in self.peers:
-            self.replica_link.send(tag, trees[peer.start - a:peer.end - a], peer.address)
-        got: dict[tuple[int, int], Any] = {}
-        for peer in self.peers:
-            mine = trees[peer.start - a:peer.end - a]
-            theirs = self.replica_link.recv(tag, tree_shapes(mine), peer.address)
-            if unwire is not None:
-                theirs = unwire(theirs, self.state.grads[peer.start - a:peer.end - a])
-            for u, g in zip(range(peer.start, peer.end), theirs):
-                got[u, peer.pipeline] = g
-        return got
-
-    def sum_replicas(self, own: list, got: dict[tuple[int, int], Any]) -> list:
-        """Per unit of this stage: the sum over all pipelines, in pipeline order, of ``own``'s
-        entry (this pipeline) and ``got``'s (the others)."""
-        a = self.first_unit
-        return [ordered_sum([g if i == self.pipeline else got[u, i]
-                              for i in range(self.num_pipelines)])
-                for u, g in zip(range(a, a + len(own)), own)]
 
     def update(self, step: int, max_grad_norm: float | None) -> float | None:
         """The step's optimizer update, after every stage agreed on the global gradient norm;
@@ -380,18 +307,18 @@ class PipelineStage:
         stages count their (summed, identical) gradients, so each unit counts once; under
         DiLoCo every pipeline updates on its own and clips by its own norm (``diloco-across``:
         each region's pipelines by their group's, its first pipeline counting)."""
-        groups = None
+        groups, num_pipelines = None, self.role.num_pipelines
         if self.averaging is not None and self.averaging.own_norm:
-            groups = getattr(self.averaging, "norm_groups", None) or range(self.num_pipelines)
+            groups = getattr(self.averaging, "norm_groups", None) or range(num_pipelines)
         grad_scale = self.averaging.grad_scale(self) if self.averaging is not None else 1.0
         counts = max_grad_norm and self.pipeline == (
             0 if groups is None else list(groups).index(groups[self.pipeline]))
         # the step's one read of the gradients (clipping on): waits for its last backward
         local = float(jax.device_get(global_sq_norm(self.state.grads))) if counts else 0.0
         total = norm_allreduce(self.link, step, local, max_grad_norm, self.pipeline,
-                               self.num_pipelines, groups)
-        if self.declared is not None:  # the step's synchronisation as the profile declares it
-            wait_declared(self.declared.sync_s)
+                               num_pipelines, groups)
+        if self.role.rehearsal is not None:  # the step's synchronisation as the profile declares
+            self.role.rehearsal.sync()
         self.last_sq_norm = float(total) if max_grad_norm else None
         scale = clip_scale(total * grad_scale ** 2, max_grad_norm) * grad_scale
         (self.state.params, self.state.opt_state, self.state.grads), _ = self._call(
@@ -401,8 +328,9 @@ class PipelineStage:
 
     def run_eval(self, batches: Iterable[Batch]) -> list[tuple[np.ndarray, ...]]:
         """Forward-only pass over micro-batch-sized ``batches`` (optional ``weights``); the last
-        stage returns per-example (loss, prediction, label, weight) arrays per batch. Eval messages have their
-        own tag range (``tags.eval_message``); the transports pair repeated tags in order."""
+        stage returns per-example (loss, prediction, label, weight) arrays per batch. Eval
+        messages have their own tag range (``tags.eval_message``); the transports pair repeated
+        tags in order."""
         results = []
         for i, batch in enumerate(batches):
             tag = tags.eval_message(i)

@@ -1,5 +1,6 @@
-"""From a :class:`~skyjax.plan.Plan` to pipeline stages: which units run where, the shapes that
-cross each cut, and the construction of one :class:`~skyjax.runtime.pipeline.PipelineStage`.
+"""From a :class:`~skyjax.plan.Plan` to pipeline stages: which units run where, each stage's
+role (:class:`~skyjax.runtime.role.StageRole`), the shapes that cross each cut, and the
+construction of one :class:`~skyjax.runtime.pipeline.PipelineStage` with its role.
 
 Both executors (local threads, distributed processes) build their stages here, so a plan means
 the same thing to both; re-planning moves units between stages by unit index (``UnitState``).
@@ -15,30 +16,16 @@ import optax
 
 from skyjax.models.bert import Unit, initial_carry
 from skyjax.plan import Plan
+from skyjax.runtime.averaging import averaging_spec
 from skyjax.runtime.batches import Batch
-from skyjax.runtime.pipeline import PipelineStage, ReplicaPeer, StageLink
+from skyjax.runtime.exchange import stage_routes
+from skyjax.runtime.pipeline import PipelineStage, StageLink
+from skyjax.runtime.rehearsal import Rehearsal
+from skyjax.runtime.role import ReplicaPeer, StagePlacement, StageRole
 from skyjax.programs.stage import StageProgram
 from skyjax.tree import tree_shapes
 
 UnitState = tuple[Any, Any]  # (params, optimizer state) of one unit
-
-
-@dataclasses.dataclass(frozen=True)
-class StagePlacement:
-    """A block of units ``[start, end)`` and the index of the device that runs it; with several
-    pipelines, its pipeline and its index in that pipeline."""
-
-    device: int
-    start: int
-    end: int
-    pipeline: int = 0
-    index: int = 0  # position in its pipeline
-    in_codec: str = "none"  # the codecs of its links from the previous and to the next stage
-    out_codec: str = "none"
-
-    @property
-    def units(self) -> range:
-        return range(self.start, self.end)
 
 
 def placements(plan: Plan) -> list[StagePlacement]:
@@ -71,6 +58,20 @@ def replica_peers(places: Sequence[StagePlacement], k: int,
                              min(me.end, q.end))
                  for j, q in enumerate(places)
                  if q.pipeline != me.pipeline and max(me.start, q.start) < min(me.end, q.end))
+
+
+def stage_role(plan: Plan, k: int, address: Sequence[int],
+               rehearsal: Rehearsal | None = None) -> StageRole:
+    """Stage ``k``'s role in ``plan`` (its flat order); ``address[j]``: where the transport
+    reaches stage j; ``rehearsal``: the run's, whose declared times of ``plan`` it takes."""
+    places = placements(plan)
+    place = places[k]
+    i = place.pipeline
+    return StageRole(k, place, pipeline_sizes(places)[i], plan.num_pipelines,
+                     plan.pipeline_shares()[i], plan.first_microbatch(i),
+                     replica_peers(places, k, address), stage_routes(plan, k, address),
+                     averaging_spec(plan),
+                     None if rehearsal is None else rehearsal.stage(plan, k))
 
 
 def unit_owners(plan: Plan) -> list[int]:
@@ -123,18 +124,20 @@ def boundary_shapes(chain: Sequence[Unit], batch_like: Batch) -> list[Any]:
     return shapes
 
 
-def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_stages: int,
-                device: jax.Device, link: StageLink, shapes: list[Any], microbatches: int,
-                optimizer: optax.GradientTransformation, slowdown: float = 1.0,
+def build_stage(chain: Sequence[Unit], role: StageRole, device: jax.Device, link: StageLink,
+                shapes: list[Any], optimizer: optax.GradientTransformation, *,
+                replica_link: Any = None, slowdown: float = 1.0,
                 unit_states: dict[int, UnitState] | None = None,
                 loss_microbatches: int | None = None,
                 sync_actions: bool = True) -> PipelineStage:
-    """A stage owning units ``[place.start, place.end)`` on ``device``: params copied there from
-    the units, or params and optimizer states from ``unit_states`` (by unit index).
-    ``microbatches``: its pipeline's per step; ``loss_microbatches``: the global batch's;
-    ``sync_actions``: whether its calls block (``PipelineStage.sync_actions``)."""
+    """The stage of ``role``, owning units ``[start, end)`` of its place on ``device``: params
+    copied there from the units, or params and optimizer states from ``unit_states`` (by unit
+    index). ``replica_link``: where its replicas are reached (several pipelines);
+    ``loss_microbatches``: the global batch's micro-batches; ``sync_actions``: whether its
+    calls block (``PipelineStage.sync_actions``)."""
+    place = role.place
     block = list(chain[place.start:place.end])
-    program = StageProgram(block, is_last=index == num_stages - 1, microbatches=microbatches,
+    program = StageProgram(block, is_last=role.is_last, microbatches=role.microbatches,
                            optimizer=optimizer, loss_microbatches=loss_microbatches,
                            in_codec=place.in_codec, out_codec=place.out_codec,
                            in_like=shapes[place.start])
@@ -145,6 +148,5 @@ def build_stage(chain: Sequence[Unit], place: StagePlacement, index: int, num_st
     else:
         state = program.init_state(jax.device_put([u.params for u in block], device,
                                                   may_alias=False))
-    return PipelineStage(index, num_stages, program, state, device, link, shapes[place.start],
-                         shapes[place.end], slowdown, sync_actions=sync_actions,
-                         pipeline=place.pipeline, first_unit=place.start)
+    return PipelineStage(role, program, state, device, link, shapes[place.start],
+                         shapes[place.end], replica_link, slowdown, sync_actions=sync_actions)

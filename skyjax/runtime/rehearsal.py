@@ -1,87 +1,162 @@
 """A rehearsal of another cluster (``config.rehearse``): its devices on this host's, its plan,
 and every call and message of the run taking the time its profile declares.
 
-``cluster`` gives the run one logical device per profiled device (this process's local devices
-reused in turn in one process; one process each under ``jax.distributed``) with
-:class:`~skyjax.cluster.declared.DeclaredLinks`; ``prepare`` turns the plan the planner chose
-on the profile into the rehearsal's time base (``time_scale``) and the declared times that the
-executors give their stages; ``report`` is summary.json's ``rehearsal`` record: the measured
-step against the simulator's and the cost model's, and what this host added per call.
+:class:`Rehearsal` is the feature as one object, made once per process from the config
+(:meth:`Rehearsal.from_config`, before JAX starts: it reads the profile and gives the run the
+profile's devices and unit count, :func:`fit_config`). What builds the run takes it: the cluster
+(:meth:`Rehearsal.cluster`: a logical device per profiled device, links carrying the plan's
+declared bytes), the executors (:meth:`Rehearsal.stage`: a stage's declared times and the
+ledger its calls go to) and the report (:meth:`Rehearsal.report`). Every process of a
+distributed run makes its own from the same config; its ledger records that process's calls.
+The times themselves are pure pricing (:mod:`skyjax.plan.replay.rehearsal`); reading a run's
+config is this module's, not the planner's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+from typing import Any, Callable
 
 from skyjax.cluster import Cluster, DeviceSpec
 from skyjax.cluster.devices import select_devices
-from skyjax.cluster.declared import LEDGER, DeclaredLinks, merge
+from skyjax.cluster.rehearsal import (RehearsalLedger, RehearsalLinks, merge, rehearsed_call,
+                                      rehearsed_wait)
 from skyjax.plan import Plan
-from skyjax.plan.replay.declared import Declared, declare, scale_plan, scale_profile
+from skyjax.plan.replay.rehearsal import (RehearsalTimes, StageTimes, rehearsal_times,
+                                          scale_plan, scale_profile)
 from skyjax.plan.replay.simulate import simulate_plan
-from skyjax.profile.format import Profile
+from skyjax.profile.format import Profile, load_profile
 
 
-def cluster(profile: Profile, time_scale: float, mode: str) -> Cluster:
-    """The profiled devices on this host: in one process, each on a local device in turn (the
-    declared times, not the device, set its speed); under ``jax.distributed``, the first device
-    of each process. Links declared, scaled by ``time_scale``."""
-    n = profile.num_devices
-    # one process per device under jax.distributed, else local devices in turn
-    devices = select_devices("distributed", n)
-    specs = [DeviceSpec(name=str(d.get("name", f"device{i}")),
-                        kind=f"declared:{d.get('kind', 'device')}",
-                        region=str(d.get("region") or "r0"),
-                        process_index=int(devices[i].process_index))
-             for i, d in enumerate(profile.devices)]
-    scaled = scale_profile(profile, time_scale)
-    links = DeclaredLinks(scaled.latency_s, scaled.bandwidth_Bps)
-    return Cluster(specs, devices, scaled.latency_s, scaled.bandwidth_Bps, emulate_links=True,
-                   mode=mode, declared_links=links)
+def fit_config(config: Any) -> Profile | None:
+    """Loads ``config.rehearse.profile`` (None when off) and makes the run its shape: one
+    device per profiled device (``cluster.num_devices``) and the profile's unit count
+    (``model.num_hidden_layers`` at ``allocation.granularity``: L + 2 units per layer, 3L + 2
+    per sub-layer), the other model keys as the config has them. Raises ``ValueError`` naming
+    the key or the profile's field. JSON only (called before JAX starts)."""
+    path = config.rehearse.profile
+    if not path:
+        return None
+    try:
+        profile = load_profile(path)
+    except ValueError as e:  # ProfileError: names the field
+        raise ValueError(f"config.rehearse.profile={path!r}: {e}") from None
+    units, granularity = profile.num_units, config.allocation.granularity
+    per_layer = 1 if granularity == "layer" else 3
+    layers, rest = divmod(units - 2, per_layer)
+    if layers < 1 or rest:
+        raise ValueError(
+            f"config.rehearse.profile={path!r} has {units} units; a BERT at "
+            f"config.allocation.granularity={granularity!r} has {per_layer}L + 2 (embeddings, "
+            f"{'layers' if per_layer == 1 else 'three sub-layers per layer'}, the head)")
+    if config.model.pretrained:
+        raise ValueError(f"config.model.pretrained={config.model.pretrained!r} cannot be "
+                         f"combined with config.rehearse.profile={path!r}: the rehearsal's "
+                         "model takes its layer count from the profile")
+    config.model.num_hidden_layers = layers
+    config.cluster.num_devices = profile.num_devices
+    return profile
 
 
-def prepare(plan: Plan, profile: Profile, time_scale: float,
-            run_cluster: Cluster) -> tuple[Plan, Profile, Declared]:
-    """The plan and profile in the rehearsal's time base (every time x ``time_scale``: the same
-    stages, cuts and shares) and the declared times of its calls; the cluster's links learn the
-    plan's declared bytes. Clears this process's ledger of declared calls."""
-    plan, profile = scale_plan(plan, time_scale), scale_profile(profile, time_scale)
-    declared = declare(plan, profile)
-    run_cluster.declared_links.declare(declared.wire_bytes, declared.coding_s)
-    LEDGER.reset()
-    return plan, profile, declared
+@dataclasses.dataclass(frozen=True)
+class StageRehearsal:
+    """One stage's part of a rehearsal: its declared seconds and the ledger its calls go to."""
+
+    times: StageTimes
+    ledger: RehearsalLedger
+
+    def call(self, what: str, fn: Callable, *args: Any) -> tuple[Any, float]:
+        """``fn(*args)`` taking the declared ``what`` seconds (a :class:`StageTimes` field);
+        ``(result, wall seconds)``."""
+        return rehearsed_call(fn, *args, seconds=getattr(self.times, what), ledger=self.ledger)
+
+    def sync(self) -> None:
+        """The step's synchronisation, as long as the profile declares it."""
+        rehearsed_wait(self.times.sync_s)
 
 
-def report(path: str, time_scale: float, plan: Plan, profile: Profile,
-           step_times: list[float], calls: list[dict] | None) -> dict:
-    """summary.json's ``rehearsal``: the median measured step (the first, compiling step left
-    out; the mean under DiLoCo, whose exchange every H steps the model amortises) against the simulator's step and the cost model's ``T``, in the rehearsal's time base
-    and divided by ``time_scale`` (the declared cluster's seconds), the devices and pipelines
-    used, and per call the real compute and this host's overhead (``calls``: every process's
-    ledger; None on processes other than 0)."""
-    simulated = simulate_plan(plan, profile).step_time_s
-    steps = step_times[1:] or step_times
-    # DiLoCo exchanges every H steps and the model amortises it (AR / H): the mean, not the
-    # median, is what it predicts
-    average = statistics.mean if plan.averaging.startswith("diloco") else statistics.median
-    measured = average(steps) if steps else float("nan")
-    return {
-        "profile": path, "time_scale": time_scale,
-        "devices": profile.num_devices, "devices_used": len(plan.stages),
-        "pipelines": plan.num_pipelines, "schedule": plan.schedule,
-        "microbatches": plan.microbatches,
-        "measured_step_s": measured, "simulated_step_s": simulated,
-        "model_step_s": plan.step_time_s,
-        "error": (measured - simulated) / simulated if simulated else None,
-        "declared_cluster_step_s": {"measured": measured / time_scale,
-                                    "simulated": simulated / time_scale,
-                                    "model": plan.step_time_s / time_scale},
-        "steps_measured": len(steps),
-        "calls": merge(calls) if calls else None,
-    }
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rehearsal:
+    """The rehearsal of the cluster ``profile`` describes (``path``), every time x
+    ``time_scale``. The planner plans ``profile`` as given; the run, its outputs and its report
+    are in the time base, ``scaled`` (every time x k, bandwidths / k: the cost model's terms and
+    the simulator's step scale by exactly k)."""
 
+    path: str
+    time_scale: float
+    profile: Profile
+    scaled: Profile
+    ledger: RehearsalLedger = dataclasses.field(default_factory=RehearsalLedger)
+    # the last plan's times (a plan's are computed once: the cluster and the executor read them)
+    _times: list = dataclasses.field(default_factory=list, init=False, repr=False)
 
-def ledger() -> dict:
-    """This process's ledger of declared calls (for :func:`report`'s ``calls``)."""
-    return LEDGER.to_json()
+    @classmethod
+    def from_config(cls, config: Any) -> Rehearsal | None:
+        """The rehearsal ``config.rehearse`` sets (None when off); gives the config the
+        profile's devices and unit count (:func:`fit_config`)."""
+        profile = fit_config(config)
+        if profile is None:
+            return None
+        k = float(config.rehearse.time_scale)
+        return cls(str(config.rehearse.profile), k, profile, scale_profile(profile, k))
 
+    def time_base(self, plan: Plan) -> Plan:
+        """``plan`` (the planner's, on :attr:`profile`) in the time base: the same stages, cuts
+        and shares, every predicted time x ``time_scale``."""
+        return scale_plan(plan, self.time_scale)
+
+    def times(self, plan: Plan) -> RehearsalTimes:
+        """The declared times of the calls and messages of ``plan`` (in the time base)."""
+        if not self._times or self._times[0] is not plan:
+            self._times[:] = [plan, rehearsal_times(plan, self.scaled)]
+        return self._times[1]
+
+    def stage(self, plan: Plan, k: int) -> StageRehearsal:
+        """Stage ``k`` of ``plan``'s declared times, its calls recorded in :attr:`ledger`."""
+        return StageRehearsal(self.times(plan).stages[k], self.ledger)
+
+    def cluster(self, plan: Plan, mode: str) -> Cluster:
+        """The profiled devices on this host: in one process, each on a local device in turn
+        (the declared times, not the device, set its speed); under ``jax.distributed``, the
+        first device of each process. Links carry ``plan``'s declared bytes, in the time
+        base."""
+        devices = select_devices("distributed", self.profile.num_devices)
+        specs = [DeviceSpec(name=str(d.get("name", f"device{i}")),
+                            kind=f"declared:{d.get('kind', 'device')}",
+                            region=str(d.get("region") or "r0"),
+                            process_index=int(devices[i].process_index))
+                 for i, d in enumerate(self.profile.devices)]
+        times = self.times(plan)
+        links = RehearsalLinks(self.scaled.latency_s, self.scaled.bandwidth_Bps,
+                               times.wire_bytes, times.coding_s)
+        return Cluster(specs, devices, self.scaled.latency_s, self.scaled.bandwidth_Bps,
+                       emulate_links=True, mode=mode, rehearsal_links=links)
+
+    def report(self, plan: Plan, step_times: list[float], calls: list[dict] | None) -> dict:
+        """summary.json's ``rehearsal``: the median measured step (the first, compiling step
+        left out; the mean under DiLoCo, whose exchange every H steps the model amortises)
+        against the simulator's step and the cost model's ``T``, in the time base and divided
+        by ``time_scale`` (the declared cluster's seconds), the devices and pipelines used, and
+        per call the real compute and this host's overhead (``calls``: every process's
+        :attr:`ledger`; None on processes other than 0)."""
+        simulated = simulate_plan(plan, self.scaled).step_time_s
+        steps = step_times[1:] or step_times
+        # DiLoCo exchanges every H steps and the model amortises it (AR / H): the mean, not the
+        # median, is what it predicts
+        average = statistics.mean if plan.averaging.startswith("diloco") else statistics.median
+        measured = average(steps) if steps else float("nan")
+        k = self.time_scale
+        return {
+            "profile": self.path, "time_scale": k,
+            "devices": self.scaled.num_devices, "devices_used": len(plan.stages),
+            "pipelines": plan.num_pipelines, "schedule": plan.schedule,
+            "microbatches": plan.microbatches,
+            "measured_step_s": measured, "simulated_step_s": simulated,
+            "model_step_s": plan.step_time_s,
+            "error": (measured - simulated) / simulated if simulated else None,
+            "declared_cluster_step_s": {"measured": measured / k, "simulated": simulated / k,
+                                        "model": plan.step_time_s / k},
+            "steps_measured": len(steps),
+            "calls": merge(calls) if calls else None,
+        }

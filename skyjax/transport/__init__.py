@@ -14,7 +14,9 @@ through the key-value store). Messages are matched by (src, dst, tag, n).
 * ``watchdog``: heartbeats; a lost peer makes waits raise :class:`PeerLost` naming it;
 * ``polling``: how a waiting receive looks for its message, and what that costs in lateness;
 * ``tags``: every message tag range, in one table;
-* ``handoff_speed``: hand-off speed between two processes, GB/s per message size.
+* ``handoff_timing``: hand-off speed between two processes, GB/s per message size;
+* ``handoff_speed``: ``python -m skyjax.transport.handoff_speed``, only naming
+  :mod:`skyjax.cli.handoff_speed`.
 """
 
 from skyjax.transport.base import (DEFAULT_TIMEOUT_S, LinkClock, Transport,

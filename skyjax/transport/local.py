@@ -52,6 +52,38 @@ class LocalTransport:
             self._aborted = reason
             self._cond.notify_all()
 
+    def idle(self) -> bool:
+        """Whether no message waits undelivered and no collective round is open."""
+        with self._cond:
+            return not self._mail and not self._rounds
+
+    def post(self, tag: int, src: int, dst: int, moved: Any) -> None:
+        """Drops ``moved`` (already on ``dst``'s device) into the (tag, src, dst) mailbox, due
+        when the emulated link would deliver it."""
+        due = self._clock.due(src, dst, tree_nbytes(moved))
+        with self._cond:
+            self._mail[(tag, src, dst)].append((due, moved))
+            self._cond.notify_all()
+
+    def take(self, tag: int, src: int, dst: int, like: Any, what: str) -> Any:
+        """The oldest tree in the (tag, src, dst) mailbox, checked against ``like``, once its
+        emulated link has delivered it; waits up to ``timeout_s``."""
+        key = (tag, src, dst)
+        with self._cond:
+            box = self._mail[key]
+            try:
+                self._wait(lambda: len(box) > 0, what)
+            except TransportError:
+                if not box:
+                    self._mail.pop(key, None)
+                raise
+            due, tree = box.popleft()
+            if not box:
+                del self._mail[key]
+        check_like(tree, like, what)
+        self._clock.wait_until(due)
+        return tree
+
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
         """Wait (holding ``self._cond``) until ``ready()``; raise on timeout or abort."""
         deadline = time.monotonic() + self.timeout_s
@@ -63,8 +95,10 @@ class LocalTransport:
                 raise TransportTimeout(f"{what}: nothing after {self.timeout_s:g} s")
             self._cond.wait(left)
 
-    def _collect(self, kind: str, tag: int, stage: int, value: Any, n: int,
-                 wait_all: bool) -> list | None:
+    def collect(self, kind: str, tag: int, stage: int, value: Any, n: int,
+                wait_all: bool) -> list | None:
+        """Stage ``stage``'s ``value`` for round ``n`` of collective ``kind`` on ``tag``; with
+        ``wait_all``, every stage's value in stage order once all have arrived."""
         key = (kind, tag, n)
         with self._cond:
             r = self._rounds.setdefault(key, {"values": {}, "left": self.num_stages})
@@ -103,41 +137,22 @@ class LocalStageLink:
         t = self._t
         if not 0 <= dst < t.num_stages or dst == self.stage_index:
             raise ValueError(f"stage {self.stage_index}: bad destination stage {dst}")
-        moved = jax.device_put(tree, t.devices[dst])
-        due = t._clock.due(self.stage_index, dst, tree_nbytes(moved))
-        with t._cond:
-            t._mail[(tag, self.stage_index, dst)].append((due, moved))
-            t._cond.notify_all()
+        t.post(tag, self.stage_index, dst, jax.device_put(tree, t.devices[dst]))
 
     def recv(self, tag: int, like: Any, src: int) -> Any:
-        t = self._t
-        key = (tag, src, self.stage_index)
-        what = f"stage {self.stage_index} receiving tag {tag} from stage {src}"
-        with t._cond:
-            box = t._mail[key]
-            try:
-                t._wait(lambda: len(box) > 0, what)
-            except TransportError:
-                if not box:
-                    t._mail.pop(key, None)
-                raise
-            due, tree = box.popleft()
-            if not box:
-                del t._mail[key]
-        check_like(tree, like, what)
-        t._clock.wait_until(due)
-        return tree
+        return self._t.take(tag, src, self.stage_index, like,
+                            f"stage {self.stage_index} receiving tag {tag} from stage {src}")
 
     def allreduce_sum(self, value: float, tag: int) -> float:
         n = self._next("allreduce", tag)
-        values = self._t._collect("allreduce", tag, self.stage_index, float(value), n, True)
+        values = self._t.collect("allreduce", tag, self.stage_index, float(value), n, True)
         return ordered_sum(values)
 
     def gather_to_first(self, obj: dict, tag: int) -> list | None:
         n = self._next("gather", tag)
-        return self._t._collect("gather", tag, self.stage_index, obj, n,
-                                wait_all=self.stage_index == 0)
+        return self._t.collect("gather", tag, self.stage_index, obj, n,
+                               wait_all=self.stage_index == 0)
 
     def barrier(self, tag: int) -> None:
         n = self._next("barrier", tag)
-        self._t._collect("barrier", tag, self.stage_index, None, n, True)
+        self._t.collect("barrier", tag, self.stage_index, None, n, True)

@@ -56,7 +56,8 @@ _retired: list[Any] = []  # servers replace_server took out of use: alive until 
 _lock = threading.Lock()
 
 
-def _coordinator() -> str | None:
+def coordinator_address() -> str | None:
+    """The ``jax.distributed`` coordinator's address (None before it starts)."""
     from jax._src import distributed as _dist  # no public accessor in jax 0.10/0.11
 
     return _dist.global_state.coordinator_address
@@ -75,7 +76,7 @@ def _start(client: Any, host: str, ports: list[int] | None, options: ServerOptio
 def start_server(device: jax.Device, options: ServerOptions):
     """A new transfer server for ``device``'s client, on the address and ports ``options`` name
     or imply (module docstring of :mod:`skyjax.cluster.network`)."""
-    host, source = network.transfer_host(options.host, _coordinator())
+    host, source = network.transfer_host(options.host, coordinator_address())
     ports, spec, name = network.port_range(options.ports)
     if ports is None:
         server = _start(device.client, host, None, options)

@@ -110,8 +110,8 @@ class TransferServerTransport:
         self._client = client if client is not None else distributed.key_value_client()
         self._sharding = jax.sharding.SingleDeviceSharding(device)
         self._options = server
-        self._server = transfer_server(device, server)
-        self.address = self._server.address()
+        self.server = transfer_server(device, server)  # the server peers pull from
+        self.address = self.server.address()
         self._client.key_value_set(f"{self.ns}/addr/{stage_index}", self.address)
         self._conns: dict[int, Any] = {}
         self._retired: list = []  # connections of servers renew replaced (never destroyed)
@@ -156,12 +156,13 @@ class TransferServerTransport:
             except Exception:  # noqa: BLE001 - shutting down, or already gone
                 pass
 
-    def _conn(self, src: int):
+    def connection(self, src: int):
+        """This process's connection to stage ``src``'s transfer server (made on first use)."""
         conn = self._conns.get(src)
         if conn is None:
             addr = self._get(f"{self.ns}/addr/{src}",
                              f"stage {self.stage_index}: address of stage {src}")
-            conn = self._conns[src] = self._server.connect(addr)
+            conn = self._conns[src] = self.server.connect(addr)
         return conn
 
     def renew(self, attempt: int, live: Sequence[int]) -> None:
@@ -181,7 +182,7 @@ class TransferServerTransport:
             self.ns = f"{self._base_ns}/retry{attempt}"
             self._retired.extend(self._conns.values())
             self._conns.clear()
-            self._server, self.address = server, server.address()
+            self.server, self.address = server, server.address()
             self._counts.clear()
             self._pulls.clear()
             self._broken, self._last_key = None, None
@@ -202,8 +203,8 @@ class TransferServerTransport:
             leaves = jax.device_put(leaves, self.device)
         n = self._next("sent", dst, tag)  # counted per direction: a tag may travel both ways
         due_us = int(self._clock.due(self.stage_index, dst, tree_nbytes(leaves)) * 1e6)
-        self._server.await_pull(self._uuid(self.stage_index, dst, tag, n),
-                                [self._header(due_us, _avals_crc(leaves)), *leaves])
+        self.server.await_pull(self._uuid(self.stage_index, dst, tag, n),
+                               [self._header(due_us, _avals_crc(leaves)), *leaves])
 
     def _header(self, due_us: int, crc: int) -> jax.Array:
         """[due time (us, two int32 words), checksum of the avals, 0] on this device; cached
@@ -232,7 +233,8 @@ class TransferServerTransport:
         flat, treedef = jax.tree.flatten(like)
         avals = [jax.ShapeDtypeStruct((4,), np.int32, sharding=self._sharding)] + [
             jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=self._sharding) for x in flat]
-        return self._conn(src).pull(self._uuid(src, self.stage_index, tag, n), avals), flat, treedef
+        pulled = self.connection(src).pull(self._uuid(src, self.stage_index, tag, n), avals)
+        return pulled, flat, treedef
 
     def recv(self, tag: int, like: Any, src: int) -> Any:
         what = f"stage {self.stage_index} receiving tag {tag} from stage {src}"

@@ -114,7 +114,7 @@ class PeerWatchdog:
         # Registered after jax.distributed's own exit handler, so it runs first: a process that
         # ends (e.g. on an uncaught PeerLost) once a peer is lost exits with EXIT_PEER_LOST at
         # once, instead of status 1 after JAX's shutdown barrier waited for the dead peer.
-        atexit.register(self._exit_if_lost)
+        atexit.register(self.exit_if_lost)
         self._beat()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"skyjax-watchdog-{self.me}")
@@ -132,7 +132,9 @@ class PeerWatchdog:
             except Exception:  # noqa: BLE001 - the service may already be gone
                 pass
 
-    def _exit_if_lost(self) -> None:
+    def exit_if_lost(self) -> None:
+        """The exit handler: a process ending while a peer is lost (seen here or published by
+        another) leaves with ``EXIT_PEER_LOST``."""
         if self._stop.is_set():
             return
         if self.lost is None:  # ending on an error: was it a loss another process saw first?
@@ -151,7 +153,7 @@ class PeerWatchdog:
         except (ValueError, TypeError, KeyError):
             return
         if process != self.me and process not in self.gone:
-            self._declare(message, process, publish=False)
+            self.declare(message, process, publish=False)
 
     def _leave(self) -> None:
         """Exit with ``EXIT_PEER_LOST``: a survivor says so first; process 0 goes last."""
@@ -223,7 +225,7 @@ class PeerWatchdog:
             try:
                 self._beat()
             except Exception as e:  # noqa: BLE001 - the service (process 0) is gone
-                self._declare(f"{self.describe(0)} lost: the coordination service is "
+                self.declare(f"{self.describe(0)} lost: the coordination service is "
                               f"unreachable ({str(e).splitlines()[0][:200]})", 0)
                 break
             now = time.monotonic()
@@ -238,7 +240,7 @@ class PeerWatchdog:
                 if value in (DONE, LEFT) or last is None or last[0] != value:
                     seen[p] = (value, now)
                 elif now - last[1] > (self.timeout_s if value is not None else self.first_s):
-                    self._declare(f"{self.describe(p)} lost: no heartbeat for "
+                    self.declare(f"{self.describe(p)} lost: no heartbeat for "
                                   f"{now - last[1]:.1f} s (config.cluster.peer_timeout_s="
                                   f"{self.timeout_s:g})", p)
                     break
@@ -260,7 +262,9 @@ class PeerWatchdog:
             print(f"skyjax: process {self.me}: {self.lost}", file=sys.stderr, flush=True)
         self._exit(EXIT_PEER_LOST if ending is None else ending)
 
-    def _declare(self, message: str, process: int, publish: bool = True) -> None:
+    def declare(self, message: str, process: int, publish: bool = True) -> None:
+        """Records ``process`` as lost (the first loss only) and, with ``publish``, tells the
+        other processes through the key-value store."""
         with self._declaring:
             if self.lost is not None:
                 return

@@ -102,17 +102,17 @@ def _min_relaxed_bottleneck(rel) -> float:
 def _relaxed_bound(t: Tables, devices: np.ndarray, tau_floor: float = 0.0) -> float:
     """A lower bound on T for plans on these devices: a fractional relaxation via its dual.
 
-    w_ref[u] = least time of unit u on any device; device d is at least sigma_d = min_u
-    w[u, d] / w_ref[u] times slower, and its memory holds at most cap_d seconds of reference
-    work (fractional knapsack of need_u = state + inflight x activations, inflight
-    ``Tables.least_inflight``: m for GPipe, 1 for 1F1B and ZB-H1, min(m, 2) for ZB-H2). Relaxation: reference work W = sum w_ref is split into x_d >= 0 with
-    x_d <= cap_d and sigma_d x_d <= tau (tau >= max_u w_ref[u], the bottleneck);
-    T >= min sum_d sigma_d x_d + (m - 1) tau. Comm, granularity and order are dropped. The LP's
-    Lagrangian dual g(lambda) = lambda W + min_tau [(m - 1) tau - sum_d (lambda - sigma_d)^+
-    min(cap_d, tau / sigma_d)] is a valid bound for every lambda (weak duality); the inner
-    minimum is exact (piecewise linear in tau, breakpoints tau_min and sigma_d cap_d) and the
-    concave g is maximised by golden-section search. Devices that cannot hold any single unit
-    are left out.
+    w_ref[u] = least time of unit u on any device; device d is at least sigma_d = min_u w[u, d] /
+    w_ref[u] times slower, and its memory holds at most cap_d seconds of reference work (fractional
+    knapsack of need_u = state + inflight x activations, inflight ``Tables.least_inflight``: m for
+    GPipe, 1 for 1F1B and ZB-H1, min(m, 2) for ZB-H2). Relaxation: reference work W = sum w_ref is
+    split into x_d >= 0 with x_d <= cap_d and sigma_d x_d <= tau (tau >= max_u w_ref[u], the
+    bottleneck); T >= min sum_d sigma_d x_d + (m - 1) tau. Comm, granularity and order are dropped.
+    The LP's Lagrangian dual g(lambda) = lambda W + min_tau [(m - 1) tau - sum_d (lambda -
+    sigma_d)^+ min(cap_d, tau / sigma_d)] is a valid bound for every lambda (weak duality); the
+    inner minimum is exact (piecewise linear in tau, breakpoints tau_min and sigma_d cap_d) and the
+    concave g is maximised by golden-section search. Devices that cannot hold any single unit are
+    left out.
     """
     m = t.microbatches
     rel = _relaxation(t, devices)

@@ -4,14 +4,16 @@
 
 * ``region_bound`` (1F1B): each region of devices visited in one run;
 * ``chain_bound`` (GPipe): device kinds priced along an exact chain of blocks;
+* ``priced_chain``: that chain's least priced path at a cap, for a batch of prices;
+* ``chain_prices``: the prices tried, by column generation over caps;
 * ``once_bound`` (GPipe): ``chain_bound``'s sum term over plans visiting every region once;
-* ``master_lp``: the master problem's prices for ``chain_bound``'s column generation.
+* ``master_lp``: the master problem's prices for that column generation.
 """
 
 from __future__ import annotations
 
 from skyjax.plan.pricing.cost import Tables
-from skyjax.plan.bounds.group_bound import GroupBound
+from skyjax.plan.bounds.group_terms import GroupBound
 
 
 def certificate(t: Tables, step_s: float, gb: GroupBound, goal_gap: float,

@@ -1,6 +1,8 @@
-"""The restricted master LP of ``chain_bound``'s column generation: prices for device kinds from
-the paths found so far (a small dense simplex; any prices give a valid bound, so it only has to be
-good, not exact)."""
+"""The restricted master LP of the chain's column generation
+(:mod:`skyjax.plan.certificates.chain_prices`): prices for device kinds from the paths found so
+far, by a small dense simplex. Any prices give a valid bound, so it only has to be good, not
+exact.
+"""
 
 from __future__ import annotations
 

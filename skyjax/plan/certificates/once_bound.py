@@ -39,7 +39,7 @@ import math
 import numpy as np
 
 from skyjax.plan.pricing.cost import Tables
-from skyjax.plan.search.refine import _kinds, _link, _Search
+from skyjax.plan.search.refine import RegionSearch, group_link, interchangeable
 
 MAX_GROUPS = 5  # more link groups: too many visited sets (2^G)
 STATE_BUDGET = 100  # count vectors per region (the slowest kinds unlimited beyond it)
@@ -64,12 +64,12 @@ class OnceEach:
         # work[i, d] >= alpha_d omega_i; at most 1e300, so that 0 x alpha is 0
         self.alpha = dict(zip(devs, np.minimum(low, 1e300).tolist()))
         self.omega, self._tails = omega, None
-        cross = np.min([_link(t, a, b) for a in self.groups for b in self.groups if a is not b]
+        cross = np.min([group_link(t, a, b) for a in self.groups for b in self.groups if a is not b]
                        or [np.zeros(u + 1)], axis=0)  # [U + 1] per cut
         self.cross = np.minimum.accumulate(np.concatenate([cross[1:], [_INF]])[::-1])[::-1]
         self.kinds, self.free = [], []
         for g in self.groups:
-            ks, free = _split(t, _kinds(t, g), budget)
+            ks, free = _split(t, interchangeable(t, g), budget)
             self.kinds.append(ks)
             self.free.append(free)
 
@@ -80,7 +80,7 @@ class OnceEach:
         dropped: module doc)."""
         g_n, u = len(self.groups), self.t.num_units
         held = self._held(cap)
-        searches: dict = {}  # (group, next group) -> its _Search at this cap
+        searches: dict = {}  # (group, next group) -> its RegionSearch at this cap
         work: dict = {}  # groups still open -> least work of the units from each cut on
 
         def cut(seen: frozenset) -> np.ndarray:  # a region's entries at or above are dropped
@@ -153,7 +153,7 @@ class OnceEach:
               first: bool, cut: np.ndarray, searches: dict) -> list[dict]:
         """Region g's DP from each column of the arrivals [U + 1, B], once per distinct link
         to the next groups (None: g is last): per column, the arrivals at each next group.
-        ``searches``: the _Search per (group, next group) at this cap, reused across depths."""
+        ``searches``: the RegionSearch per (group, next group) at this cap, reused across depths."""
         u = self.t.num_units
         out: list[dict] = [{} for _ in nexts]
         runs: dict = {}  # link key -> (search, columns that need it)
@@ -161,7 +161,7 @@ class OnceEach:
             for h in hs:
                 order = [g] if h is None else [g, h]
                 if (g, h) not in searches:
-                    searches[(g, h)] = _Search(
+                    searches[(g, h)] = RegionSearch(
                         self.t, order, self.groups, [self.kinds[x] for x in order],
                         [0] * len(order) + [u], min(cap, np.finfo(float).max), slack=u,
                         free=[self.free[x] for x in order])
@@ -171,7 +171,7 @@ class OnceEach:
         for search, cols in runs.values():
             idx = sorted(cols)
             search.cut = cut[:, idx]
-            res = search._region(0, arrive[:, idx], first)
+            res = search.fill_region(0, arrive[:, idx], first)
             search.f.clear()  # kept for refine's walk back only
             for i, j in enumerate(idx):
                 for h in cols[j]:

@@ -42,7 +42,7 @@ import numpy as np
 
 from skyjax.plan.bounds.step import min_bottleneck
 from skyjax.plan.pricing.cost import Tables
-from skyjax.plan.bounds.group_bound import MAX_SUBSET_GROUPS, GroupBound
+from skyjax.plan.bounds.group_terms import MAX_SUBSET_GROUPS, GroupBound
 
 _INF = math.inf
 _NEG = -1e30  # a gain that cannot be (kept finite so that sums and differences stay defined)
@@ -365,7 +365,7 @@ def _revisit_term(gb: GroupBound, s: tuple[int, ...]):
     """``GroupBound.sum_bound``'s terms for plans visiting exactly S with k >= |S| crossings (a
     group visited twice): the |S| cheapest crossings at distinct cuts; None if impossible."""
     t, k = gb.t, len(s)
-    devs = gb._ranked(s)
+    devs = gb.ranked(s)
     fix = float(t.fixed[devs].min())
     cut = np.min([gb.cross[a, b] for a in s for b in s if a != b], axis=0)
     other = np.sort(np.minimum(gb.intra[list(s)].min(axis=0), cut))

@@ -80,7 +80,7 @@ def split_bound(t: Tables, split: list[list[int]]) -> float:
     return Estimator(t, np.zeros(t.num_devices, dtype=np.int64)).bound(split)
 
 
-def _rates(t: Tables) -> np.ndarray:
+def rates(t: Tables) -> np.ndarray:
     """s_d of ``pipelines.fractional_bound``: d's speed against the fastest, per unit."""
     w = t.work.min(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -99,7 +99,7 @@ class Estimator:
 
     def __init__(self, t: Tables, group: np.ndarray):
         self.t, self.group = t, group
-        self.rates = _rates(t)
+        self.rates = rates(t)
         self.work = float(t.work.min(axis=1).sum())
         self.credit = t.max_credit()  # zero bubble: its credit
         across = group[:, None] != group[None, :]

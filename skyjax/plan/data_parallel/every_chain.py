@@ -1,33 +1,24 @@
-"""Small instances: the split search exact over every chain of every pipeline.
+"""Small instances: the split search exact over every chain of every pipeline. docs/design.md,
+"Planning", "Several pipelines", gives the bounds that keep it small and why the pass is needed.
 
-T = max_i T_i + AR + sync_s, and AR depends on which units each device owns, so a pipeline's
-least-T_i chain is not always its best: a chain with a larger T_i may own units where the
-exchange is cheaper. The exhaustive split search (:mod:`skyjax.plan.data_parallel.split`) first
-prices every (partition, shares) with each block's least-T_i chain; that plan is the incumbent
-``best``. This pass then takes, per (partition, shares), the least T over every tuple of chains
-(one per block: any ordered subset of the block's devices, any cuts), pruned by two bounds:
+T = max_i T_i + AR + sync_s, and AR depends on which units each device owns, so a chain with a
+larger T_i may win by a cheaper exchange. The exhaustive split search
+(:mod:`skyjax.plan.data_parallel.split`) first prices every (partition, shares) with each
+block's least-T_i chain, the incumbent ``best``; this pass then takes, per (partition, shares),
+the least T over every tuple of chains (one per block: any ordered subset of its devices, any
+cuts), pruned by lower bounds on AR:
 
-* **The exchange's floor.** With two or more pipelines every owner of a unit sends that unit's
-  gradient at least once, to an owner in another pipeline (:mod:`skyjax.plan.pricing.exchange`: a
-  non-representative to its representative, a representative back to its group or, alone in its
-  group, to the other groups' representatives). AR is at least any device's seconds summed over
-  the phases, so a device d holding units [a, b) gives AR >= F(d, a, b) = L_d + g(a, b) / B_d,
-  L_d the least latency and B_d the most bandwidth from d to a device outside its block, g the
-  gradient bytes; with the relaxed modes the bound allows, the least of that, L_d + w g / B_d
-  (int8: w its bytes per gradient byte; coding time >= 0) and F / H (DiLoCo: AR / H per step).
-  A chain's floor F is the most over its stages; T >= T_i + F + sync_s for each pipeline.
-* **Chains.** Per (block, m_i) the chains with T_i + F < best - sync_s, found depth first stage
-  by stage: a partial chain's sum of stage times (the last one's outgoing link not yet known),
-  (m_i - 1) times their most, update_0 and its floor only grow, so it is cut where they reach
-  the bound; memory is checked at the fewest micro-batches any stage keeps in flight, then every
-  found chain is priced by ``ChainCache.step_of`` (the model's T_i, its real in-flight counts).
-* **Tuples.** Chains in T_i order, a tuple dropped where max T_i + max F + sync_s >= best; AR
-  is priced (``pipeline_split._exchange``: every averaging mode the bound allows, direct and
-  through the regions) once per tuple of chains, whatever the shares.
+* ``Floors``: a device holding units [a, b) sends their gradients at least once to another
+  pipeline, F(d, a, b) = L_d + g(a, b) / B_d (less with the relaxed modes allowed), and a cut
+  of the devices into some blocks and the rest sends all gradient bytes across it;
+* chains: per (block, m_i), those with T_i + F < best - sync_s, found depth first and cut where
+  the partial sum reaches the bound, then priced by ``ChainCache.step_of``;
+* tuples: chains in T_i order, dropped where max T_i + max F + sync_s >= best; AR is priced once
+  per tuple of chains, whatever the shares.
 
-Within ``NODES`` partial chains and ``TUPLES`` priced tuples the result is exact (brute force
-over every chain checks it: ``tests/test_pipelines_plan.py``); past them the pass stops, keeps
-the best it has found, and the plan is not marked exact.
+Within ``NODES`` partial chains and ``TUPLES`` priced tuples the result is exact
+(``tests/test_pipelines_plan.py`` checks it against brute force); past them the pass keeps the
+best it has found, and the plan is not marked exact.
 """
 
 from __future__ import annotations
@@ -171,8 +162,9 @@ class EveryChain:
         return True
 
     def _search(self, block: list[int], m: int, limit: float, floor0: float) -> list[tuple]:
-        """(T_i, F, chain, ``free_of``) of every chain on ``block`` at m_i = m with T_i + F < ``limit``, F
-        the chain's floor and at least ``floor0`` (the search is cut when over budget)."""
+        """(T_i, F, chain, ``free_of``) of every chain on ``block`` at m_i = m with T_i + F <
+        ``limit``, F the chain's floor and at least ``floor0`` (the search is cut when over
+        budget)."""
         cache = self.cache
         t = cache.tables_for(m)
         u = t.num_units

@@ -1,39 +1,16 @@
 """Several pipelines in data parallel: what they cost, and one pipeline's chain on a device subset.
 
-A plan of several pipelines (docs/design.md, "Several pipelines") splits the devices into
-disjoint subsets. Pipeline i is a chain of stages on its subset (:mod:`skyjax.plan.pricing.cost`) that
-takes a share of m_i whole micro-batches of every global batch (m_i >= 1, sum_i m_i = m). The
-micro-batch size stays the profiled one, so the profile's unit times price every stage exactly.
-With its own in-flight counts (GPipe m_i, 1F1B min(m_i, p - k)) and inputs (m_i input_s):
+docs/design.md, "Several pipelines", gives the model: pipeline i runs a chain on its own devices
+with a share of m_i whole micro-batches (its T_i), the replicated gradients are exchanged
+between the pipelines (AR, routed by :mod:`skyjax.plan.pricing.exchange`), and
+T = max_i T_i + AR + sync_s.
 
-  T_i  = sum_k t_k + (m_i - 1) max_k t_k + update_0          (one pipeline's T without sync_s)
-
-Gradient exchange (what the runtime does; routed by :mod:`skyjax.plan.pricing.exchange`): per unit, its
-owners (one stage per pipeline) reduce inside their link group to a representative, the
-representatives exchange their groups' partial sums, and send the total back; each sum in one
-fixed order, so every owner holds the same bits. A message d -> e carrying units O costs
-
-  c = latency_s[d][e] + grad_bytes(O) / bandwidth_Bps[d][e]      (bandwidth 0: infinite)
-  grad_bytes(O) = sum_{u in O} units[u]["param_bytes"]
-  AR = sum over the three phases of max_d (sum of d's messages' c in the phase)
-  T  = max_i T_i + AR + sync_s
-
-A relaxed averaging keeps state on every stage (``runtime.averaging``): ``state_copies`` copies
-of the stage's gradient bytes (int8's residual 1, DiLoCo's anchor and outer momentum 2), charged
-in its memory_k; a mode whose state does not fit every stage is not priced for that split
-(``fitting_modes``), and the plan's stages record the chosen mode's charge.
-
-Every group of one device is the direct exchange (each stage sends what it shares to every
-peer): ``relaxed_exchange`` prices it and the exchange through the regions and keeps the
-cheaper. With one pipeline AR = 0 and T is the single-pipeline T. What the model does not
-credit: the runtime starts a stage's exchange right after that stage's last backward, so the
-exchanges of later stages overlap the drain of earlier ones; the model charges AR after the
-slowest pipeline has finished, an upper bound on that part.
-
-Here: ``exchange_s`` (AR), ``evaluate_pipelines`` (the Plan of given pipelines and shares),
-``restrict_tables`` and ``ChainCache`` (one pipeline's chain search on a subset with its m_i,
-memoised up to interchangeable devices), ``fractional_bound`` (a lower bound on T over every plan
-of any number of pipelines). The split and share search is :mod:`skyjax.plan.data_parallel.split`.
+Here: ``exchange_s`` (AR); the relaxed averagings' state and the modes that fit
+(``state_copies``, ``fitting_modes``); ``build_plan`` and ``evaluate_pipelines`` (the Plan of
+given pipelines and shares); ``restrict_tables`` and ``ChainCache`` (one pipeline's chain search
+on a subset with its m_i, memoised up to interchangeable devices); ``fractional_bound`` (a lower
+bound on T over every plan of any number of pipelines). The search over splits and shares is
+:mod:`skyjax.plan.data_parallel.split`.
 """
 
 from __future__ import annotations
@@ -100,8 +77,8 @@ def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray
                coder_s: np.ndarray | None = None,
                groups: Sequence[Sequence[int]] | None = None) -> tuple[float, dict[int, float]]:
     """AR of pipelines given as chains of global devices, exchanging over ``groups``
-    (:mod:`skyjax.plan.pricing.exchange`; None: the direct exchange), and each sending device's seconds
-    (0 and {} for one pipeline). ``wire``: bytes sent per gradient byte, ``coder_s`` [D]: a
+    (:mod:`skyjax.plan.pricing.exchange`; None: the direct exchange), and each sending device's
+    seconds (0 and {} for one pipeline). ``wire``: bytes sent per gradient byte, ``coder_s`` [D]: a
     device's seconds per gradient byte to encode and decode (a coded exchange:
     :func:`relaxed_exchange`)."""
     return routing_s(routing(chains, groups, np.diff(gprefix)), gprefix, latency, bandwidth,

@@ -42,8 +42,8 @@ import numpy as np
 
 from skyjax.plan.data_parallel.every_chain import EveryChain
 from skyjax.plan.search.exact import exact_cost
-from skyjax.plan.data_parallel.candidates import (Estimator, _rates, candidate_splits, set_partitions,
-                                          split_bound)
+from skyjax.plan.data_parallel.candidates import (Estimator, candidate_splits, rates,
+                                                  set_partitions, split_bound)
 from skyjax.plan.data_parallel.pipelines import (INT8_WIRE, ChainCache, Priced, build_plan, evaluate_pipelines,
                                    fractional_bound, grad_prefix, region_groups,
                                    relaxed_exchange)
@@ -195,7 +195,7 @@ def _by_candidates(cache: ChainCache, low: int, high: int, gprefix: np.ndarray,
     """For each pipeline count from ``low`` to ``high`` in turn: screen its candidate splits,
     then the full chain search for its best few (module doc)."""
     t = cache.t
-    rate = _rates(t)
+    rate = rates(t)
     relax = cache.profile.relax  # a relaxed exchange sends fewer bytes per step, at least:
     least = min([1.0] + [INT8_WIRE] * any(a.startswith("int8") for a in relax.averagings)
                 + [1.0 / relax.outer_every] * any(a.startswith("diloco") for a in relax.averagings))

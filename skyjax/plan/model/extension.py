@@ -1,10 +1,10 @@
 """Extra cost terms: what a caller may add to the core cost model, and nothing more.
 
-The core model (:mod:`skyjax.plan.pricing.cost`) prices a plan for devices that compute independently:
-per-unit compute, fixed per-action and per-message costs, the update, links and memory. A cluster
-whose devices interfere in ways that model does not express (processes that share one host's CPU
-cores: :mod:`skyjax.hostmodel`) hands the planner, the simulator and the re-planner an
-:class:`ExtraCost`; ``None``, the default everywhere, is the core model alone, and then nothing
+The core model (:mod:`skyjax.plan.pricing.cost`) prices a plan for devices that compute
+independently: per-unit compute, fixed per-action and per-message costs, the update, links and
+memory. A cluster whose devices interfere in ways that model does not express (processes that share
+one host's CPU cores: :mod:`skyjax.hostmodel`) hands the planner, the simulator and the re-planner
+an :class:`ExtraCost`; ``None``, the default everywhere, is the core model alone, and then nothing
 of the extra model runs or is imported. Pure typing; no JAX.
 """
 

@@ -1,30 +1,12 @@
-"""Pipeline schedules as plain data: per stage, the order in which it runs forward (F) and
-backward (B) passes of micro-batches, and, under the zero-bubble schedules, the weight-gradient
-passes (W) split off the backward.
+"""Pipeline schedules as plain data: per stage, the order of its forward (F), backward (B) and,
+under zero bubble, weight-gradient (W) passes of micro-batches. docs/design.md, "Schedules",
+gives each schedule's order, the zero-bubble fill and the in-flight limits.
 
-``actions(schedule, p, m)`` gives these lists:
-
-* GPipe: F0 .. F(m-1), then B(m-1) .. B0 (all forwards, then backwards in reverse).
-* 1F1B (PipeDream-flush): stage k runs w = min(p - k - 1, m) warm-up forwards, then alternates
-  one forward and one backward, then drains the remaining backwards. At most min(m, p - k)
-  micro-batches are in flight on stage k (GPipe: m). ``warmup`` (per stage, None: that
-  default) deepens it: stage k then keeps min(m, warmup_k + 1) in flight, which covers a slow
-  link's round trip (:mod:`skyjax.plan.search.warmup`); warm-ups must not increase along the pipeline
-  (stage k's first backward needs its warm-up's forwards from stage k - 1 first).
-* Zero bubble (Qi et al., ICLR 2024): B is the input cotangent only (what the previous stage
-  waits for) and W the stage's parameter gradients, which nothing waits for before the update.
-  Each stage keeps 1F1B's order of F and B (ZB-H2: ``2 (p - k) - 2`` warm-up forwards, not
-  ``p - k - 1``) and the Ws are filled in by replaying it (:func:`zero_bubble`): before an F or
-  B whose input arrives more than half a W after the stage is free, the stage runs its oldest
-  pending Ws, and before an F that would hold more than ``limit`` micro-batches between their
-  F and their W; what is left runs at the end, in the drain. ``limit``: ZB-H1 ``min(m, p)``,
-  1F1B's peak (its first stage's), on every stage; ZB-H2 ``min(m, 2p)``. By default every
-  stage's F, B and W take one time unit and links none (the paper's shapes); ``times`` (per
-  stage (f, b, w), per link its delay) fits the fill to unequal stages, which the planner
-  records in the plan (``Stage.passes_s``) so that the runtime runs the very same lists.
-
-The runtime executes them (``skyjax.runtime``) and the simulator replays them
-(:mod:`skyjax.plan.replay.simulate`), so both follow the same order by construction.
+``actions(schedule, p, m)`` gives these lists: GPipe; 1F1B, with deeper warm-ups where a plan
+asks for them (``warmups``); ZB-H1 and ZB-H2, the Ws filled in by replaying 1F1B's order
+(``zero_bubble``). ``plan_lists`` builds them from a plan and its per-stage times, and both the
+runtime (``skyjax.runtime``) and the simulator (:mod:`skyjax.plan.replay.simulate`) run what it
+builds, so both follow the same order by construction.
 """
 
 from __future__ import annotations
@@ -183,10 +165,10 @@ def inflight_peaks(lists: Sequence[Sequence[Action]]) -> list[int]:
 
 
 def plan_lists(plan, pipeline: int = 0) -> list[list[Action]]:
-    """The action lists of pipeline ``pipeline`` of ``plan`` (:class:`skyjax.plan.model.types.Plan`),
-    what the runtime runs and the simulator replays: under zero bubble the fill is built from
-    each stage's ``passes_s`` (its F, B and W seconds) and half its ``comm_s`` per link (one
-    way), where every stage has them; otherwise from unit times."""
+    """The action lists of pipeline ``pipeline`` of ``plan``
+    (:class:`skyjax.plan.model.types.Plan`), what the runtime runs and the simulator replays: under
+    zero bubble the fill is built from each stage's ``passes_s`` (its F, B and W seconds) and half
+    its ``comm_s`` per link (one way), where every stage has them; otherwise from unit times."""
     sub = plan.pipeline(pipeline)
     p, m = len(sub.stages), sub.microbatches
     times = None

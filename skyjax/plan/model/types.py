@@ -36,8 +36,8 @@ class Stage:
     pipeline: int = 0  # which pipeline (several pipelines: ``Plan.shares``)
     # the codec of its hand-offs with the next stage of its pipeline (skyjax.codecs; both ways)
     codec: str = "none"
-    # zero-bubble schedules: seconds of one F, B (input gradient) and W (weight gradient) pass,
-    # what the schedule's fill is built from (skyjax.plan.model.schedules.plan_lists); None otherwise
+    # zero-bubble schedules: seconds of one F, B (input gradient) and W (weight gradient) pass, what
+    # the schedule's fill is built from (skyjax.plan.model.schedules.plan_lists); None otherwise
     passes_s: tuple[float, float, float] | None = None
     # 1F1B: warm-up forwards deeper than 1F1B's p - k - 1, to keep a slow link's round trip
     # covered (skyjax.plan.search.warmup); None: 1F1B's own
@@ -68,8 +68,8 @@ class Stage:
 class Plan:
     """Stages in pipeline order and the predicted step time T. ``exact``: T is optimal under the
     cost model; otherwise ``lower_bound_s`` (when searched) bounds the optimum from below.
-    ``extra_s``: the part of T that extra cost terms add (:mod:`skyjax.plan.model.extension`, e.g. the
-    optional shared-host model; 0 under the core model); the searches and their bounds work on
+    ``extra_s``: the part of T that extra cost terms add (:mod:`skyjax.plan.model.extension`, e.g.
+    the optional shared-host model; 0 under the core model); the searches and their bounds work on
     ``analytic_s``, T without it."""
 
     strategy: str
@@ -94,8 +94,8 @@ class Plan:
     outer_every: int = 0
     outer_lr: float = 0.0
     outer_momentum: float = 0.0
-    # the exact exchange's link groups (skyjax.plan.pricing.exchange): each reduces inside first, then
-    # one representative per group and unit exchanges; None (or a device in none): direct
+    # the exact exchange's link groups (skyjax.plan.pricing.exchange): each reduces inside first,
+    # then one representative per group and unit exchanges; None (or a device in none): direct
     exchange_groups: list[list[int]] | None = None
     # per unit the representatives of its owners' groups, in summing order (with groups)
     exchange_reps: list[list[int]] | None = None

@@ -1,33 +1,14 @@
-"""The cost model (docs/design.md): what a plan costs, per stage and per training step.
+"""The cost model: what a plan costs, per stage and per training step. docs/design.md, "The cost
+model", gives the formulas (compute_k, comm_k, t_k, update_k, memory_k, T and zero bubble's
+credit) and the reasons for them; this module is their one implementation.
 
-For a plan of stages k = 0..p-1 (device d_k, units [a_k, b_k); :mod:`skyjax.plan.model.types`) and m
-micro-batches, with the profile's fixed costs (version 2; zeros for a version 1 profile):
+``tables`` turns a profile into the arrays every search, bound and replay reads (prefix sums, so
+a block's compute or memory is two lookups). ``stage_costs`` prices an assignment's stages and
+``step_time`` its step; ``evaluate`` prices a given assignment and checks that it fits.
 
-  compute_k = sum_{u in [a_k, b_k)} (forward_s[u][d_k] + backward_s[u][d_k])
-              + forward_call_s[d_k] + backward_call_s[d_k]        (two stage actions per micro-batch)
-  comm_k    = 2 message_s[d_k] [k > 0: receive the input, send its gradient]
-              + 2 message_s[d_k] + 2 (latency[d_k][d_k+1] + output_bytes[b_k - 1] /
-              bandwidth[d_k][d_k+1]) [k < p - 1]; bandwidth 0 means unreachable (comm = inf)
-  t_k       = compute_k + comm_k
-  update_k  = update_call_s[d_k] + sum_{u in [a_k, b_k)} update_s[u][d_k]     (once per step)
-              [+ m input_s[d_0] when p = 1: putting the step's inputs on the device, with no
-              wait to hide it in]
-  memory_k  = sum (state_bytes + temp_bytes) + inflight_k * sum activation_bytes
-              <= memory_bytes[d_k], inflight_k = m (GPipe) or min(m, p - k) (1F1B); state:
-              params, gradient sums and optimizer state; temp: the scratch of a unit's largest
-              call (forward, backward or update; 0 in profiles without it), summed over the
-              block (an upper bound of the block's: one program over several units reuses it)
-  T         = sum_k t_k + (m - 1) max_k t_k + update_0 + sync_s
-
-The update runs after the step's gradient-norm all-reduce (sync_s); the first stage's update
-delays the next step's whole pipeline, a later stage's overlaps the fill that reaches it, so only
-update_0 is on the critical path (the simulator, :mod:`skyjax.plan.replay.simulate`, replays the real
-overlap and checks it). A caller may hand in extra cost terms (:mod:`skyjax.plan.model.extension`:
-the optional shared-host model); T is then their step where that is longer than the analytic T,
-and ``Plan.extra_s`` says by how much. The searches optimise the analytic T.
-
-``tables`` turns a profile into the arrays every search reads (prefix sums, so a block's compute
-or memory is two lookups); ``evaluate`` prices a given assignment and checks that it fits.
+A caller may hand in extra cost terms (:mod:`skyjax.plan.model.extension`: the optional
+shared-host model). T is then their step where that is longer than the analytic T, and
+``Plan.extra_s`` says by how much; the searches optimise the analytic T.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ the direct exchange's AR when every group is one device. Averaging per link clas
 int8 codec (``coded``), ``diloco-across`` runs phases 1 and 3 every step and phases 2 and 3 at
 its outer step (``phases``). ``routing`` and ``routing_s`` are what
 the planner (``pipelines.build_plan``, ``pipeline_split``), the declared times
-(``plan.declared``) and the runtime (``runtime.exchange``) share; :func:`relaxed_exchange`
+(``plan.replay.rehearsal``) and the runtime (``runtime.exchange``) share; :func:`relaxed_exchange`
 prices each averaging mode on them (``skyjax.relax``) and keeps the least, :func:`same_math`
 maps a kept plan's mode onto pipelines that no longer offer it.
 """
@@ -43,13 +43,15 @@ import numpy as np
 from skyjax.names import CODEC_BLOCK
 from skyjax.profile.format import Profile
 
-PHASES = 3  # in the group, between groups, back
+# The phases, numbered as in the module doc and docs/design.md ("Several pipelines")
+IN_GROUP, BETWEEN, BACK = 1, 2, 3
+PHASES = (IN_GROUP, BETWEEN, BACK)
 Chains = Sequence[Sequence[tuple[int, int, int]]]  # pipelines: [(device, start, end), ...] each
 
 
 @dataclasses.dataclass(frozen=True)
 class Message:
-    phase: int  # 0, 1, 2 (module doc)
+    phase: int  # IN_GROUP, BETWEEN or BACK
     src: int  # device
     dst: int  # device
     units: tuple[int, ...]
@@ -124,12 +126,12 @@ def routing(chains: Chains,
             reps.append(r)
             for d in members:
                 if d != r:
-                    bundles.setdefault((0, d, r), []).append(u)
-                    bundles.setdefault((2, r, d), []).append(u)
+                    bundles.setdefault((IN_GROUP, d, r), []).append(u)
+                    bundles.setdefault((BACK, r, d), []).append(u)
         for r in reps:
             for q in reps:
                 if q != r:
-                    bundles.setdefault((1, r, q), []).append(u)
+                    bundles.setdefault((BETWEEN, r, q), []).append(u)
         rep[u] = reps
     msgs = [Message(p, s, d, tuple(us)) for (p, s, d), us in sorted(bundles.items())]
     return Routing(order, rep, msgs)
@@ -137,13 +139,13 @@ def routing(chains: Chains,
 
 def routing_s(r: Routing, gprefix: np.ndarray, latency: np.ndarray, bandwidth: np.ndarray,
               wire: float = 1.0, coder_s: np.ndarray | None = None,
-              phases: Sequence[int] = (0, 1, 2), coded: Sequence[int] = (0, 1, 2)
+              phases: Sequence[int] = PHASES, coded: Sequence[int] = PHASES
               ) -> tuple[float, dict[int, float]]:
     """AR of a routing (module doc) over the ``phases`` that run, and each sending device's
     seconds summed over them. ``gprefix`` [U+1]: prefix sums of a unit's gradient bytes;
     ``wire``: bytes on the wire per gradient byte and ``coder_s`` [D]: a sender's coding seconds
     per gradient byte, in the ``coded`` phases (the others send float32)."""
-    per_phase = [dict() for _ in range(PHASES)]
+    per_phase: dict[int, dict[int, float]] = {p: {} for p in PHASES}
     for m in r.messages:
         if m.phase not in phases:
             continue
@@ -155,9 +157,9 @@ def routing_s(r: Routing, gprefix: np.ndarray, latency: np.ndarray, bandwidth: n
             cost += float(coder_s[m.src]) * g
         ph = per_phase[m.phase]
         ph[m.src] = ph.get(m.src, 0.0) + cost
-    total = sum(max(ph.values()) for ph in per_phase if ph)
+    total = sum(max(ph.values()) for ph in per_phase.values() if ph)
     per: dict[int, float] = {}
-    for ph in per_phase:
+    for ph in per_phase.values():
         for d, s in ph.items():
             per[d] = per.get(d, 0.0) + s
     return float(total), per
@@ -249,13 +251,13 @@ def relaxed_exchange(chains: Chains, gprefix: np.ndarray, profile: Profile,
                     ar, via = grouped, groups
         elif mode == "int8-across" and "int8-across" in offered:
             ar, via = routing_s(route, gprefix, lat, bw, INT8_WIRE, _int8_rate(profile),
-                                coded=(1,))[0], groups
+                                coded=(BETWEEN,))[0], groups
         elif mode == "int8":
             ar, via = routing_s(routing(chains, None), gprefix, lat, bw, INT8_WIRE,
                                 _int8_rate(profile))[0], None
         elif mode == "diloco-across" and "diloco-across" in offered:
-            ar = (routing_s(route, gprefix, lat, bw, phases=(0, 2))[0]
-                  + routing_s(route, gprefix, lat, bw, phases=(1, 2))[0]
+            ar = (routing_s(route, gprefix, lat, bw, phases=(IN_GROUP, BACK))[0]
+                  + routing_s(route, gprefix, lat, bw, phases=(BETWEEN, BACK))[0]
                   / profile.relax.outer_every)
             via = groups
         elif mode == "diloco":
@@ -283,7 +285,7 @@ def _offered(chains: Chains, groups: Sequence[Sequence[int]] | None,
     out = set()
     if route is None:
         return out
-    if {m.phase for m in route.messages} >= {0, 1}:
+    if {m.phase for m in route.messages} >= {IN_GROUP, BETWEEN}:
         out.add("int8-across")
     pg = pipeline_groups(chains, groups)
     if pg is not None and 1 < len(set(pg)) < len(pg):
@@ -304,7 +306,7 @@ def same_math(mode: str, chains: Chains, profile: Profile) -> str:
     if mode in _offered(chains, groups, route):
         return mode
     if mode == "int8-across":
-        crosses = route is None or any(m.phase == 1 for m in route.messages)
+        crosses = route is None or any(m.phase == BETWEEN for m in route.messages)
         return "int8" if crosses else "exact"
     pg = pipeline_groups(chains, groups) if groups else None
     return "exact" if pg is not None and len(set(pg)) == 1 else "diloco"

@@ -52,8 +52,8 @@ def stage_latency_s(plan: Plan, profile: Profile) -> list[float]:
 
 def stage_weight_s(plan: Plan, profile: Profile) -> list[float]:
     """Per stage the W pass of a zero-bubble schedule (the W part of its units' backward,
-    :func:`skyjax.plan.pricing.cost.weight_s`), which its backward action then leaves out; zeros under
-    other schedules."""
+    :func:`skyjax.plan.pricing.cost.weight_s`), which its backward action then leaves out; zeros
+    under other schedules."""
     from skyjax.names import ZERO_BUBBLE
     from skyjax.plan.pricing.cost import weight_s
 

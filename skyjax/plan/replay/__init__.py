@@ -2,6 +2,6 @@
 whether priced, declared by a profile for a rehearsal, or read from a measured step.
 
 * ``simulate``: an event simulation of a schedule;
-* ``declared``: every action's time a profile declares, for a rehearsal (``config.rehearse``);
+* ``rehearsal``: every action's time a profile declares, for a rehearsal (``config.rehearse``);
 * ``measured``: each message's delay read from a measured step's spans.
 """

@@ -1,7 +1,7 @@
 """An event simulation of a pipeline schedule, to check the cost model and to draw a step.
 
-``simulate`` runs the per-stage action lists of :func:`skyjax.plan.model.schedules.actions`: each stage
-executes its list in order; F(k, i) waits for F(k-1, i) plus the link delay, B(k, i) for
+``simulate`` runs the per-stage action lists of :func:`skyjax.plan.model.schedules.actions`: each
+stage executes its list in order; F(k, i) waits for F(k-1, i) plus the link delay, B(k, i) for
 B(k+1, i) plus the link delay. It returns the step time, per-stage busy and idle time, peak
 in-flight micro-batches and a Chrome / Perfetto trace (built by :mod:`skyjax.spans`, like the
 runtime's measured one, so the two line up).
@@ -149,10 +149,10 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], comm_s: Se
 
 def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True,
                   extra: ExtraCost | None = None) -> SimResult:
-    """Simulate a plan on its profile (:func:`stage_actions_s`), with each stage's update
-    and the synchronisation at the step boundary; with ``extra`` (:mod:`skyjax.plan.model.extension`)
-    the step time and busy times also carry what its terms add (not drawn in the trace).
-    Several pipelines: ``_simulate_pipelines``."""
+    """Simulate a plan on its profile (:func:`stage_actions_s`), with each stage's update and the
+    synchronisation at the step boundary; with ``extra`` (:mod:`skyjax.plan.model.extension`) the
+    step time and busy times also carry what its terms add (not drawn in the trace). Several
+    pipelines: ``_simulate_pipelines``."""
     if plan.num_pipelines > 1:
         if extra is not None:
             raise ValueError("simulate_plan: extra cost terms model one pipeline")

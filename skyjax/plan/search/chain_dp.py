@@ -1,6 +1,7 @@
-"""The heuristic's chain DP (:mod:`skyjax.plan.search.heuristic`, step 2): for a fixed device order and a
-batch of caps on every stage time, the least sum of stage times (plus the first stage's update)
-of any plan whose stages run on a subsequence of the order, under memory; and the plan itself.
+"""The heuristic's chain DP (:mod:`skyjax.plan.search.heuristic`, step 2): for a fixed device order
+and a batch of caps on every stage time, the least sum of stage times (plus the first stage's
+update) of any plan whose stages run on a subsequence of the order, under memory; and the plan
+itself.
 
 O(n U log U) per cap: a forward DP over the order whose inner step is vectorised over units,
 caps and destination groups (windows from cap and memory, sparse-table range minima); runs of

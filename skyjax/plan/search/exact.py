@@ -1,22 +1,17 @@
 """The exact search: least T over device subsets, orders and cuts, by a DP over class counts.
+docs/design.md, "Planning", "Exact search", gives the state and why it is exact.
 
-Order and subset (``ClassDP``). Devices fall into classes of interchangeable devices
-(:func:`skyjax.plan.pricing.classes.device_classes`). The DP runs backward over suffixes of the chain;
-its state is (count vector v of devices used per class in the suffix, class of the suffix's first
-stage, its first unit b), and |v| is the number of stages to the end, so 1F1B's in-flight count
-min(m, p - k) is exact. With distinct devices v is a subset (a TSP-style DP over subsets, any
-order); with identical ones it only counts (search over class counts, not permutations). One
-DP(t) costs about sum_states C x U^2 vectorised operations and runs when ``exact_cost`` is within
-``EXACT_PAIRS`` / ``EXACT_WORK`` (e.g. <= 8 distinct devices at 40 units, or 64 identical devices
-at 483 units). Plans from it have ``exact: true``; tests check them against brute force.
+``ClassDP``: devices fall into classes of interchangeable devices
+(:func:`skyjax.plan.pricing.classes.device_classes`). The DP runs backward over suffixes of the
+chain with state (devices used per class, class of the suffix's first stage, its first unit),
+so it counts devices instead of permuting them, and 1F1B's in-flight count min(m, p - k) is
+exact. It runs when ``exact_cost`` is within ``EXACT_PAIRS`` / ``EXACT_WORK``.
 
-Bottleneck (``pareto_walk``). DP(t) = min sum_k t_k + update_0 subject to t_k <= t and memory,
-and T* = min_t DP(t) + (m - 1) t + sync_s (:mod:`skyjax.plan.planner`). DP(t) is a non-increasing step
-function, so only its Pareto points matter: DP(inf) (optimal for m = 1); the least feasible cap
-t_lo by binary search over the sorted set of every stage time the DP can produce; then the Pareto
-points downward from (best - DP(inf)) / (m - 1) (no larger bottleneck can beat the best): after
-DP(t) returns sum s and maximum M, the next cap is the largest stage time below M (caps in [M, t]
-give the same plan). It stops once s + (m - 1) t_lo cannot beat the best. Exact.
+``pareto_walk``: DP(t), the least sum of stage times with every t_k <= t, is a non-increasing
+step function of the cap t, so only its Pareto points matter. The walk visits them downward,
+from the largest cap that could still win; each next cap is the largest stage time below the
+last plan's bottleneck, and it stops once no smaller cap can beat the best. Plans from it are
+``exact: true``; tests check them against brute force.
 """
 
 from __future__ import annotations

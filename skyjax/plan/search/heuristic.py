@@ -1,29 +1,15 @@
-"""The heuristic search, for problems too large for the exact DP: ``exact: false`` plans that come
-with ``lower_bound_s`` (:mod:`skyjax.plan.bounds.step`).
+"""The heuristic search, for problems too large for the exact DP: ``exact: false`` plans that
+carry ``lower_bound_s`` (:mod:`skyjax.plan.bounds.step`). docs/design.md, "Planning",
+"Heuristic", gives its steps and their reasons.
 
-1. Link groups (:func:`skyjax.plan.pricing.classes.link_groups`: devices whose links are
-   interchangeable, typically regions) are kept contiguous; the group path minimises the link
-   cost between neighbours (exhaustive up to 7 groups, else nearest neighbour); inside a group
-   devices are sorted fast-first or slow-first. Four orders: that path and its reverse, times
-   the two sorts. More than ``MAX_LINK_GROUPS`` groups (e.g. noisy measured links) are coarsened
-   (``coarse_groups``) and the DP charges each group pair its worst link, so its costs bound the
-   true ones from above.
-2. For a fixed order, :class:`skyjax.plan.search.chain_dp.ChainDP` finds the best plan on any
-   subsequence of it (stages may skip devices), for a batch of caps at once.
-3. Each order gets a cap search (only the best is refined when orders x D x U is large), then a
-   budgeted first-improvement local search over orders (:mod:`skyjax.plan.search.order_search`: new
-   group carriers, swaps), each trial screened by one DP run near the incumbent's cap.
-4. GPipe, where memory binds: the best order with slow devices between fast ones
-   (:func:`skyjax.plan.search.order_search.interleaved`), which re-align memory-bound blocks.
-5. 1F1B: orders of only the k fastest devices (``_fastest_subsets``), whose in-flight counts
-   are not inflated by devices the plan leaves unused; only when the inflated count stopped
-   some stage of the plan from growing (``order_search.overcharged``).
-
-Bottleneck (``_CapSearch``). T* = min_t DP(t) + (m - 1) t (:mod:`skyjax.plan.planner`); here
-geometric grids of K caps between a lower bound on the bottleneck
-(:func:`skyjax.plan.bounds.step.min_bottleneck`) and (best - DP(inf)) / (m - 1), each round zooming in
-on the best. Rounds stop once no cap left in the bracket can beat the score to beat (exact: DP is
-non-increasing in the cap), and caps already run are not run again.
+Device orders keep link groups contiguous (:mod:`skyjax.plan.search.order_search`). For each
+order, :class:`skyjax.plan.search.chain_dp.ChainDP` finds the best plan on any subsequence of
+it for a batch of caps at once, and ``_CapSearch`` zooms geometric grids of caps in on
+T* = min_t DP(t) + (m - 1) t, starting from a lower bound on the bottleneck
+(:func:`skyjax.plan.bounds.step.min_bottleneck`) and never running a cap twice. Then come a
+budgeted local search over orders, GPipe's interleaved orders where memory binds, and for 1F1B
+orders of only the fastest devices (``fastest_subsets``) where unused devices inflated the
+in-flight counts.
 """
 
 from __future__ import annotations
@@ -37,7 +23,7 @@ from skyjax.plan.search.chain_dp import ChainDP, group_links
 from skyjax.plan.pricing.classes import coarse_groups, device_classes, labels, link_groups
 from skyjax.plan.pricing.cost import Solution, Tables
 from skyjax.plan.search.order_search import candidate_orders
-from skyjax.plan.search.order_search import overcharged as _overcharged
+from skyjax.plan.search.order_search import overcharged
 
 MAX_LINK_GROUPS = 16  # more link groups are coarsened (worst link per group pair)
 CAP_RTOL = 5e-3  # stop refining the cap once the bracket is this narrow
@@ -99,8 +85,8 @@ class _CapSearch:
         return self.dp.reconstruct(self.cap) if self.feasible else None
 
 
-def _fastest_subsets(t: Tables, top: "_CapSearch", orders: list[list[int]], make,
-                     rounds: int) -> "_CapSearch":
+def fastest_subsets(t: Tables, top: "_CapSearch", orders: list[list[int]], make,
+                    rounds: int) -> "_CapSearch":
     """1F1B: the chain DP charges a stage min(m, devices left in the order) micro-batches in
     flight, unused devices included, so with many micro-batches a full order starves the early
     stages' memory (paper case, m = 32: T 2.57 from full orders, 2.34 from the fastest 22).
@@ -186,8 +172,8 @@ def search(t: Tables, cap_lb: float, rounds: int = 5, k: int = 8,
             if cs.feasible and cs.score < top.score * (1 - 1e-9):
                 top, sol = cs, cs.solution()
     if t.schedule == "1f1b" and t.microbatches > 2 and sol is not None \
-            and _overcharged(t, top.dp.order, sol):
-        found = _fastest_subsets(t, top, orders, cap_search, rounds)
+            and overcharged(t, top.dp.order, sol):
+        found = fastest_subsets(t, top, orders, cap_search, rounds)
         if found is not top:
             sol = found.solution()
     return sol

@@ -105,8 +105,9 @@ def _moves(order: list[int], class_of: np.ndarray, group_of: np.ndarray) -> Iter
 
 
 def screen(dp, top, m: int) -> bool:
-    """Whether an order's chain DP (:class:`skyjax.plan.search.chain_dp.ChainDP`) beats the incumbent
-    cap search ``top`` at five caps around its bottleneck (upper bounds on its best score)."""
+    """Whether an order's chain DP (:class:`skyjax.plan.search.chain_dp.ChainDP`) beats the
+    incumbent cap search ``top`` at five caps around its bottleneck (upper bounds on its best
+    score)."""
     caps = top.cap * _SCREEN_CAPS if m > 1 and np.isfinite(top.cap) else np.array([np.inf])
     run = dp.run(caps)  # as _CapSearch scores
     quick = run + (m - 1) * caps if np.isfinite(caps).all() else run * m

@@ -100,10 +100,10 @@ def _least(t: Tables, order: list[int], groups: list[list[int]], bounds: list[in
            slack: int = SLACK) -> Solution | None:
     """The DP's plan (region spans: ``bounds`` +- slack) priced by the cost model; None where
     it finds none or a region has more than ``MAX_STATES`` count vectors."""
-    kinds = [_kinds(t, groups[g]) for g in order]
+    kinds = [interchangeable(t, groups[g]) for g in order]
     if max(math.prod(len(k) + 1 for k in ks) for ks in kinds) > MAX_STATES:
         return None
-    found = _Search(t, order, groups, kinds, bounds, cap, slack).run()
+    found = RegionSearch(t, order, groups, kinds, bounds, cap, slack).run()
     if found is None:
         return None
     check_assignment(t, found)
@@ -112,7 +112,7 @@ def _least(t: Tables, order: list[int], groups: list[list[int]], bounds: list[in
     return Solution(float(sum(times)) + stages[0].update_s, float(max(times)), found)
 
 
-def _kinds(t: Tables, devs: list[int]) -> list[list[int]]:
+def interchangeable(t: Tables, devs: list[int]) -> list[list[int]]:
     """Devices of one group that are interchangeable (same rows everywhere the cost reads)."""
     out: dict[bytes, list[int]] = {}
     for d in devs:
@@ -123,9 +123,9 @@ def _kinds(t: Tables, devs: list[int]) -> list[list[int]]:
     return list(out.values())
 
 
-def _link(t: Tables, a: list[int], b: list[int]) -> np.ndarray:
+def group_link(t: Tables, a: list[int], b: list[int]) -> np.ndarray:
     """[U + 1]: two-way link seconds at each cut, group a to b (the sender's message calls are
-    added per kind: ``_Search._send``)."""
+    added per kind: ``RegionSearch._send``)."""
     u = t.num_units
     out = np.full(u + 1, _INF)
     lat, bw = worst_link(t, a, b)
@@ -135,7 +135,7 @@ def _link(t: Tables, a: list[int], b: list[int]) -> np.ndarray:
     return out
 
 
-class _Search:
+class RegionSearch:
     """The DP of the module doc; ``run`` returns an assignment or None. For bounds
     (:mod:`skyjax.plan.certificates.once_bound`), not plans: ``free`` kinds per region are unlimited (out of
     the state, closed over within a layer) and ``cut`` drops entries at or above it."""
@@ -151,13 +151,13 @@ class _Search:
         self.span = [(0 if r == 0 else max(bounds[r] - slack, 1),
                       u if r == n_r - 1 else min(bounds[r + 1] + slack, u - 1))
                      for r in range(n_r)]
-        self.intra = [_link(t, groups[g], groups[g]) for g in order]
+        self.intra = [group_link(t, groups[g], groups[g]) for g in order]
         nolink = np.full(u + 1, _INF)
         nolink[u] = 0.0
-        self.out = [_link(t, groups[g], groups[order[r + 1]]) if r + 1 < n_r else nolink
+        self.out = [group_link(t, groups[g], groups[order[r + 1]]) if r + 1 < n_r else nolink
                     for r, g in enumerate(order)]
         self.f: list[np.ndarray] = []
-        self._links: dict[int, tuple[list, list[int]]] = {}  # per region, for _region
+        self._links: dict[int, tuple[list, list[int]]] = {}  # per region, for fill_region
 
     def _rep(self, r: int, c: int) -> int:
         return self.kinds[r][c][0]
@@ -190,12 +190,12 @@ class _Search:
         arrive = np.full(u + 1, _INF)
         arrive[0] = 0.0
         for r in range(len(self.order)):
-            arrive = self._region(r, arrive)
+            arrive = self.fill_region(r, arrive)
         if not math.isfinite(arrive[u]):
             return None
         return self._walk_back()
 
-    def _region(self, r: int, arrive: np.ndarray, first: bool | None = None) -> np.ndarray:
+    def fill_region(self, r: int, arrive: np.ndarray, first: bool | None = None) -> np.ndarray:
         """Fill region r's table f[unit, state] from the arrivals; returns the next region's
         arrivals. Layer by layer (stages used in the region); a layer's entries that a state
         with fewer devices of every kind matches or beats are dropped (it can finish the same

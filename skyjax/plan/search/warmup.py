@@ -1,38 +1,19 @@
 """Latency hidden by micro-batches in flight: 1F1B with a deeper warm-up before a slow link,
-priced by the window model (docs/design.md, "The cost model", "Latency and the window").
+priced by the window model. docs/design.md, "Latency and the window", gives T_win and why it
+holds.
 
-1F1B keeps w_k = min(m, p - k) micro-batches in flight on stage k, and the cost model charges
-each link's latency inside t_k, once per micro-batch on the bottleneck. Where a link's latency
-is long, that is what a step costs: with few micro-batches in flight the stage before the link
-waits for each round trip. A stage that keeps more in flight waits less; with enough, the
-latency is paid once in the fill and drain. The window model prices per-stage warm-ups
-(``Stage.warmup``, :func:`skyjax.plan.model.schedules.warmups`):
+The cost model charges each link's latency inside t_k, once per micro-batch on the bottleneck;
+a stage that keeps more micro-batches in flight waits less for each round trip, and with enough
+the latency is paid once, in the fill and drain. ``window`` prices a plan's per-stage warm-ups
+(``Stage.warmup``, :func:`skyjax.plan.model.schedules.warmups`) as T_win. With 1F1B's own
+warm-ups T_win <= T, so T stays the price that the searches minimise.
 
-  x_k   = bytes_k / bandwidth_k: one hand-off over link k (its codec's bytes), one way
-  c_k   = t_k - 2 (latency_k + x_k): the stage's passes, message calls and coding
-  R_k   = sum_{j >= k} t_j: a micro-batch's round trip from stage k's forward to its backward
-  w_k   = min(m, warmup_k + 1): micro-batches in flight on stage k
-  P     = max(max_k c_k, max_k x_k, max_{k: w_k < m} R_k / w_k)
-  T_win = sum_k t_k + (m - 1) P + update_0 + sync_s
-
-A stage is busy c_k per micro-batch; a link carries one message at a time per direction, x_k
-each (the link's latency does not hold it: ``transport.base.LinkClock``); a stage with w_k in
-flight starts a micro-batch only when one returns, so it cannot go faster than w_k per round
-trip R_k. The fill and drain (sum t_k) pay every latency and both transfers once. With 1F1B's
-own warm-ups R_k / w_k <= max_j t_j, so T_win <= T: today's T, which charges the latency per
-micro-batch, stays the price of plans with 1F1B's own warm-ups (the searches minimise it, and
-plans stay what they were), an upper bound of their window price.
-
-``plan_auto`` (the planner, 1F1B, one pipeline, ``--warmup auto``): the plan the search found and
-the one it finds with every latency 0, each deepened, the lower price kept. ``deepen``: on a
-plan, each stage gets the
-fewest warm-up forwards for which R_k / w_k is at most the latency-free period
-max(max c_j, max x_j), within its memory (stage k holds w_k micro-batches' activations) and
-never more than the stage before it; the plan is kept with them when its T_win is at least
-``MIN_GAIN`` below T_win at 1F1B's own warm-ups (deeper warm-ups hold more activations: they
-must buy a clear gain), with ``lower_bound_s`` the bound of the tables without links (every T_win
-is at least that plan's T: c_k and the message calls are in t_k, and the bound charges one
-micro-batch in flight).
+``plan_auto`` (the planner, 1F1B, one pipeline, ``--warmup auto``): the plan the search found
+and the one it finds with every latency 0, each deepened, the lower price kept. ``deepen``
+gives each stage the fewest warm-up forwards that hide its round trip, within its memory and
+never more than the stage before it (``choose``). It keeps them only for a gain of at least
+``MIN_GAIN`` in T_win, since deeper warm-ups hold more activations; the plan's
+``lower_bound_s`` is then the bound of the tables without links (``linkless``).
 """
 
 from __future__ import annotations
@@ -89,7 +70,8 @@ def window(t: Tables, plan: Plan) -> Window:
     return Window(times, busy, xfer, lat)
 
 
-def _memory(t: Tables, a: int, b: int, inflight: int) -> float:
+def stage_memory(t: Tables, a: int, b: int, inflight: int) -> float:
+    """Bytes a stage of units [a, b) holds with ``inflight`` micro-batches in flight."""
     return float(t.state_prefix[b] - t.state_prefix[a]
                  + inflight * (t.act_prefix[b] - t.act_prefix[a]))
 
@@ -105,7 +87,7 @@ def choose(t: Tables, plan: Plan, win: Window) -> list[int]:
         if k < p - 1 and free > 0:
             need = max(need, min(m, int(np.ceil(sum(win.times[k:]) / free - 1e-9))) - 1)
         fits = own[k]
-        while fits < min(need, prev) and _memory(t, *s.units, min(m, fits + 2)) \
+        while fits < min(need, prev) and stage_memory(t, *s.units, min(m, fits + 2)) \
                 <= t.memory[s.device]:
             fits += 1
         out.append(max(own[k], min(need, prev, fits)))
@@ -131,7 +113,7 @@ def deepen(t: Tables, plan: Plan, bound_s: Callable[[], float]) -> Plan:
         return plan
     stages = [dataclasses.replace(
         s, warmup=w if w > o else None,
-        memory_bytes=int(round(_memory(t, *s.units, min(m, w + 1)))) if w > o else
+        memory_bytes=int(round(stage_memory(t, *s.units, min(m, w + 1)))) if w > o else
         s.memory_bytes) for s, w, o in zip(plan.stages, warm, own)]
     return dataclasses.replace(plan, stages=stages, step_time_s=deep,
                                bottleneck_s=win.period(m, warm), exact=False,

@@ -1,4 +1,5 @@
-"""``python -m skyjax.export``: a trained run's model as a Hugging Face directory.
+"""``python -m skyjax.export`` (``skyjax-export``): a trained run's model as a Hugging Face
+directory (:func:`skyjax.export.hf_format.export_run`).
 
   python -m skyjax.export --workdir RUN --out DIR [--step N]
 
@@ -16,11 +17,13 @@ import argparse
 import sys
 
 from skyjax import failures
+from skyjax.cli.flags import OneLineParser
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = failures.OneLineParser(prog="python -m skyjax.export",
-                               description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m skyjax.export",
+                      description="``python -m skyjax.export``: a trained run's model as a "
+                                  "Hugging Face directory.")
     p.add_argument("--workdir", required=True, help="the run's --workdir")
     p.add_argument("--out", required=True, help="the directory to write (new, or empty)")
     p.add_argument("--step", type=int, default=None,
@@ -32,21 +35,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with failures.one_line_errors("skyjax.export", args.debug):
-        from skyjax.export import hf_format, trained
+        from skyjax.export import hf_format
 
-        hf_format.check_out(args.out)  # before the checkpoint is read
-        model = trained.from_workdir(args.workdir, args.step)
-        done = hf_format.write(model, args.out)
-        print(f"skyjax.export: step {model.step} of {args.workdir} -> {args.out}: "
-              f"{done['tensors']} tensors, {done['parameters']:,} parameters, "
-              f"{model.bert.num_labels} label(s)"
-              + ("" if model.regression else f" ({', '.join(hf_format.id2label(model).values())})"),
-              flush=True)
-        print("skyjax.export: " + (f"tokenizer from {done['tokenizer']}" if done["tokenizer"]
-                                   else "no tokenizer: the synthetic task's token ids are its "
-                                        "own"), flush=True)
+        for line in hf_format.export_run(args.workdir, args.out, args.step):
+            print(f"skyjax.export: {line}", flush=True)
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The command's entry point (``skyjax-export``, ``python -m skyjax.export``)."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,9 +1,11 @@
-"""``python -m skyjax.profile --config configs/local_hetero.py --out profile.json``.
+"""``python -m skyjax.profile --config configs/local_hetero.py --out profile.json``
+(``skyjax-profile``).
 
 Measures (or, with ``--workdir``, reuses the cached) profile of the config's model on the config's
-cluster: one progress line per unit and device, a short table at the end. The result is the
-profile.json that ``python -m skyjax.plan --profile ...`` plans from. Any config key can be
-overridden, e.g. ``--config.cluster.slowdowns="(1, 2, 4)"``.
+cluster (:func:`skyjax.profile.profiler.profile_config`): one progress line per unit and device,
+a short table at the end. The result is the profile.json that ``python -m skyjax.plan --profile
+...`` plans from. Any config key can be overridden, e.g. ``--config.cluster.slowdowns="(1, 2,
+4)"``.
 
 For a CPU cluster of ``config.cluster.num_devices`` devices in one process the host device count
 is set before JAX starts; a ``"distributed"`` config profiled here runs its processes' devices in
@@ -16,6 +18,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from skyjax import failures, workdir
+from skyjax.cli.flags import run_absl
 from skyjax.config import validate_config
 
 FLAGS = flags.FLAGS
@@ -52,7 +55,7 @@ def main(argv: list[str]) -> None:
 def measure_and_write(config) -> None:
     """Profiles the config's model on its cluster (or loads the workdir's cached profile), writes
     ``--out`` and prints the summary table."""
-    from skyjax import cluster as cluster_lib
+    from skyjax import cluster
 
     probes = None
     if config.cluster.shared_host:  # the optional shared-host model's probes (skyjax.hostmodel)
@@ -60,14 +63,10 @@ def measure_and_write(config) -> None:
 
         hostmodel.activate()
         probes = hostmodel.probes()
-    cluster_lib.ensure_host_device_count(int(config.cluster.num_devices))
+    cluster.ensure_host_device_count(int(config.cluster.num_devices))
     # These import JAX: after XLA_FLAGS.
-    from skyjax.optim import make_optimizer
-    from skyjax.profile.chain import Workload
     from skyjax.profile.format import save_profile
-    from skyjax.profile.measure import profile
-    from skyjax.profile.options import Options
-    from skyjax.profile.profiler import profile_or_load
+    from skyjax.profile.profiler import profile_config
     from skyjax.report.profile_table import summary_table
 
     overrides = {"dedup_units": _DEDUP.value, "dedup_devices": _DEDUP.value}
@@ -75,16 +74,8 @@ def measure_and_write(config) -> None:
         overrides.update(repeats=_REPEATS.value, min_repeats=min(3, _REPEATS.value))
     if _BUDGET.value:
         overrides["budget_s"] = _BUDGET.value
-    workload = Workload.from_config(config)
-    cluster = cluster_lib.cluster_from_config(config)
-    optimizer = make_optimizer(config.train)
-    options = Options.from_config(config, host=probes, **overrides)
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
-    if _WORKDIR.value:
-        prof = profile_or_load(_WORKDIR.value, workload, cluster, optimizer, options,
-                               reprofile=_REPROFILE.value, log=log)
-    else:
-        prof = profile(workload, cluster, optimizer, options, log=log)
+    prof = profile_config(config, workdir=_WORKDIR.value, reprofile=_REPROFILE.value,
+                          host=probes, log=lambda msg: print(msg, flush=True), **overrides)
     if _OUT.value:
         save_profile(prof, _OUT.value)
         print(f"wrote {_OUT.value}")
@@ -92,3 +83,12 @@ def measure_and_write(config) -> None:
     print(summary_table(prof))
     if "profile_time_s" in meta:
         print(f"profiled in {meta['profile_time_s']:.1f} s (compilation {meta['compile_s']:.1f} s)")
+
+
+def run() -> None:
+    """The command's entry point (``skyjax-profile``, ``python -m skyjax.profile``)."""
+    run_absl(main, __name__)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,12 +1,13 @@
-"""Declared timing on the real execution path: calls and messages that take the times a profile
-of another cluster declares (``config.rehearse``; the figures come from
-``skyjax.plan.replay.declared``).
+"""A rehearsal's calls and links: they take the times a profile of another cluster declares
+(``config.rehearse``; the figures come from ``skyjax.plan.replay.rehearsal``, the run's object
+is ``skyjax.runtime.rehearsal.Rehearsal``).
 
-* :func:`declared_call` runs a call to completion, then waits until ``seconds`` after its start:
-  the real model computes inside the declared time and the call waits out the rest. A call
-  whose real compute is longer (an *overrun*) is not cut short; the :class:`Ledger` counts it,
-  so the run can say by how much the host fell behind the declared cluster.
-* :class:`DeclaredLinks` is a ``LinkEmulation`` whose messages weigh the bytes the profiled
+* :func:`rehearsed_call` runs a call to completion, then waits until ``seconds`` after its
+  start: the real model computes inside the declared time and the call waits out the rest. A
+  call whose real compute is longer (an *overrun*) is not cut short; the run's
+  :class:`RehearsalLedger` counts it, so the run can say by how much the host fell behind the
+  declared cluster.
+* :class:`RehearsalLinks` is a ``LinkEmulation`` whose messages weigh the bytes the profiled
   model sends on that link, not the rehearsing model's, so a small BERT's hand-offs take
   BERT-large's time; the transports' link clock waits it out as for any emulated link.
 
@@ -30,10 +31,11 @@ from skyjax.cluster.emulation import LinkEmulation, block
 
 
 @dataclasses.dataclass
-class Ledger:
-    """What declared calls of this process did: per call the real compute and how late it ended
-    against its declared end (its host overhead: a wake-up's overshoot, a thread waiting for the
-    interpreter); overruns (real compute over the declared time) by count, total and largest."""
+class RehearsalLedger:
+    """What a rehearsal's calls in this process did: per call the real compute and how late it
+    ended against its declared end (its host overhead: a wake-up's overshoot, a thread waiting
+    for the interpreter); overruns (real compute over the declared time) by count, total and
+    largest. A program's first call compiles: it is not recorded (:meth:`first_call`)."""
 
     calls: int = 0
     real_s: float = 0.0
@@ -44,6 +46,9 @@ class Ledger:
     overrun_s: float = 0.0
     overrun_max_s: float = 0.0
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+    # programs called before (not weakly referenceable ones: never first)
+    _seen: "weakref.WeakSet[Callable]" = dataclasses.field(default_factory=weakref.WeakSet,
+                                                           repr=False)
 
     def record(self, real_s: float, declared_s: float, total_s: float) -> None:
         late = max(0.0, total_s - max(real_s, declared_s))
@@ -58,11 +63,15 @@ class Ledger:
                 self.overrun_s += real_s - declared_s
                 self.overrun_max_s = max(self.overrun_max_s, real_s - declared_s)
 
-    def reset(self) -> None:
+    def first_call(self, fn: Callable) -> bool:
+        """Whether this is ``fn``'s first call (it compiles), remembering it."""
         with self._lock:
-            for f in dataclasses.fields(self):
-                if not f.name.startswith("_"):
-                    setattr(self, f.name, 0 if f.type == "int" else 0.0)
+            try:
+                first = fn not in self._seen
+                self._seen.add(fn)
+            except TypeError:  # not weakly referenceable: every call counts
+                first = False
+        return first
 
     def to_json(self) -> dict:
         with self._lock:
@@ -70,14 +79,10 @@ class Ledger:
                     if not f.name.startswith("_")}
 
 
-LEDGER = Ledger()  # this process's declared calls (every stage thread of it)
-# programs called before: a program's first call compiles, which no ledger entry should hold
-_SEEN: "weakref.WeakSet[Callable]" = weakref.WeakSet()
-
 
 def merge(records: list[dict]) -> dict:
-    """One summary of several processes' :meth:`Ledger.to_json` records: the totals, the
-    largest, and per call the mean real compute and lateness (the host overhead per action)."""
+    """One summary of several processes' :meth:`RehearsalLedger.to_json` records: the totals,
+    the largest, and per call the mean real compute and lateness (the host overhead per action)."""
     calls = sum(r["calls"] for r in records)
     out = {
         "calls": calls,
@@ -92,37 +97,31 @@ def merge(records: list[dict]) -> dict:
     return out
 
 
-def declared_call(fn: Callable, *args: Any, seconds: float, ledger: Ledger = LEDGER,
-                  **kwargs: Any) -> tuple[Any, float]:
+def rehearsed_call(fn: Callable, *args: Any, seconds: float, ledger: RehearsalLedger,
+                   **kwargs: Any) -> tuple[Any, float]:
     """Runs ``fn(*args, **kwargs)`` to completion, then waits until ``seconds`` after its start;
-    returns ``(result, wall seconds)``. A program's first call (it compiles) is not recorded in
-    ``ledger``. The wait is one ``time.sleep`` (no spin): many stage
-    threads share the host, and a spin would take their cores; its overshoot is recorded as
-    overhead."""
+    returns ``(result, wall seconds)``, recorded in ``ledger`` unless it is the program's first
+    call (it compiles). The wait is one ``time.sleep`` (no spin): many stage threads share the
+    host, and a spin would take their cores; its overshoot is recorded as overhead."""
     start = time.perf_counter()
     result = block(fn(*args, **kwargs))
     real = time.perf_counter() - start
     if seconds > real:
         time.sleep(seconds - real)
     total = time.perf_counter() - start
-    try:
-        first = fn not in _SEEN
-        _SEEN.add(fn)
-    except TypeError:  # not weakly referenceable: every call counts
-        first = False
-    if not first:
+    if not ledger.first_call(fn):
         ledger.record(real, seconds, total)
     return result, total
 
 
-def wait_declared(seconds: float) -> None:
+def rehearsed_wait(seconds: float) -> None:
     """A declared span with no call in it (the step's synchronisation)."""
     if seconds > 0:
         time.sleep(seconds)
 
 
-class DeclaredLinks(LinkEmulation):
-    """Links of a declared cluster: a message from ``src`` to ``dst`` takes ``latency +
+class RehearsalLinks(LinkEmulation):
+    """Links of a rehearsed cluster: a message from ``src`` to ``dst`` takes ``latency +
     wire_bytes / bandwidth + coding_s`` whatever it really carries (``nbytes`` 0 asks for the
     latency alone, as the link clock does). Pairs with no declared bytes (none planned between
     them) carry what they really carry."""
@@ -134,11 +133,6 @@ class DeclaredLinks(LinkEmulation):
         self.wire_bytes = np.zeros((n, n)) if wire_bytes is None else np.asarray(wire_bytes,
                                                                                  float)
         self.coding_s = np.zeros((n, n)) if coding_s is None else np.asarray(coding_s, float)
-
-    def declare(self, wire_bytes: Any, coding_s: Any) -> None:
-        """The plan's bytes per pair (known once planned; the transport exists before)."""
-        self.wire_bytes = np.asarray(wire_bytes, float)
-        self.coding_s = np.asarray(coding_s, float)
 
     @property
     def active(self) -> bool:

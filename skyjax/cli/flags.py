@@ -1,14 +1,18 @@
-"""absl flag parsing for the commands that take ``--config`` (``skyjax.main``, ``skyjax.profile``):
-an unknown ``--config.*`` key, or a config file that is missing, does not parse or has no working
-``get_config``, is one line and the exit status ``EXIT_BAD_INPUT``, not a traceback."""
+"""Argument parsing the commands share, failures in one line: absl's flags for the commands
+that take ``--config`` (``skyjax.main``, ``skyjax.profile``), where an unknown ``--config.*`` key,
+or a config file that is missing, does not parse or has no working ``get_config``, is one line
+and the exit status ``EXIT_BAD_INPUT``, not a traceback; and :class:`OneLineParser`, ``argparse``
+for the others."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
+from typing import Callable
 
-from absl import flags
+from absl import app, flags
 from absl import logging as absl_logging
 
 from skyjax import failures
@@ -16,6 +20,13 @@ from skyjax.config import defaults as config_defaults
 from skyjax.names import EXIT_BAD_INPUT
 
 FLAGS = flags.FLAGS
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse`` whose usage errors are one line (``prog: error: ...``), status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
 
 
 def _unknown_override(argv: list[str]) -> str | None:
@@ -118,3 +129,16 @@ def parse_flags(argv: list[str]) -> list[str]:
             why = "file not found" if not os.path.isfile(path) else failures.describe(e)
             print(f"Invalid config: --config {path}: {why}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+
+
+def run_absl(main: Callable[[list[str]], None], command: str, parse: bool = True) -> None:
+    """``app.run(main)`` for the absl command module ``command`` (``parse``: through
+    :func:`parse_flags`), its docstring and flags the ``--help`` / ``--helpshort`` of whichever
+    module runs as ``__main__`` (the ``python -m`` name, a console script): absl shows
+    ``__main__``'s."""
+    for flag in FLAGS.get_key_flags_for_module(command):
+        FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    main_module = sys.modules.get("__main__")
+    if main_module is not None and main_module is not sys.modules[command]:
+        main_module.__doc__ = sys.modules[command].__doc__
+    app.run(main, flags_parser=parse_flags if parse else app.parse_flags_with_usage)

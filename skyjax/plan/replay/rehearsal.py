@@ -1,12 +1,13 @@
-"""Declared timing: what every action of a plan takes on the cluster a profile describes, so
+"""A rehearsal's times: what every action of a plan takes on the cluster a profile describes, so
 that the real runtime can rehearse that cluster on any host (``config.rehearse``).
 
 A rehearsal runs the plan's stages with a small model of the profile's unit count; each call
 then waits out the time the profile declares for its block on its device, and each message the
 time its link declares for the bytes the *profiled* model sends. This module turns (plan,
 profile) into those figures, with the cost model's own terms (:func:`stage_actions_s`, the
-gradient exchange of :mod:`skyjax.plan.data_parallel.pipelines`), so a rehearsed step measures the runtime
-against the very numbers the simulator replays. Pure numpy, like the rest of ``plan``.
+gradient exchange of :mod:`skyjax.plan.data_parallel.pipelines`), so a rehearsed step measures
+the runtime against the very numbers the simulator replays. Pure numpy, like the rest of
+``plan``; the run's side (its config, devices, calls) is :mod:`skyjax.runtime.rehearsal`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import dataclasses
 
 import numpy as np
 
-from skyjax.plan.pricing.exchange import message_bytes, routing
+from skyjax.plan.pricing.exchange import BETWEEN, message_bytes, routing
 from skyjax.plan.data_parallel.pipelines import INT8_WIRE, grad_prefix
 from skyjax.plan.pricing.stage_times import stage_actions_s, stage_weight_s
 from skyjax.plan.model.types import Plan
-from skyjax.profile.format import Profile, load_profile
+from skyjax.profile.format import Profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,7 @@ class StageTimes:
 
 
 @dataclasses.dataclass
-class Declared:
+class RehearsalTimes:
     """Per stage of a plan (its flat order) its :class:`StageTimes`; per directed device pair
     the bytes a message declares on the wire (hand-offs in the link's codec, replicated
     gradients in the averaging's) and the seconds of coding it adds (the int8 exchange's, which
@@ -86,7 +87,7 @@ def scale_plan(plan: Plan, k: float) -> Plan:
         else [t * k for t in plan.pipeline_step_s])
 
 
-def declare(plan: Plan, profile: Profile) -> Declared:
+def rehearsal_times(plan: Plan, profile: Profile) -> RehearsalTimes:
     """The declared times of ``plan``'s actions and messages on ``profile`` (already scaled)."""
     n = profile.num_devices
     wire = np.zeros((n, n))
@@ -114,7 +115,7 @@ def declare(plan: Plan, profile: Profile) -> Declared:
     route = routing(chains, None if direct else plan.exchange_groups, np.diff(gprefix),
                     None if direct else plan.exchange_reps)
     # int8: every message coded; int8-across: the partial sums between groups (phase 2)
-    across = {(m.src, m.dst) for m in route.messages if m.phase == 1}
+    across = {(m.src, m.dst) for m in route.messages if m.phase == BETWEEN}
     for (d, e), sizes in message_bytes(route, gprefix).items():
         # pipelines.exchange_s's messages; a pair with two (in a group: partial sums one way,
         # totals back in a later phase) declares their mean, so the pair's total is the model's;
@@ -123,35 +124,7 @@ def declare(plan: Plan, profile: Profile) -> Declared:
         on = coded and (plan.averaging == "int8" or (d, e) in across)
         wire[d, e] = g * (INT8_WIRE if on else 1.0)
         coding[d, e] = float(rate[d]) * g if on else 0.0
-    return Declared([times[g] for g in range(len(plan.stages))], wire, coding,
-                    np.asarray(profile.latency_s, float), np.asarray(profile.bandwidth_Bps, float))
+    return RehearsalTimes([times[g] for g in range(len(plan.stages))], wire, coding,
+                          np.asarray(profile.latency_s, float),
+                          np.asarray(profile.bandwidth_Bps, float))
 
-
-def fit_config(config) -> Profile | None:
-    """Loads ``config.rehearse.profile`` (None when off) and makes the run its shape: one
-    device per profiled device (``cluster.num_devices``) and the profile's unit count
-    (``model.num_hidden_layers`` at ``allocation.granularity``: L + 2 units per layer, 3L + 2
-    per sub-layer), the other model keys as the config has them. Raises ``ValueError`` naming
-    the key or the profile's field. Idempotent, JSON only (called before JAX starts)."""
-    path = config.rehearse.profile
-    if not path:
-        return None
-    try:
-        profile = load_profile(path)
-    except ValueError as e:  # ProfileError: names the field
-        raise ValueError(f"config.rehearse.profile={path!r}: {e}") from None
-    units, granularity = profile.num_units, config.allocation.granularity
-    per_layer = 1 if granularity == "layer" else 3
-    layers, rest = divmod(units - 2, per_layer)
-    if layers < 1 or rest:
-        raise ValueError(
-            f"config.rehearse.profile={path!r} has {units} units; a BERT at "
-            f"config.allocation.granularity={granularity!r} has {per_layer}L + 2 (embeddings, "
-            f"{'layers' if per_layer == 1 else 'three sub-layers per layer'}, the head)")
-    if config.model.pretrained:
-        raise ValueError(f"config.model.pretrained={config.model.pretrained!r} cannot be "
-                         f"combined with config.rehearse.profile={path!r}: the rehearsal's "
-                         "model takes its layer count from the profile")
-    config.model.num_hidden_layers = layers
-    config.cluster.num_devices = profile.num_devices
-    return profile
