@@ -171,17 +171,12 @@ def _own_failures(codes: list[int | None], gone: set[int] = frozenset()) -> list
             and k not in gone]
 
 
-def rehearses(module_args: Sequence[str]) -> bool:
-    """Whether the module's arguments set a rehearsal (``--config.rehearse.profile=PATH``)."""
-    return any(a.startswith("--config.rehearse.profile=") and a.split("=", 1)[1].strip("'\" ")
-               for a in module_args)
-
-
 def check_args(num_processes: int, timeout_s: float | None, max_restarts: int,
-               grace_s: float, module_args: Sequence[str] = ()) -> str | None:
-    """What is wrong with the launcher's arguments, in one line (None: nothing)."""
+               grace_s: float, rehearsal: bool = False) -> str | None:
+    """What is wrong with the launcher's arguments, in one line (None: nothing).
+    ``rehearsal``: the children rehearse (``config.rehearse``), so more of them share a core."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    per_core = REHEARSAL_PROCESSES_PER_CORE if rehearses(module_args) else MAX_PROCESSES_PER_CORE
+    per_core = REHEARSAL_PROCESSES_PER_CORE if rehearsal else MAX_PROCESSES_PER_CORE
     most = per_core * max(1, cores or 1)
     if num_processes < 1:
         return f"--num_processes {num_processes}: must be at least 1"
@@ -229,7 +224,7 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
            env: Mapping[str, str] | None = None, module: str = "skyjax.main", *,
            grace_s: float = GRACE_S, stdout=None, coordinator_host: str = "127.0.0.1",
            log=None, max_restarts: int = 0, bind_cores: bool = False,
-           survive_losses: bool = False) -> int:
+           survive_losses: bool = False, rehearsal: bool = False) -> int:
     """Run ``python -m module *module_args`` in ``num_processes`` local processes.
 
     Returns 0 when every child exits with 0; otherwise the exit code of the first child to fail
@@ -240,11 +235,14 @@ def launch(module_args: Sequence[str], num_processes: int, timeout_s: float | No
     covers all attempts. ``bind_cores``: each child runs on its own slice of this process's
     cores (:func:`core_slices`; fewer cores than processes is an error before any starts).
     ``survive_losses``: a process other than 0 that fails on its own does not stop the others
-    (module docstring); the job succeeds when every other process ends with 0.
+    (module docstring); the job succeeds when every other process ends with 0. ``rehearsal``:
+    the children rehearse another cluster (``config.rehearse``; the command reads it from
+    their flags): their processes mostly wait, so up to
+    :data:`REHEARSAL_PROCESSES_PER_CORE` share a core.
     """
     if bind_cores:
         core_slices(num_processes)  # one clear line now, not from inside an attempt
-    problem = check_args(num_processes, timeout_s, max_restarts, grace_s, module_args)
+    problem = check_args(num_processes, timeout_s, max_restarts, grace_s, rehearsal)
     if problem:
         raise failures.BadInput(problem)
     out = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)

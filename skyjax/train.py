@@ -95,6 +95,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     cluster, transport, profile, plan = cluster_and_plan(config, chain, workdir, rehearsal,
                                                          extra, probes)
     start_step = resume.step if resume else 0
+    if rehearsal is not None:  # a run of days at its time scale is refused, before it compiles
+        rehearsal.check_length(plan, config.train.steps - start_step, config.rehearse.allow_long)
     calibrate = calibration_steps(config, start_step)
     if calibrate:  # the first steps run on every device; then the plan of the measured times
         plan = calibration_plan(profile, plan, extra)

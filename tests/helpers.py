@@ -783,3 +783,41 @@ def read_events(logdir: str) -> dict[str, list[tuple[int, float]]]:
             for v in e.summary.value:
                 out.setdefault(v.tag, []).append((e.step, v.simple_value))
     return out
+
+
+CSV_PAIRS = os.path.join(REPO, "configs", "csv_pairs.py")
+TINY_CSV = ["--config.model.hidden_size=32", "--config.model.num_hidden_layers=2",
+            "--config.model.num_attention_heads=2", "--config.model.intermediate_size=64",
+            "--config.data.eval_examples=0", "--config.cluster.slowdowns=(1, 1)"]
+
+
+def diloco_run(tmp_path, steps: int = 4, outer_every: int = 3) -> str:
+    """configs/csv_pairs.py's model, tiny, trained ``steps`` steps by two pipelines (one per
+    device) with DiLoCo averaging, an outer step every ``outer_every`` steps, checkpointed after
+    its last step: by default mid-period, where the pipelines' replicas differ. The planner is
+    forced as tests/test_relax_quality.py's averaging runs force it (the devices in two regions
+    joined at 100 Mbit/s, ample memory, the int8 codec slow); returns the workdir."""
+    n, units = 2, 4
+    latency, bandwidth = np.full((n, n), 0.04), np.full((n, n), 12.5e6)
+    np.fill_diagonal(latency, 0.0)
+    d = make_profile(np.full((units, n), 2e-2), state=np.full(units, 8e6),
+                     act=np.full(units, 1e5), out=np.full(units, 131072.0),
+                     memory=np.full(n, 1e12), latency=latency, bandwidth=bandwidth).to_json()
+    for j, device in enumerate(d["devices"]):
+        device["region"] = f"r{j}"
+    d["codecs"] = {"int8": {"output_bytes": [u["output_bytes"] * 0.27 for u in d["units"]],
+                            "seconds_per_byte": [1e-7] * n}}
+    from skyjax.profile.format import save_profile
+
+    save_profile(Profile.from_json(d), str(tmp_path / "diloco_profile.json"))
+    workdir = str(tmp_path / "diloco_run")
+    done = run_module("skyjax.main", f"--config={CSV_PAIRS}", f"--workdir={workdir}", *TINY_CSV,
+                      f"--config.train.steps={steps}", f"--config.checkpoint.every={steps}",
+                      f"--config.profile.path={tmp_path / 'diloco_profile.json'}",
+                      "--config.relax.averaging=diloco", "--config.relax.min_gain=0",
+                      f"--config.relax.outer_every={outer_every}", timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    with open(os.path.join(workdir, "plan.json"), encoding="utf-8") as f:
+        plan = json.load(f)
+    assert plan["averaging"] == "diloco" and len(plan["shares"]) == 2, plan
+    return workdir

@@ -131,6 +131,21 @@ def test_infeasible_names_device_and_bytes():
         plan_lib.plan(prof, "optimal", "gpipe", 2)
 
 
+def test_infeasible_names_the_stage_count_or_the_links_that_do_not_fit():
+    """Memory enough in total, but not in blocks: the line names the stages the units need
+    against the devices; enough memory only across devices no link joins: it names the group."""
+    prof = make_profile(np.ones((3, 2)), state=[3, 3, 3], memory=[5, 5])
+    for pipelines in (1, 0):
+        with pytest.raises(InfeasibleError, match=r"in blocks that fit the largest device's 5 "
+                           r"bytes, the 3 units need at least 3 stages, but only 2 devices"):
+            plan_lib.plan(prof, "optimal", "1f1b", 4, max_pipelines=pipelines)
+    apart = np.array([[1e12, 0.0], [0.0, 1e12]])
+    prof = make_profile(np.ones((4, 2)), state=[3] * 4, memory=[7, 7], bandwidth=apart)
+    with pytest.raises(InfeasibleError, match=r"need at least 12 bytes in total but the devices "
+                       r"that links join hold at most 7 \(device 0; bandwidth_Bps is 0"):
+        plan_lib.plan(prof, "optimal", "gpipe", 2)
+
+
 def test_1f1b_memory_position():
     """1F1B keeps fewer micro-batches on late stages, GPipe m everywhere: only 1F1B fits."""
     prof = make_profile(np.ones((2, 2)), state=[0, 0], act=[10, 10], memory=[80, 15])

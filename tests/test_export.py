@@ -3,7 +3,9 @@ directory that ``transformers`` loads with no weight missing or unexpected, whos
 skyjax's on the same batch (PyTorch against the saved parameters, <= 1e-5), whose tokenizer
 encodes as the run's did, from checkpoints of one process and sublayer units, of 2 processes
 and 2 stages, and of 2 pipelines computing in bf16; a hub checkpoint's run goes back under the
-hub's names; bad input is one line and exit 64.
+hub's names; a checkpoint whose replicas differ (DiLoCo between outer steps) exports their average
+or the replica asked and says which, one of equal replicas exports pipeline 0's as before; bad
+input is one line and exit 64, a ``--replica`` the checkpoint does not offer one line and 2.
 
 The fast tests write their workdir here (config.json, labels.json and a checkpoint saved by
 ``CheckpointManager`` from units with random parameters); the slow ones train with
@@ -19,7 +21,7 @@ import numpy as np
 import pytest
 
 from skyjax.names import EXIT_BAD_INPUT
-from tests.helpers import REPO, make_profile, run_module, write_vocab
+from tests.helpers import REPO, diloco_run, make_profile, run_module, write_vocab
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -84,6 +86,76 @@ def save_run(tmp_path, config, step=5) -> tuple[str, list]:
                                 {**run, "granularity": config.allocation.granularity})
     manager.save(step, {u: (p, optimizer.init(p)) for u, p in enumerate(params)})
     return str(workdir), params
+
+
+def save_replicas(tmp_path, config, pipelines=2, differ=True, step=5) -> tuple[str, list]:
+    """A workdir whose checkpoint is laid out as a DiLoCo run's of ``pipelines`` pipelines
+    (``checkpoint.relaxed``): pipeline 0's units under ``params/``, pipeline i's under
+    ``pipelines/<i>/`` (its parameters moved by noise of its own where ``differ``, else
+    pipeline 0's), the anchor and the outer momentum under ``relax/``; returns it and the
+    parameters ``[pipeline 0's, ..., the anchor's]``, each a list over units."""
+    import jax
+
+    from skyjax import optim
+    from skyjax.checkpoint import CheckpointManager
+    from skyjax.checkpoint.names import state_entries
+    from skyjax.checkpoint.run import run_identity
+    from skyjax.models import build
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "config.json").write_text(json.dumps(config.to_dict()))
+    run = run_identity(config)
+    chain = build.abstract_chain(config.model, 0, config.allocation.granularity)
+    init = build.UnitInitializer(config.model, 0)
+    rng = np.random.default_rng(4)
+    noisy = lambda p: jax.tree.map(  # noqa: E731
+        lambda x: np.asarray(x) + 0.2 * rng.standard_normal(x.shape).astype(np.float32), p)
+    first = [noisy(init.params(u)) for u in chain]
+    replicas = [first] + [[noisy(p) for p in first] if differ else first
+                          for _ in range(1, pipelines)] + [[noisy(p) for p in first]]
+    optimizer = optim.make_optimizer(config.train, clip=False)
+    extra = []
+    for u, unit in enumerate(chain):
+        for i in range(1, pipelines):
+            p = replicas[i][u]
+            extra += [(f"pipelines/{i}/{n}", x) for n, x in
+                      state_entries(unit.path, p, optimizer.init(p))]
+        for state, tree in (("anchor", replicas[-1][u]), ("momentum", noisy(first[u]))):
+            extra += [(f"relax/{state}/{n[len('params/'):]}", x)
+                      for n, x in state_entries(unit.path, tree, None)]
+    expected = {n: ((tuple(x.shape), np.asarray(x).dtype.name), "unit") for n, x in extra}
+    manager = CheckpointManager(str(workdir / "checkpoints"), 1, 0, chain, optimizer,
+                                {**run, "granularity": config.allocation.granularity})
+    manager.save(step, {u: (p, optimizer.init(p)) for u, p in enumerate(first)},
+                 extra_meta={"averaging": {"mode": "diloco", "pipelines": pipelines}},
+                 extra=extra, extra_expected=expected)
+    return str(workdir), replicas
+
+
+def exported_units(directory, config) -> list:
+    """The parameters of an export's ``model.safetensors``, per unit of ``config``'s chain, as
+    :func:`save_run` returns them."""
+    import jax
+    from safetensors import safe_open
+
+    from skyjax.export.hf_format import hf_name
+    from skyjax.models import build
+
+    chain = build.abstract_chain(config.model, 0, config.allocation.granularity)
+    init = build.UnitInitializer(config.model, 0)
+    out = []
+    with safe_open(os.path.join(directory, "model.safetensors"), "np") as f:
+        for unit in chain:
+            prefix = tuple(int(k) if k.isdigit() else k for k in unit.path)
+
+            def read(path, _):
+                name, transpose = hf_name(prefix + tuple(k.key for k in path))
+                x = f.get_tensor(name)
+                return x.T if transpose else x
+
+            out.append(jax.tree_util.tree_map_with_path(read, init.params(unit)))
+    return out
 
 
 def texts():
@@ -219,6 +291,87 @@ def test_bad_input_is_one_line(tmp_path):
     assert "step 5 of" in done.stdout and "tokenizer from" in done.stdout, done.stdout
 
 
+def assert_units_equal(got, want):
+    import jax
+
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert g.dtype == np.float32
+        np.testing.assert_array_equal(g, w)
+
+
+def test_replicas_that_differ_export_their_average_or_the_one_asked(tmp_path):
+    """A checkpoint whose pipelines hold different replicas (DiLoCo between outer steps)
+    exports their float32 mean (summed in pipeline order), pipeline N's with ``--replica N``,
+    the anchor with ``--replica anchor``; the choice is one line and skyjax.json's
+    ``replica``."""
+    import jax
+
+    from skyjax.export import hf_format
+
+    config = tiny_config(tmp_path)
+    workdir, (p0, p1, anchor) = save_replicas(tmp_path, config)
+    lines = hf_format.export_run(workdir, str(tmp_path / "avg"))
+    assert lines[1] == ("replicas differ (2 pipelines, diloco): exporting their average; "
+                        "--replica N or anchor for one"), lines
+    mean = jax.tree.map(lambda a, b: (a + b) / np.float32(2), p0, p1)
+    assert_units_equal(exported_units(tmp_path / "avg", config), mean)
+    meta = json.loads((tmp_path / "avg" / "skyjax.json").read_text())
+    assert meta["replica"] == {"taken": "average", "averaging": "diloco", "pipelines": 2,
+                               "differ": True}
+    for replica, want, said in ((1, p1, "exporting pipeline 1's (--replica 1;"),
+                                ("0", p0, "exporting pipeline 0's (--replica 0;"),
+                                ("anchor", anchor, "exporting the anchor, the last outer "
+                                                   "step's model (--replica anchor)")):
+        out = tmp_path / f"r{replica}"
+        lines = hf_format.export_run(workdir, str(out), replica=replica)
+        assert said in lines[1], lines
+        assert_units_equal(exported_units(out, config), want)
+        taken = json.loads((out / "skyjax.json").read_text())["replica"]["taken"]
+        assert taken == (int(replica) if str(replica).isdigit() else replica)
+    # on the command line; a replica the checkpoint does not hold is a usage error (2)
+    done = export(workdir, tmp_path / "cli")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("skyjax.export: replicas differ (2 pipelines, diloco): exporting their average; "
+            "--replica N or anchor for one") in done.stdout.splitlines(), done.stdout
+    for flag, words in (("2", ["--replica 2: checkpoint 5 holds 2 replicas",
+                               "choose average, 0, 1, anchor"]),
+                        ("x", ["argument --replica: 'x'", "average", "anchor"])):
+        done = export(workdir, tmp_path / "bad", "--replica", flag)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+        assert all(w in lines[0] for w in words), lines
+    assert not (tmp_path / "bad").exists()
+
+
+def test_equal_replicas_export_pipeline_0s_as_before(tmp_path):
+    """Replicas equal bit for bit (DiLoCo just after an outer step: three here, whose float32
+    mean need not be each) export pipeline 0's; an exact run's checkpoint holds one replica: its
+    export has no ``replica`` record and says nothing, and ``--replica 1`` or ``anchor`` there
+    is one line naming the flag and the choices, exit 2."""
+    from skyjax.export import hf_format
+
+    config = tiny_config(tmp_path)
+    workdir, (p0, *_) = save_replicas(tmp_path, config, pipelines=3, differ=False)
+    lines = hf_format.export_run(workdir, str(tmp_path / "same"))
+    assert lines[1] == "replicas identical (3 pipelines, diloco): exporting them (pipeline 0's)"
+    assert_units_equal(exported_units(tmp_path / "same", config), p0)
+    assert json.loads((tmp_path / "same" / "skyjax.json").read_text())["replica"]["differ"] \
+        is False
+    exact = tmp_path / "exact"
+    exact.mkdir()
+    workdir, params = save_run(exact, tiny_config(exact))
+    lines = hf_format.export_run(workdir, str(exact / "hf"))
+    assert len(lines) == 2 and not any(line.startswith("replicas") for line in lines), lines
+    assert "replica" not in json.loads((exact / "hf" / "skyjax.json").read_text())
+    assert_units_equal(exported_units(exact / "hf", config), params)
+    for flag, words in (("1", "--replica 1: checkpoint 5 holds one replica (exact averaging"),
+                        ("anchor", "--replica anchor: checkpoint 5 has no anchor")):
+        done = export(workdir, exact / "bad", "--replica", flag)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+        assert words in lines[0] and lines[0].endswith("choose average, 0 (--help for usage)")
+
+
 # ------------------------------------------------------------------- trained runs (slow)
 
 TINY_RUN = ["--config.model.hidden_size=32", "--config.model.num_hidden_layers=2",
@@ -300,3 +453,46 @@ def test_export_of_two_pipelines_computing_in_bf16(tmp_path):
     plan = json.loads((workdir / "plan.json").read_text())
     assert len(plan["shares"]) == 2, plan  # two pipelines trained it
     check_export_of(str(workdir), tmp_path / "hf")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_export_of_a_diloco_run_between_outer_steps(tmp_path):
+    """Two pipelines with DiLoCo averaging checkpointed mid-period (step 4, outer steps every
+    3): every parameter of pipeline 1 differs from pipeline 0's, and the export is their
+    float32 mean as the checkpoint holds them, or the anchor when asked."""
+    from safetensors import safe_open
+
+    from skyjax.checkpoint import find_resume, store
+    from skyjax.export.hf_format import hf_name
+    from skyjax.export.trained import run_config
+
+    workdir = diloco_run(tmp_path)
+    resume = find_resume(os.path.join(workdir, "checkpoints"))
+    assert resume.step == 4 and resume.meta["averaging"] == {"mode": "diloco", "pipelines": 2}
+    index = store.TensorIndex(resume.path)
+    params = [n[len("params/"):] for n in sorted(index.names()) if n.startswith("params/")]
+    p0 = {n: index.read(f"params/{n}") for n in params}
+    p1 = {n: index.read(f"pipelines/1/params/{n}") for n in params}
+    assert all((p0[n] != p1[n]).any() for n in params)  # every tensor of the replicas differs
+    config = run_config(workdir)
+    assert config.data.name.endswith("train.csv")
+    for args, want, said in (
+            ((), {n: (p0[n] + p1[n]) / np.float32(2) for n in params},
+             "replicas differ (2 pipelines, diloco): exporting their average; --replica N or "
+             "anchor for one"),
+            (("--replica", "anchor"), {n: index.read(f"relax/anchor/{n}") for n in params},
+             "replicas differ (2 pipelines, diloco): exporting the anchor, the last outer "
+             "step's model (--replica anchor)")):
+        out = tmp_path / f"hf{len(args)}"
+        done = export(workdir, out, *args)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"skyjax.export: {said}" in done.stdout.splitlines(), done.stdout
+        with safe_open(str(out / "model.safetensors"), "np") as f:
+            for n in params:
+                path = tuple(int(k) if k.isdigit() else k for k in n.split("/"))
+                name, transpose = hf_name(path)
+                got = f.get_tensor(name)
+                np.testing.assert_array_equal(got.T if transpose else got, want[n], err_msg=n)
+        meta = json.loads((out / "skyjax.json").read_text())
+        assert meta["replica"]["taken"] == ("anchor" if args else "average")

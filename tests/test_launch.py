@@ -224,6 +224,40 @@ def test_a_missing_module_is_one_line():
     assert _launch("echo", 1)[0] == 0  # a module on the children's path only (tests/) is found
 
 
+def test_a_rehearsal_is_recognised_in_every_flag_syntax_absl_accepts(tmp_path):
+    """``--config.rehearse.profile`` with ``=`` or a space, one dash or two, from a flagfile
+    or set by the config file: the children rehearse, so up to 8 of them share a core."""
+    from skyjax.cli.launch import rehearses
+
+    config, profile = os.path.join(REPO, "configs", "rehearse.py"), str(tmp_path / "c.json")
+    flagfile = tmp_path / "flags"
+    flagfile.write_text(f"--config.rehearse.profile={profile}\n")
+    own = tmp_path / "own.py"
+    own.write_text("from skyjax.config import base_config\n\n\ndef get_config():\n"
+                   "    config = base_config()\n"
+                   f"    config.rehearse.profile = {profile!r}\n    return config\n")
+    for args in ([f"--config={config}", f"--config.rehearse.profile={profile}"],
+                 ["--config", config, "--workdir", "/w", "--config.rehearse.profile", profile],
+                 [f"-config={config}", f"-config.rehearse.profile={profile}"],
+                 ["-config", config, "-config.rehearse.profile", profile, "--x=1"],
+                 [f"--config={config}", f"--flagfile={flagfile}"],
+                 [f"--config={own}"]):
+        assert rehearses(args), args
+    for args in ([], [f"--config={config}"], [f"--config={config}", "--config.rehearse.profile="],
+                 [f"--config.rehearse.profile={profile}"],  # no config: the children say so
+                 [f"--config={tmp_path / 'nope.py'}", f"--config.rehearse.profile={profile}"]):
+        assert not rehearses(args), args
+    # the command: more processes than 4 per core pass the count check (and stop at the next)
+    n = 4 * len(os.sched_getaffinity(0)) + 1
+    r = subprocess.run(
+        [sys.executable, "-m", "skyjax.launch", "--num_processes", str(n), "--max_restarts",
+         "-1", "--", "--config", config, "--config.rehearse.profile", profile],
+        cwd=REPO, env=dict(os.environ, **_env()), capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL)
+    assert r.returncode == 64 and r.stderr.splitlines() == [
+        "skyjax.launch: --max_restarts -1: must be 0 or more"], r.stderr
+
+
 def test_bind_cores_gives_each_process_its_own_cores():
     from skyjax.launcher import core_slices
 

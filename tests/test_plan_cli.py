@@ -184,5 +184,18 @@ def test_time_scale_shows_the_rehearsals_time_base_and_declared_calls(profile_pa
                           "--time_scale", "10"]) == 0
     out = capsys.readouterr().out
     assert "declared calls" in out and "declared messages" in out
-    assert plan_cli.main(["--profile", profile_path, "--time_scale", "0"]) == 2
-    assert "--time_scale 0.0: expected a positive number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scale", ["inf", "0", "-2", "nan", "-inf"])
+def test_a_time_scale_not_positive_and_finite_is_one_line_naming_the_flag(profile_path, scale,
+                                                                         capsys):
+    with pytest.raises(SystemExit) as e:
+        plan_cli.main(["--profile", profile_path, f"--time_scale={scale}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"python -m skyjax.plan: error: argument --time_scale: expected a positive "
+                   f"finite number, got {scale} (--help for usage)"], err
+    from skyjax.report import plan_report
+
+    with pytest.raises(ValueError, match=r"--time_scale inf: expected a positive finite"):
+        plan_report.plan_file(profile_path, "optimal", "1f1b", 4, time_scale=float("inf"))

@@ -1,8 +1,10 @@
-"""Predictions (``python -m skyjax.predict``, skyjax/export/inference.py and glue_submission.py):
-a run of the CSV walkthrough's config predicts its dev file row by row as the eval path's last
-stage does (same class, same per-example loss to 1e-5; the run's own eval figures recomputed
-from the file), from its workdir and from its export alike; rows keep their ``id`` / ``idx``;
-GLUE's test splits become the server's files; bad input is one line and exit 64."""
+"""Predictions (``python -m skyjax.predict``, skyjax/export/inference.py and glue_submission.py): a
+run of the CSV walkthrough's config predicts its dev file row by row as the eval path's last
+stage does (same class, same per-example loss to 1e-5; the run's own eval figures recomputed from
+the file), from its workdir and from its export alike; rows keep their ``id`` / ``idx``, and a
+TSV reader gets every row back whatever its id holds; a DiLoCo run's replicas predict as their
+average or the one asked; GLUE's test splits become the server's files; bad input is one line and
+exit 64 (a missing tokenizer named as what it is)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from skyjax.names import EXIT_BAD_INPUT
-from tests.helpers import REPO, make_plan, make_profile, run_module, write_vocab
+from tests.helpers import REPO, diloco_run, make_plan, make_profile, run_module, write_vocab
 
 transformers = pytest.importorskip("transformers")
 
@@ -178,6 +180,104 @@ def test_the_export_walkthrough_commands_work_as_written(run, tmp_path):
     assert [r[0] for r in rows] == [f"t{i:02d}" for i in range(24)]
 
 
+ODD_IDS = ["plain", "tab\there", "new\nline", "cr\rhere", 'a "quote"', '"quoted"', "both\t\n",
+           " spaced ", "crlf\r\n"]
+
+
+def test_the_tsv_gives_a_tsv_reader_its_rows_back(tmp_path):
+    """Ids holding tabs, newlines, carriage returns or quotes are quoted (csv's QUOTE_MINIMAL,
+    tab-delimited): Python's csv reader gets 25 rows back from 25 written; plain ids are
+    written as they are."""
+    from skyjax.export import inference
+
+    ids = [ODD_IDS[i % len(ODD_IDS)] + str(i) for i in range(25)]
+    values = [("a\tlabel" if i % 3 == 0 else 0.125 * i) for i in range(25)]
+    path = tmp_path / "p.tsv"
+    inference.write_tsv(str(path), ids, values)
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["id", "prediction"] and len(rows) == 26
+    assert rows[1:] == [[i, inference.format_value(v)] for i, v in zip(ids, values)]
+    inference.write_tsv(str(tmp_path / "plain.tsv"), ["0", "a1"], ["yes", 0.5])
+    assert (tmp_path / "plain.tsv").read_bytes() == b"id\tprediction\n0\tyes\na1\t0.5\n"
+
+
+def test_a_missing_tokenizer_is_named_as_what_it_is(tmp_path):
+    """A directory without tokenizer files: an export of a run with text (its skyjax.json
+    names text columns) lost them; one of the synthetic task never had one; another is not
+    an export."""
+    from skyjax.export import inference
+    from skyjax.export.trained import ExportError
+
+    cases = (({"dataset": "/data/train.csv", "text_columns": ["premise", "hypothesis"]},
+              f"--model {tmp_path}: the tokenizer files are missing from the export directory "
+              f"(expected tokenizer.json or vocab.txt, with tokenizer_config.json); its "
+              f"skyjax.json names a run on '/data/train.csv' with text columns 'premise', "
+              f"'hypothesis': copy them back, or export the run again"),
+             ({"dataset": "synthetic"}, "names a run on 'synthetic', without text columns"),
+             ({}, "has no tokenizer (neither tokenizer.json nor vocab.txt is in the directory)"))
+    for meta, words in cases:
+        with pytest.raises(ExportError) as e:
+            inference.load_tokenizer(str(tmp_path), meta)
+        assert words in str(e.value) and "\n" not in str(e.value)
+        assert ("without text" in str(e.value)) == (meta.get("dataset") == "synthetic")
+
+
+@pytest.mark.slow
+def test_ids_holding_tabs_and_newlines_come_back_from_the_tsv(run, tmp_path):
+    ids = [ODD_IDS[i % len(ODD_IDS)] + str(i) for i in range(25)]
+    data = tmp_path / "rows.csv"
+    with open(data, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "premise", "hypothesis"])
+        w.writerows([i, "the cat sees", "the tree"] for i in ids)
+    out = tmp_path / "p.tsv"
+    done = predict("--workdir", run, "--data", str(data), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    with open(out, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert len(rows) == 26 and [r[0] for r in rows[1:]] == ids
+    assert {r[1] for r in rows[1:]} <= {"contradiction", "entailment", "neutral"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_diloco_runs_replicas_predict_as_asked(tmp_path):
+    """A two-pipeline DiLoCo run checkpointed between outer steps predicts with its replicas'
+    average by default (said in one line) and with pipeline 1's under ``--replica 1``: the
+    predictions of the model the export would hold."""
+    from skyjax.data import text
+    from skyjax.export import inference, trained
+
+    workdir = diloco_run(tmp_path)
+    params = {}
+    for replica, said in (("average", "predicting with their average; --replica N or anchor "
+                                      "for one"),
+                          ("1", "predicting with pipeline 1's (--replica 1;")):
+        out = tmp_path / f"{replica}.tsv"
+        done = predict("--workdir", workdir, "--data", DEV, "--out", str(out), "--replica",
+                       replica)
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert (f"skyjax.predict: replicas differ (2 pipelines, diloco): {said}"
+                in done.stdout), done.stdout
+        model = trained.from_workdir(workdir, replica=replica)
+        with open(DEV, encoding="utf-8") as f:
+            dev = list(csv.DictReader(f))
+        tok = text.load_tokenizer(model.config, model.task)
+        logits = inference.logits_of(model, tok, [[r[c] for r in dev]
+                                                  for c in ("premise", "hypothesis")], 24)
+        header, rows = read_tsv(out)
+        assert [r[1] for r in rows] == inference.predictions(model, logits)
+        params[replica] = model.params
+    import jax
+
+    assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, *params.values())))
+    done = predict("--workdir", workdir, "--data", DEV, "--out", str(tmp_path / "x"),
+                   "--replica", "2")
+    assert done.returncode == 2 and "--replica 2: checkpoint 4 holds 2 replicas; choose " \
+        "average, 0, 1, anchor" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 def one_line(proc, *expected):
     assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
@@ -205,6 +305,15 @@ def test_bad_input_is_one_line(run, tmp_path):
     done = predict("--model", str(foreign), "--data", DEV, "--out", str(tmp_path / "o.tsv"),
                    "--text_columns", "premise,hypothesis", "--seq_len", "24")
     assert done.returncode == 0, done.stderr[-3000:]
+    lost = tmp_path / "lost"  # an export whose tokenizer files were removed
+    done = run_module("skyjax.export", "--workdir", run, "--out", str(lost))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in os.listdir(lost):
+        if name.startswith(("tokenizer", "vocab", "special_tokens")):
+            os.remove(lost / name)
+    one_line(predict("--model", str(lost), "--data", DEV, "--out", str(tmp_path / "o2.tsv")),
+             f"--model {lost}: the tokenizer files are missing from the export directory",
+             "names a run on", "train.csv")
 
 
 # ------------------------------------------------------------------------------------ GLUE

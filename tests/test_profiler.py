@@ -120,14 +120,15 @@ def test_sublayer_skeleton_matches_model_units():
 @needs3
 def test_measured_slowdowns_keep_order_and_ratios():
     """Emulated slow-downs (1, 2, 4) are measured, not read: per-device totals in that order,
-    each 2x step measured as more than 1.3x (a loaded host's noise on the faster device's calls
-    shrinks the ratios: the margin leaves room for it)."""
+    each 2x step measured as more than 1.05x. The emulation sleeps (k - 1)x the fastest run seen,
+    and on a loaded host a typical run is several times that (7x at a load of five times the
+    cores), so a kx device measures about (7 + k - 1) / 7 of the x1 device's time there."""
     c = tiny_config(3, layers=2, hidden=64, seq_len=32, slowdowns=(1, 2, 4))
     opts = Options(repeats=15, min_repeats=15, dedup_units=True, link_repeats=3)
     prof = measure(c, options=opts)
     total = (prof.forward_s + prof.backward_s).sum(axis=0)
     ratios = total / total[0]
-    assert total[1] > 1.3 * total[0] and total[2] > 1.3 * total[1], ratios
+    assert total[1] > 1.05 * total[0] and total[2] > 1.05 * total[1], ratios
     assert [d["slowdown"] for d in prof.devices] == [1, 2, 4]
     # A plan from this measured profile gives the slowest device fewer units than the fastest.
     plan = plan_lib.plan(prof, "optimal", "1f1b", microbatches=4)
@@ -333,10 +334,11 @@ def test_distributed_path_through_a_transport(monkeypatch):
     assert prof.forward_s.shape == (4, 3) and np.all(prof.forward_s >= 0)
     assert np.all(prof.forward_s[1:3] > 0)  # the layers
     total = (prof.forward_s + prof.backward_s).sum(axis=0)
-    # The x3 device shows ~3x the others' work (2.3-3.9x measured; a loaded host's noise on the
-    # x1 devices shrinks it: 1.3x leaves room for that). Against the two x1 devices' mean, not
-    # the larger one, so that one noisy median on 2 shared cores does not decide it.
-    assert total[2] > 1.3 * np.mean(total[:2])
+    # The x3 device shows ~3x the others' work on a quiet host (2.3-3.9x measured), 1.28x at a
+    # load of five times the cores, where the x1 devices' medians take the other jobs' time:
+    # 1.1x keeps the check (each device's own times, the slow-down applied) at any load. Against
+    # the two x1 devices' mean, not the larger one, so one noisy median does not decide it.
+    assert total[2] > 1.1 * np.mean(total[:2])
     order = sorted(turns, key=lambda t: t[0])
     assert all(a[1] <= b[0] for a, b in zip(order, order[1:])), [t[:3] for t in order]
     assert [t[2] for t in order] == [0, 1, 2, 2, 1, 0]  # the second pass in reverse
@@ -453,10 +455,11 @@ def test_multiprocess_profile_under_jax_distributed(tmp_path, monkeypatch):
     assert prof.extra["profiler"]["link_probe"] == "transport"
     assert [d["name"] for d in prof.devices] == ["proc0:cpu0", "proc1:cpu0"]
     # slow-downs (1, 3), each timed alone: whole calls (units net of the fixed cost per call,
-    # plus that cost), since a tiny unit's net time can be 0 on either device
+    # plus that cost), since a tiny unit's net time can be 0 on either device; about 9 / 7 of
+    # the x1 device's at a load of five times the cores (test_measured_slowdowns_keep_order...)
     calls = len(prof.units) * (prof.forward_call_s + prof.backward_call_s)
     total = (prof.forward_s + prof.backward_s).sum(axis=0) + calls
-    assert total[1] > 1.5 * total[0]
+    assert total[1] > 1.15 * total[0]
     assert prof.latency_s[0, 1] > 0.003 * 0.5  # the emulated link's sleep: a lower bound
     assert np.all(prof.input_s > 0)  # each process timed its own device's input put
 
@@ -502,8 +505,8 @@ def test_codecs_the_bound_allows_are_timed_and_sized():
         rate = np.asarray(prof.codecs[name]["seconds_per_byte"])
         # slower on the 3x device, by less than 3x under load: the emulation sleeps (k - 1)x the
         # fastest run seen, and a loaded host's typical run of so small a program is several
-        # times that (1.35x seen with the suite's two workers)
-        assert (rate > 0).all() and rate[1] > 1.2 * rate[0], (name, rate)
+        # times that (1.35x seen with the suite's two workers, about 9 / 7 at five times the cores)
+        assert (rate > 0).all() and rate[1] > 1.1 * rate[0], (name, rate)
     assert "codec_bytes" not in prof.units[0]
     exact = Options.from_config(tiny_config(2, layers=2, hidden=64, seq_len=32,
                                             slowdowns=(1, 3)))

@@ -1,13 +1,18 @@
-"""Rehearsal (declared timing): a cluster's profile composed from parts, every call and message of
-the real runtime taking the time the profile declares, the math unchanged, and the measured step
-against the simulator's (skyjax.profile.cluster_profile, skyjax.plan.replay.rehearsal,
-skyjax.cluster.rehearsal, skyjax.runtime.rehearsal)."""
+"""Rehearsal (declared timing) of a cluster composed from parts: every call and message of the
+real runtime taking the time the profile declares, the math unchanged, and the measured step
+against the simulator's (skyjax.plan.replay.rehearsal, skyjax.cluster.rehearsal,
+skyjax.runtime.rehearsal; the composition: tests/test_cluster_profile.py)."""
 
 from __future__ import annotations
 
 import copy
 import json
 import os
+import signal
+import subprocess
+import sys
+import re
+import threading
 import time
 
 import numpy as np
@@ -18,9 +23,10 @@ from skyjax.cluster.rehearsal import RehearsalLedger, RehearsalLinks, rehearsed_
 from skyjax.plan.replay.rehearsal import rehearsal_times, scale_plan, scale_profile
 from skyjax.plan.replay.simulate import simulate_plan
 from skyjax.plan.pricing.stage_times import stage_actions_s
-from skyjax.profile.cluster_profile import ClusterError, compose
+from skyjax.profile.cluster_profile import compose
 from skyjax.profile.format import save_profile
 from skyjax.relax import Relaxation
+from tests.helpers import REPO
 
 GB = 1e9
 
@@ -34,80 +40,6 @@ def two_regions(cross_Bps: float = 1.25e9, memory: float = 6e8, layers: int = 6)
             "links": {"inside": {"latency_s": 1e-5, "bandwidth_Bps": 1.25e10},
                       "between": [{"regions": ["eu", "us"], "latency_s": 0.02,
                                    "bandwidth_Bps": cross_Bps}]}}
-
-
-# ------------------------------------------------------------------------ a cluster from parts
-
-def test_compose_places_kinds_in_regions_with_a_link_per_region_pair():
-    spec = two_regions()
-    spec["regions"]["asia"] = {"slow": 2}
-    spec["links"]["between"].append({"regions": ["us", "asia"], "latency_s": 0.1,
-                                     "bandwidth_Bps": 1e8})
-    spec["links"]["default"] = {"latency_s": 0.2, "bandwidth_Bps": 5e7}
-    p = compose(spec)
-    assert p.num_devices == 18 and p.num_units == 8
-    regions = [d["region"] for d in p.devices]
-    assert regions == ["eu"] * 8 + ["us"] * 8 + ["asia"] * 2
-    assert [d["kind"] for d in p.devices[:8]] == ["fast"] * 4 + ["slow"] * 4
-    # a slow device takes twice a fast one's unit times (half the FLOP rate, same call cost)
-    assert np.allclose(p.forward_s[3, 4] - 20e-6, 2 * (p.forward_s[3, 0] - 20e-6))
-    assert p.latency_s[0, 1] == 1e-5 and p.bandwidth_Bps[0, 1] == 1.25e10
-    assert p.latency_s[0, 8] == p.latency_s[8, 0] == 0.02
-    assert p.latency_s[8, 16] == 0.1 and p.bandwidth_Bps[17, 9] == 1e8
-    assert p.latency_s[0, 16] == 0.2 and p.bandwidth_Bps[0, 17] == 5e7  # the default pair
-    assert p.latency_s[5, 5] == 0.0
-    assert {"int8", "bf16", "int4"} <= set(p.codecs)
-
-
-def test_compose_takes_a_measured_kind_from_its_profile(tmp_path):
-    measured = compose({"kinds": {"x": {"flops_per_s": 1e13, "memory_bytes": 1e9}},
-                        "model": {"layers": 2}, "regions": {"lab": {"x": 1}},
-                        "links": {"inside": {"latency_s": 0, "bandwidth_Bps": 1e9}}})
-    measured.forward_s[:] *= 3.0  # as if measured slower than its FLOPs
-    save_profile(measured, str(tmp_path / "x.json"))
-    p = compose({"kinds": {"x": {"profile": "x.json"},
-                           "y": {"flops_per_s": 1e13, "memory_bytes": 1e9}},
-                 "model": {"layers": 2}, "regions": {"a": {"x": 2}, "b": {"y": 1}},
-                 "links": {"inside": {"latency_s": 1e-5, "bandwidth_Bps": 1e10},
-                           "default": {"latency_s": 0.05, "bandwidth_Bps": 1e8}}},
-                base=str(tmp_path))
-    assert np.allclose(p.forward_s[:, 0], measured.forward_s[:, 0])
-    assert np.allclose(p.forward_s[:, 2] * 3.0, measured.forward_s[:, 0])
-    assert p.latency_s[0, 2] == 0.05
-
-
-@pytest.mark.parametrize("edit, words", [
-    (lambda s: s["regions"]["eu"].update(gpu=2), "cluster.regions.eu.gpu: no such kind"),
-    (lambda s: s["links"].update(between=[]), "no link between regions 'eu' and 'us'"),
-    (lambda s: s["kinds"]["fast"].update(flops_per_s=-1), "cluster.kinds.fast.flops_per_s=-1"),
-    (lambda s: s["links"]["between"][0].update(regions=["eu", "mars"]),
-     "cluster.links.between[0].regions"),
-    (lambda s: s["links"]["inside"].pop("bandwidth_Bps"), "cluster.links.inside: missing key"),
-])
-def test_compose_names_the_bad_key(edit, words):
-    spec = two_regions()
-    edit(spec)
-    with pytest.raises(ClusterError, match=".*".join(map(__import__("re").escape,
-                                                         [words]))):
-        compose(spec)
-
-
-def test_compose_cli_writes_a_profile_and_refuses_in_one_line(tmp_path):
-    from tests.helpers import run_module
-
-    spec = tmp_path / "c.json"
-    spec.write_text(json.dumps(two_regions()))
-    out = run_module("skyjax.profile.compose", "--cluster", str(spec), "--out",
-                     str(tmp_path / "p.json"))
-    assert out.returncode == 0, out.stderr
-    assert "16 devices, 8 units" in out.stdout
-    bad = two_regions()
-    bad["links"]["between"] = []
-    spec.write_text(json.dumps(bad))
-    out = run_module("skyjax.profile.compose", "--cluster", str(spec), "--out",
-                     str(tmp_path / "q.json"))
-    assert out.returncode == 2
-    assert out.stderr.strip().count("\n") == 0 and "no link between regions" in out.stderr
 
 
 # ------------------------------------------------------------------------ declared times
@@ -265,3 +197,152 @@ def test_a_bad_rehearsal_profile_is_one_line_before_jax_starts(tmp_path):
     assert out.stderr.strip().splitlines()[-1].startswith(
         f"skyjax.main: Invalid config: config.rehearse.profile='{bad}': profile.microbatch")
     assert not (tmp_path / "w").exists()
+
+
+# ------------------------------------------------------------------------ stopping
+
+def test_a_stop_ends_declared_waits_and_link_delays_in_every_thread():
+    """A stage failing, or the run interrupted, ends waits of an hour at once: declared calls
+    (``WaitStop``) and a message held back by its declared link (the transport's abort)."""
+    import jax
+
+    from skyjax.cluster.rehearsal import Stopped, WaitStop, rehearsed_wait
+    from skyjax.transport import LocalTransport
+    from skyjax.transport.base import TransportError
+
+    stop, ledger, ended = WaitStop(), RehearsalLedger(), []
+
+    def call():
+        try:
+            rehearsed_call(lambda: None, seconds=3600.0, ledger=ledger, stop=stop)
+        except Stopped as e:
+            ended.append(str(e))
+
+    links = RehearsalLinks(np.array([[0.0, 3600.0], [3600.0, 0.0]]), np.full((2, 2), 1e9))
+    transport = LocalTransport(jax.devices()[:1] * 2, links)
+
+    def recv():
+        try:
+            transport.for_stage(1).recv(0, None, 0)
+        except TransportError as e:
+            ended.append(str(e))
+
+    threads = [threading.Thread(target=call, daemon=True) for _ in range(3)]
+    threads.append(threading.Thread(target=recv, daemon=True))
+    for t in threads:
+        t.start()
+    transport.for_stage(0).send(0, np.zeros(2), 1)  # held back an hour by its link
+    time.sleep(0.5)
+    failure = RuntimeError("stage 2 failed")
+    stop.set(failure)
+    transport.abort(failure)
+    for t in threads:
+        t.join(30)
+    assert not [t for t in threads if t.is_alive()], "a wait outlived its run's stop"
+    assert len(ended) == 4 and all("stage 2 failed" in e for e in ended), ended
+    with pytest.raises(Stopped):  # a later wait ends at once too
+        rehearsed_wait(3600.0, stop)
+
+
+def _small_cluster(tmp_path) -> str:
+    """Two declared devices, two layers: the smallest rehearsal."""
+    path = str(tmp_path / "cluster.json")
+    save_profile(compose({"kinds": {"fast": {"flops_per_s": 2e13, "memory_bytes": 6e8}},
+                          "model": {"layers": 2}, "regions": {"eu": {"fast": 2}},
+                          "links": {"inside": {"latency_s": 1e-5, "bandwidth_Bps": 1.25e10}}}),
+                 path)
+    return path
+
+
+# Ctrl-C's SIGINT at its default in the child (a background test runner may ignore it)
+_SIGINT_DEFAULT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
+def _stop_while_waiting(tmp_path, sig: int, module: str, args: list[str], started: str,
+                        timeout_s: float = 60.0) -> tuple[int, list[str], float]:
+    """Starts ``python -m module *args``; once a line holds ``started`` (the plan: a declared
+    call of hours comes next), waits a moment and sends ``sig``. The exit status, the output's
+    lines and the seconds from the signal to the exit (``timeout_s`` at most)."""
+    log_path = tmp_path / "log"
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", _SIGINT_DEFAULT, "-m", module, *args],
+                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while started not in log_path.read_text():
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no plan line in 600 s"
+            time.sleep(0.2)
+        time.sleep(3.0)  # into the first declared call (or its compile, which ends first)
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        return rc, log_path.read_text().splitlines(), time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+STOPPED = "skyjax.main: interrupted; stopped (committed checkpoints are kept)"
+
+
+def _rehearse_args(path: str, workdir: str, time_scale: str = "1e8") -> list[str]:
+    return ["--config", "configs/rehearse.py", "--workdir", workdir,
+            f"--config.rehearse.profile={path}", "--config.train.steps=4",
+            f"--config.rehearse.time_scale={time_scale}"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM,
+                                                             marks=pytest.mark.slow)])
+def test_a_stop_signal_ends_a_rehearsal_waiting_out_a_declared_call(tmp_path, sig):
+    """At 1e8 every declared call lasts hours; Ctrl-C or SIGTERM ends the run (one process,
+    a thread per stage) at once, with the interrupted line and 130."""
+    workdir = str(tmp_path / "w")
+    args = _rehearse_args(_small_cluster(tmp_path), workdir) + [
+        "--config.rehearse.allow_long=True"]
+    rc, lines, took = _stop_while_waiting(tmp_path, sig, "skyjax.main", args, "predicted step")
+    assert rc == 130 and lines[-1] == STOPPED, (rc, took, lines[-10:])
+    assert took < 60.0
+    assert not os.path.exists(os.path.join(workdir, "summary.json"))
+
+
+@pytest.mark.slow
+def test_a_stop_signal_ends_a_rehearsal_of_one_process_per_device(tmp_path):
+    """The same under ``skyjax.launch``, one process per declared device: SIGTERM to the
+    launcher ends every process with its own line, none of them killed."""
+    workdir = str(tmp_path / "w")
+    args = ["--num_processes", "2", "--grace", "60", "--"] + _rehearse_args(
+        _small_cluster(tmp_path), workdir) + ["--config.rehearse.allow_long=True",
+                                              "--config.cluster.mode=distributed"]
+    rc, lines, took = _stop_while_waiting(tmp_path, signal.SIGTERM, "skyjax.launch", args,
+                                          "predicted step", timeout_s=90.0)
+    assert rc == 128 + signal.SIGTERM, (rc, took, lines[-10:])
+    assert "[launch] interrupted (signal 15); stopping all processes" in lines
+    assert f"[p0] {STOPPED}" in lines and f"[p1] {STOPPED}" in lines, lines[-10:]
+    assert took < 60.0  # the processes ended on their own, not at the SIGKILL after --grace
+
+
+def test_a_rehearsal_predicted_to_run_for_days_is_refused_in_one_line(tmp_path):
+    from tests.helpers import run_module
+
+    workdir = tmp_path / "w"
+    out = run_module("skyjax.main", *_rehearse_args(_small_cluster(tmp_path), str(workdir),
+                                                    "1e9"))
+    assert out.returncode == 64, out.stderr[-2000:]
+    line = out.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"skyjax\.main: config\.rehearse\.time_scale=1e\+09: the run's 4 step\(s\) "
+                        r"are predicted to take [\d,]+ days of wall-clock time \([\d.e+]+ s a "
+                        r"step at this scale\); a rehearsal predicted to take over 24 h starts "
+                        r"only with --config\.rehearse\.allow_long=True \(or lower the time "
+                        r"scale\)", line), line
+    assert not os.path.exists(workdir / "plan.json")
+

@@ -210,6 +210,51 @@ def test_distributed_executor_puts_the_next_steps_inputs_in_its_first_wait():
 
 
 @pytest.mark.timeout(120)
+def test_a_failing_stage_ends_the_others_declared_waits_and_is_the_error_raised():
+    """Stage 1 fails while stage 0 waits out a declared call of an hour (a rehearsal): the
+    executor stops the run's declared waits, and raises stage 1's error, not stage 0's report
+    of the stop."""
+    import concurrent.futures
+    import threading
+    import time
+
+    from skyjax.cluster.rehearsal import RehearsalLedger, WaitStop, rehearsed_call
+    from skyjax.runtime.local_executor import LocalExecutor
+    from skyjax.transport.local import LocalTransport
+
+    waits = WaitStop()
+
+    class Rehearsal:  # what the executor asks of the run's rehearsal
+        def stop(self, reason):
+            waits.set(reason)
+
+    def stage(k):
+        if k == 1:
+            time.sleep(0.2)
+            raise ValueError("stage 1: bad input")
+        rehearsed_call(lambda: None, seconds=3600.0, ledger=RehearsalLedger(), stop=waits)
+
+    ex = object.__new__(LocalExecutor)
+    ex._pool, ex.stages = concurrent.futures.ThreadPoolExecutor(max_workers=2), [0, 1]
+    ex.transport, ex._args = LocalTransport(jax.devices()[:1] * 2), {"rehearsal": Rehearsal()}
+    raised = []
+
+    def run():
+        try:
+            ex._all(stage)
+        except BaseException as e:  # noqa: BLE001 - checked below
+            raised.append(e)
+        ex.close()
+
+    main = threading.Thread(target=run, daemon=True)
+    main.start()
+    main.join(60)
+    assert not main.is_alive(), "stage 0 still waits out its declared call"
+    assert len(raised) == 1 and isinstance(raised[0], ValueError), raised
+    assert str(raised[0]) == "stage 1: bad input"
+
+
+@pytest.mark.timeout(120)
 def test_a_stop_between_stage_submissions_does_not_hold_the_cleanup():
     """A KeyboardInterrupt (Ctrl-C / SIGTERM) in the main thread after stage 0 was submitted
     but before stage 1: stage 0 waits for stage 1's message; the executor's cleanup
@@ -241,6 +286,7 @@ def test_a_stop_between_stage_submissions_does_not_hold_the_cleanup():
 
     ex = object.__new__(LocalExecutor)
     ex._pool, ex.transport, ex.stages = Pool(max_workers=2), transport, [0, 1]
+    ex._args = {"rehearsal": None}
     with pytest.raises(KeyboardInterrupt):
         ex._all(stage)
     ex.close()  # before the fix: stage 0 waited 100000 s, and this with it

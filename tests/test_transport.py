@@ -143,9 +143,9 @@ def test_local_link_emulation_delays(devices, monkeypatch):
 
     waits, real_sleep = [], base.precise_sleep
 
-    def recorded(seconds):
+    def recorded(seconds, stop=None):
         waits.append(seconds)
-        real_sleep(seconds)
+        return real_sleep(seconds, stop)
 
     monkeypatch.setattr(base, "precise_sleep", recorded)
     t = LocalTransport(devices, _emulation(3), timeout_s=20)

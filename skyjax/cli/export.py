@@ -1,14 +1,16 @@
 """``python -m skyjax.export`` (``skyjax-export``): a trained run's model as a Hugging Face
 directory (:func:`skyjax.export.hf_format.export_run`).
 
-  python -m skyjax.export --workdir RUN --out DIR [--step N]
+  python -m skyjax.export --workdir RUN --out DIR [--step N] [--replica {average,N,anchor}]
 
 Reads the run's latest checkpoint that verifies (or step ``N``), saved under any plan, process
 count or number of pipelines, and writes ``DIR``: ``config.json``, ``model.safetensors``, the
 tokenizer the run used and ``skyjax.json`` (:mod:`skyjax.export.hf_format`).
 ``transformers.AutoModelForSequenceClassification.from_pretrained(DIR)`` loads it, and so does
-``skyjax.models.bert.from_pretrained(DIR)``. A bad workdir, checkpoint or ``--out`` is one line
-on stderr and exit status 64.
+``skyjax.models.bert.from_pretrained(DIR)``. Where the checkpoint's replicas differ (DiLoCo
+averaging between outer steps) the export is their average, or ``--replica``'s choice, said in
+one line and recorded in ``skyjax.json``. A bad workdir, checkpoint or ``--out`` is one line
+on stderr and exit status 64; a ``--replica`` the checkpoint does not offer, one line and 2.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import argparse
 import sys
 
 from skyjax import failures
-from skyjax.cli.flags import OneLineParser
+from skyjax.cli.flags import OneLineParser, add_replica_flag
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> OneLineParser:
     p = OneLineParser(prog="python -m skyjax.export",
                       description="``python -m skyjax.export``: a trained run's model as a "
                                   "Hugging Face directory.")
@@ -28,16 +30,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="the directory to write (new, or empty)")
     p.add_argument("--step", type=int, default=None,
                    help="the checkpoint's step (default: the latest that verifies)")
+    add_replica_flag(p, "export")
     p.add_argument("--debug", action="store_true", help="show a failure's traceback")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     with failures.one_line_errors("skyjax.export", args.debug):
-        from skyjax.export import hf_format
+        from skyjax.export import hf_format, trained
 
-        for line in hf_format.export_run(args.workdir, args.out, args.step):
+        try:
+            lines = hf_format.export_run(args.workdir, args.out, args.step, args.replica)
+        except trained.ReplicaChoiceError as e:
+            p.error(str(e))  # a usage error: one line, status 2
+        for line in lines:
             print(f"skyjax.export: {line}", flush=True)
     return 0
 

@@ -29,6 +29,25 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
 
 
+def _replica(value: str) -> str | int:
+    if value in ("average", "anchor"):
+        return value
+    if value.isdigit():
+        return int(value)
+    raise argparse.ArgumentTypeError(f"{value!r}: choose average, a pipeline's index (0, 1, "
+                                     f"...) or anchor")
+
+
+def add_replica_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--replica`` (``skyjax.export``, ``skyjax.predict --workdir``): which of a checkpoint's
+    replicas ``what`` is, where they differ (:mod:`skyjax.export.trained`)."""
+    parser.add_argument("--replica", type=_replica, default="average",
+                        metavar="{average,N,anchor}",
+                        help=f"where the checkpoint's replicas differ (DiLoCo averaging): "
+                             f"{what} their float32 average (the default), pipeline N's, or "
+                             f"DiLoCo's anchor (the last outer step's model)")
+
+
 def _unknown_override(argv: list[str]) -> str | None:
     """The first ``--config.a.b=...`` argument whose key is not in the schema, if any."""
     schema = config_defaults.base_config()

@@ -13,8 +13,28 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+from absl import flags
+from ml_collections import config_flags
+
 from skyjax import failures, launcher
 from skyjax.cli.flags import OneLineParser
+
+
+def rehearses(module_args: Sequence[str]) -> bool:
+    """Whether the children's arguments set a rehearsal (a non-empty ``config.rehearse.profile``),
+    read as the children's absl flags read them: ``--config.rehearse.profile=P`` or
+    ``--config.rehearse.profile P``, one dash or two, from a ``--flagfile`` or from the config
+    file itself. Arguments that do not parse are no rehearsal (each child names what is
+    wrong)."""
+    argv = ["child", *module_args]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+    try:
+        values(argv, known_only=True)
+        config = values.config
+        return bool(config is not None and config.rehearse.profile)
+    except Exception:  # noqa: BLE001 - the config file runs user code; the children report it
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise failures.BadInput(problem)
         return launcher.launch(rest, args.num_processes, args.timeout, module=args.module,
                                grace_s=args.grace, max_restarts=args.max_restarts,
-                               bind_cores=args.bind_cores, survive_losses=args.survive_losses)
+                               bind_cores=args.bind_cores, survive_losses=args.survive_losses,
+                               rehearsal=rehearses(rest))
 
 
 def run() -> None:

@@ -24,6 +24,7 @@ or 1 (nothing fits); no traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from skyjax import failures, workdir
@@ -65,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="diloco: inner steps per outer step")
     p.add_argument("--min_gain", type=float, default=0.05,
                    help="the least fraction of the step a relaxed plan must save")
-    p.add_argument("--time_scale", type=float, default=None, metavar="K",
+    p.add_argument("--time_scale", type=_positive_float, default=None, metavar="K",
                    help="a rehearsal's view (config.rehearse.time_scale=K): the plan in its "
                         "time base and every call and message it declares")
     p.add_argument("--json", action="store_true", help="print plan.json instead of a table")
@@ -81,6 +82,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _pipelines(text: str) -> int:
     """A positive integer, or ``auto`` (0: the planner's cap, ``planner.AUTO_PIPELINES``)."""
     return 0 if text == "auto" else _positive_int(text)
+
+
+def _positive_float(text: str) -> float:
+    """A positive finite number (not 0, negative, inf or nan)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
+    return v
 
 
 def _positive_int(text: str) -> int:

@@ -1,11 +1,17 @@
 """``python -m skyjax.predict`` (``skyjax-predict``): a trained model's predictions on new rows, on
 one device (:func:`skyjax.export.predict.write_predictions`).
 
-  python -m skyjax.predict --workdir RUN [--step N] --data FILE --out preds.tsv
+  python -m skyjax.predict --workdir RUN [--step N] [--replica {average,N,anchor}] --data FILE
+      --out preds.tsv
   python -m skyjax.predict --model DIR --data FILE --out preds.tsv [--text_columns a,b]
   python -m skyjax.predict --workdir RUN --glue [TASK] --out DIR [--data_dir TFDS_DIR]
 
-Bad input is one line on stderr and exit status 64.
+``preds.tsv``: a header, then ``id<TAB>prediction`` per row, in the ``csv`` module's
+tab-delimited ``QUOTE_MINIMAL`` dialect (a field holding a tab, a newline, a carriage return or
+a double quote is quoted), so ``csv.reader(f, delimiter="\\t")`` gets every row back. With
+``--workdir``, where the checkpoint's replicas differ (DiLoCo averaging between outer steps),
+the model is their average or ``--replica``'s choice, said in one line. Bad input is one line
+on stderr and exit status 64; a ``--replica`` the checkpoint does not offer, one line and 2.
 """
 
 from __future__ import annotations
@@ -14,11 +20,11 @@ import argparse
 import sys
 
 from skyjax import failures
-from skyjax.cli.flags import OneLineParser
+from skyjax.cli.flags import OneLineParser, add_replica_flag
 from skyjax.export.predict import write_predictions
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> OneLineParser:
     p = OneLineParser(prog="python -m skyjax.predict",
                       description="``python -m skyjax.predict``: a trained model's predictions on "
                                   "new rows, on one device.")
@@ -31,6 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="GLUE's test splits (default: the run's task, e.g. glue/mnli)")
     p.add_argument("--out", required=True, help="--data: the TSV to write; --glue: a new directory")
     p.add_argument("--step", type=int, default=None, help="--workdir: the checkpoint's step")
+    add_replica_flag(p, "--workdir: predict with")
     p.add_argument("--text_columns", default="",
                    help="comma-separated text column(s) (default: the run's)")
     p.add_argument("--seq_len", type=int, default=0, help="tokens per row (default: the run's)")
@@ -40,16 +47,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data_dir", default="",
                    help="--glue: the TFDS data_dir (default: the run's config.data.data_dir)")
     p.add_argument("--debug", action="store_true", help="show a failure's traceback")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     with failures.one_line_errors("skyjax.predict", args.debug):
-        written = write_predictions(
-            args.out, workdir=args.workdir, model_dir=args.model, data=args.data, glue=args.glue,
-            step=args.step, text_columns=args.text_columns, seq_len=args.seq_len,
-            batch_size=args.batch_size, compute_dtype=args.compute_dtype, data_dir=args.data_dir)
+        from skyjax.export.trained import ReplicaChoiceError
+
+        try:
+            written = write_predictions(
+                args.out, workdir=args.workdir, model_dir=args.model, data=args.data,
+                glue=args.glue, step=args.step, text_columns=args.text_columns,
+                seq_len=args.seq_len, batch_size=args.batch_size,
+                compute_dtype=args.compute_dtype, data_dir=args.data_dir, replica=args.replica,
+                log=lambda line: print(f"skyjax.predict: {line}", flush=True))
+        except ReplicaChoiceError as e:
+            p.error(str(e))  # a usage error: one line, status 2
         print(f"skyjax.predict: wrote {', '.join(written)}", flush=True)
     return 0
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 import weakref
 from typing import Any, Callable
@@ -27,15 +28,22 @@ from skyjax.names import SYNC_ACTIONS
 # overshoots by ~50-100 us on Linux, which would distort the slow-down of sub-millisecond calls.
 _SPIN_S = 2e-4
 
-def precise_sleep(seconds: float) -> None:
-    """Sleeps ``seconds`` with ~10 us precision (coarse sleep, then a short GIL-yielding spin)."""
+def precise_sleep(seconds: float, stop: threading.Event | None = None) -> bool:
+    """Sleeps ``seconds`` with ~10 us precision (coarse sleep, then a short GIL-yielding spin).
+    ``stop``: the coarse part waits on it instead, and returns False as soon as it is set (its
+    run is stopping: a declared or emulated wait of hours ends with it, in any thread); True
+    when the wait was not cut short."""
     if seconds <= 0:
-        return
+        return True
     deadline = time.perf_counter() + seconds
     if seconds > _SPIN_S:
-        time.sleep(seconds - _SPIN_S)
+        if stop is None:
+            time.sleep(seconds - _SPIN_S)
+        elif stop.wait(min(seconds - _SPIN_S, threading.TIMEOUT_MAX)):
+            return False
     while time.perf_counter() < deadline:
         time.sleep(0)
+    return True
 
 
 def block(tree: Any) -> Any:

@@ -7,6 +7,9 @@ is ``skyjax.runtime.rehearsal.Rehearsal``).
   call whose real compute is longer (an *overrun*) is not cut short; the run's
   :class:`RehearsalLedger` counts it, so the run can say by how much the host fell behind the
   declared cluster.
+* :class:`WaitStop` ends every declared wait early, in whichever thread waits, once its run
+  stops (a stage failed, or the run was interrupted): a wait of hours is no reason to keep a
+  stopped run alive.
 * :class:`RehearsalLinks` is a ``LinkEmulation`` whose messages weigh the bytes the profiled
   model sends on that link, not the rehearsing model's, so a small BERT's hand-offs take
   BERT-large's time; the transports' link clock waits it out as for any emulated link.
@@ -97,27 +100,61 @@ def merge(records: list[dict]) -> dict:
     return out
 
 
+class Stopped(RuntimeError):
+    """A declared wait cut short: its run is stopping (:class:`WaitStop`)."""
+
+
+class WaitStop:
+    """What ends a run's declared waits early. :meth:`set` (with the reason: the failure, or
+    the interrupt) wakes every thread waiting in :meth:`wait` at once, and every later wait
+    ends at once too: the local executor sets it when a stage fails or its main thread is
+    interrupted, so that its stage threads end instead of waiting out their declared times
+    (hours at a large time scale, and the run's cleanup joins them). Waits in a main thread end
+    by the signal's own ``KeyboardInterrupt`` as well."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None
+
+    def set(self, reason: BaseException | str = "stopped") -> None:
+        if self.reason is None:
+            self.reason = str(reason) or type(reason).__name__
+        self._event.set()
+
+    def wait(self, seconds: float) -> None:
+        """Waits ``seconds`` (one timed wait, no spin: many stage threads share the host, and a
+        spin would take their cores); raises :class:`Stopped` once :meth:`set`."""
+        if seconds > 0 and self._event.wait(min(seconds, threading.TIMEOUT_MAX)):
+            raise Stopped(f"a declared wait of {seconds:.6g} s stopped ({self.reason})")
+
+
 def rehearsed_call(fn: Callable, *args: Any, seconds: float, ledger: RehearsalLedger,
-                   **kwargs: Any) -> tuple[Any, float]:
+                   stop: WaitStop | None = None, **kwargs: Any) -> tuple[Any, float]:
     """Runs ``fn(*args, **kwargs)`` to completion, then waits until ``seconds`` after its start;
     returns ``(result, wall seconds)``, recorded in ``ledger`` unless it is the program's first
-    call (it compiles). The wait is one ``time.sleep`` (no spin): many stage threads share the
-    host, and a spin would take their cores; its overshoot is recorded as overhead."""
+    call (it compiles). The wait is one timed wait (no spin: many stage threads share the host,
+    and a spin would take their cores); its overshoot is recorded as overhead. ``stop``: the
+    wait ends with :class:`Stopped` as soon as it is set."""
     start = time.perf_counter()
     result = block(fn(*args, **kwargs))
     real = time.perf_counter() - start
     if seconds > real:
-        time.sleep(seconds - real)
+        rehearsed_wait(seconds - real, stop)
     total = time.perf_counter() - start
     if not ledger.first_call(fn):
         ledger.record(real, seconds, total)
     return result, total
 
 
-def rehearsed_wait(seconds: float) -> None:
-    """A declared span with no call in it (the step's synchronisation)."""
-    if seconds > 0:
+def rehearsed_wait(seconds: float, stop: WaitStop | None = None) -> None:
+    """A declared span with no call in it (the step's synchronisation); ``stop`` as for
+    :func:`rehearsed_call`."""
+    if seconds <= 0:
+        return
+    if stop is None:
         time.sleep(seconds)
+    else:
+        stop.wait(seconds)
 
 
 class RehearsalLinks(LinkEmulation):

@@ -249,6 +249,9 @@ def _rehearse() -> ml_collections.ConfigDict:
     # every declared time x this factor (> 1 makes this host's own overheads small beside it;
     # summary.json's rehearsal.calls reports them per call)
     r.time_scale = 1.0
+    # a rehearsal whose steps are predicted to take over 24 h of wall-clock time at that scale
+    # is refused (one line with the prediction) unless this confirms it
+    r.allow_long = False
     return r
 
 

@@ -3,8 +3,11 @@
 dataset, each as a :class:`Split` of raw values; :mod:`.tables` resolves the labels.
 
 Files are read as UTF-8 with or without a byte-order mark (Excel's "CSV UTF-8" writes one).
+A CSV or TSV field may hold up to :data:`FIELD_LIMIT` characters (the ``csv`` module's own
+limit, 131,072, is below a long document's; a row's text is cut to ``seq_len`` tokens anyway).
 Every problem is one line naming the file, line (row) and column: a missing column, a column
-the run reads named twice (a header or a JSON object), an empty file.
+the run reads named twice (a header or a JSON object), a field over the limit (or any line the
+``csv`` module cannot read), an empty file.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from skyjax.data.text import DataError, first_line
 
 FILE_SUFFIXES = (".csv", ".tsv", ".jsonl")
+FIELD_LIMIT = 1 << 24  # characters in one CSV / TSV field (16 Mi)
 HF_PREFIX = "hf:"
 
 
@@ -93,12 +97,26 @@ def rows(path: str, used: Sequence[str]) -> Iterator[tuple[str, dict, list[str]]
                 _check_twice(row.given, used, f"{path}:{n}", "this object")
                 yield f"{path}:{n}", row, list(row)
             return
+        if csv.field_size_limit() < FIELD_LIMIT:  # (process-wide; a larger one is kept)
+            csv.field_size_limit(FIELD_LIMIT)
         reader = (csv.DictReader(f) if fmt == "csv"
                   else csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-        columns = reader.fieldnames or []
-        _check_twice(columns, used, f"{path}:1", "the header")
-        for row in reader:
-            yield f"{path}:{reader.line_num}", row, columns
+        try:
+            columns = reader.fieldnames or []
+            _check_twice(columns, used, f"{path}:1", "the header")
+            for row in reader:
+                yield f"{path}:{reader.line_num}", row, columns
+        except csv.Error as e:
+            # (the DictReader's line_num is the last row it returned; its reader's, this one)
+            raise DataError(_csv_error(path, reader.reader.line_num, e)) from None
+
+
+def _csv_error(path: str, line: int, e: csv.Error) -> str:
+    """The line of a CSV / TSV file the ``csv`` module could not read."""
+    if "field larger than field limit" in str(e):
+        return (f"{path}:{line}: a field is longer than {csv.field_size_limit():,} characters "
+                f"(the reader's limit, csv.field_size_limit)")
+    return f"{path}:{line}: {first_line(e)}"
 
 
 def read_file(path: str, text_columns: Sequence[str], label_column: str, key: str) -> Split:

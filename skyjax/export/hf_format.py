@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from skyjax.export.trained import ExportError, TrainedModel, from_workdir
+from skyjax.export.trained import AVERAGE, ExportError, TrainedModel, from_workdir, replica_line
 from skyjax.models.hf_loading import hf_to_path
 
 SKYJAX_FILE = "skyjax.json"
@@ -95,7 +95,9 @@ def hf_config_json(model: TrainedModel) -> dict[str, Any]:
 
 def skyjax_json(model: TrainedModel) -> dict[str, Any]:
     """What :mod:`skyjax.export.inference` reads besides the model: the text columns and sequence
-    length the model was trained on, its label names, and the run and step it came from."""
+    length the model was trained on, its label names, the run and step it came from, and,
+    where the checkpoint held several replicas, which one it is (``replica``:
+    :func:`skyjax.export.trained.replicas_params`)."""
     c = model.config
     out: dict[str, Any] = {"format": SKYJAX_FORMAT, "label_names": model.label_names,
                            "regression": model.regression}
@@ -105,6 +107,8 @@ def skyjax_json(model: TrainedModel) -> dict[str, Any]:
         out.update(dataset=str(c.data.name), seq_len=int(c.data.seq_len),
                    compute_dtype=str(c.train.compute_dtype), step=model.step,
                    checkpoint=os.path.abspath(model.checkpoint))
+    if model.replica is not None:  # the checkpoint held several replicas: which one this is
+        out["replica"] = model.replica
     return out
 
 
@@ -164,14 +168,18 @@ def write(model: TrainedModel, out: str) -> dict[str, Any]:
             "parameters": int(sum(x.size for x in tensors.values())), "tokenizer": tokenizer}
 
 
-def export_run(workdir: str, out: str, step: int | None = None) -> list[str]:
+def export_run(workdir: str, out: str, step: int | None = None,
+               replica: str | int = AVERAGE) -> list[str]:
     """A run's checkpoint (its latest that verifies, or ``step``) written as the Hugging Face
-    directory ``out``; returns what was written, one line each (for the log)."""
+    directory ``out``; where the checkpoint holds replicas, their average or ``replica``;
+    returns what was written, one line each (for the log)."""
     check_out(out)  # before the checkpoint is read
-    model = from_workdir(workdir, step)
+    model = from_workdir(workdir, step, replica=replica)
     done = write(model, out)
+    which = replica_line(model.replica)
     return [f"step {model.step} of {workdir} -> {out}: {done['tensors']} tensors, "
             f"{done['parameters']:,} parameters, {model.bert.num_labels} label(s)"
             + ("" if model.regression else f" ({', '.join(id2label(model).values())})"),
+            *([which] if which else []),
             (f"tokenizer from {done['tokenizer']}" if done["tokenizer"]
              else "no tokenizer: the synthetic task's token ids are its own")]

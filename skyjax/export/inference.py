@@ -60,17 +60,29 @@ def from_model_dir(path: str, compute_dtype: str = "float32",
             if meta.get("text_columns") else None)
     trained = TrainedModel(model.config, model_params(model), None if hf.num_labels == 1 else names,
                            None, task)
-    return trained, load_tokenizer(path), meta
+    return trained, load_tokenizer(path, meta), meta
 
 
-def load_tokenizer(path: str) -> Any:
-    """The ``BertTokenizerFast`` saved in a model directory (local files only)."""
+def load_tokenizer(path: str, meta: dict | None = None) -> Any:
+    """The ``BertTokenizerFast`` saved in a model directory (local files only); ``meta``: its
+    ``skyjax.json``, which says whether the run it came from had text (a tokenizer to save)."""
     from transformers import BertTokenizerFast
 
     if not any(os.path.isfile(os.path.join(path, f)) for f in text.VOCAB_FILES):
-        raise ExportError(f"--model {path} has no tokenizer (neither "
-                          f"{' nor '.join(text.VOCAB_FILES)}): it was exported from a run "
-                          f"without text (the synthetic task)")
+        files, neither = " or ".join(text.VOCAB_FILES), " nor ".join(text.VOCAB_FILES)
+        meta = meta or {}
+        if meta.get("text_columns"):  # exported with its tokenizer, since removed
+            raise ExportError(f"--model {path}: the tokenizer files are missing from the export "
+                              f"directory (expected {files}, with tokenizer_config.json); its "
+                              f"{SKYJAX_FILE} names a run on {meta.get('dataset', '?')!r} with "
+                              f"text columns {', '.join(map(repr, meta['text_columns']))}: "
+                              f"copy them back, or export the run again")
+        if "dataset" in meta:  # an export of a run without text
+            raise ExportError(f"--model {path} has no tokenizer (neither {neither}): its "
+                              f"{SKYJAX_FILE} names a run on {meta['dataset']!r}, without text "
+                              f"columns (the synthetic task's token ids are its own)")
+        raise ExportError(f"--model {path} has no tokenizer (neither {neither} is in the "
+                          f"directory): save the model's tokenizer there (save_pretrained)")
     try:
         return BertTokenizerFast.from_pretrained(path, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - a malformed file: name the directory
@@ -180,12 +192,24 @@ def format_value(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
+_QUOTE_IF = ("\t", "\n", "\r", '"')  # what makes a TSV field quoted (write_tsv)
+
+
+def tsv_field(text: str) -> str:
+    """``text`` as a field of :func:`write_tsv`: quoted, its quotes doubled, where it holds a
+    tab, a newline, a carriage return or a double quote; else as it is."""
+    return f'"{text.replace(chr(34), chr(34) * 2)}"' if any(c in text for c in _QUOTE_IF) \
+        else text
+
+
 def write_tsv(path: str, ids: Iterable[str], values: Iterable[Any],
               header: tuple[str, str] = ("id", "prediction")) -> None:
-    """``header`` then one ``id<TAB>prediction`` line per row, written atomically."""
+    r"""``header`` then one ``id<TAB>prediction`` line per row (``\n``), written atomically, in
+    the ``csv`` module's tab-delimited ``QUOTE_MINIMAL`` dialect (:func:`tsv_field`, not
+    ``csv.writer``, which under a ``\n`` line end leaves a carriage return unquoted on Python
+    3.11), so ``csv.reader(f, delimiter="\t")`` reads every row back as written."""
     tmp = f"{path}.partial-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.write("\t".join(header) + "\n")
-        for i, v in zip(ids, values):
-            f.write(f"{i}\t{format_value(v)}\n")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        for row in (header, *((i, format_value(v)) for i, v in zip(ids, values))):
+            f.write("\t".join(map(tsv_field, row)) + "\n")
     os.replace(tmp, path)

@@ -8,13 +8,15 @@ text columns are the run's (``text_columns`` overrides), tokenised as in trainin
 ``id<TAB>prediction`` per row (the row's ``id`` or ``idx`` column, else its index from 0; the
 label name, the class id for integer labels, or the score of a regression). ``glue``: the task's
 test splits from TensorFlow Datasets, as the GLUE server's files in directory ``out``
-(:mod:`skyjax.export.glue_submission`). Bad input raises ``ExportError`` naming the flag.
+(:mod:`skyjax.export.glue_submission`). A run's checkpoint whose replicas differ (DiLoCo
+averaging) predicts with their average, or ``replica`` (:mod:`skyjax.export.trained`), said in
+one line (``log``). Bad input raises ``ExportError`` naming the flag.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 
 def check_out(out: str, glue: str | None, batch_size: int, seq_len: int) -> None:
@@ -32,7 +34,7 @@ def check_out(out: str, glue: str | None, batch_size: int, seq_len: int) -> None
 
 
 def load(workdir: str | None, model_dir: str | None, step: int | None,
-         compute_dtype: str) -> tuple[Any, Any, dict]:
+         compute_dtype: str, replica: str | int = "average") -> tuple[Any, Any, dict]:
     """``(model, tokenizer, defaults)``: the defaults are the run's text columns, sequence
     length, GLUE task and TFDS directory."""
     from skyjax.data import text
@@ -40,6 +42,10 @@ def load(workdir: str | None, model_dir: str | None, step: int | None,
     from skyjax.models import build
 
     if model_dir:
+        if replica != trained.AVERAGE:
+            raise trained.ReplicaChoiceError(f"--replica {replica}: applies to --workdir; --model "
+                                             f"{model_dir} is one model (its skyjax.json "
+                                             f"records which replica); choose average")
         dtype = build.resolve_compute_dtype(compute_dtype or "auto")
         model, tokenizer, meta = inference.from_model_dir(model_dir, dtype, "auto")
         return model, tokenizer, {"text_columns": meta.get("text_columns"),
@@ -47,7 +53,7 @@ def load(workdir: str | None, model_dir: str | None, step: int | None,
                                   "data_dir": ""}
     config = trained.run_config(workdir)
     dtype = build.resolve_compute_dtype(compute_dtype or config.train.compute_dtype)
-    model = trained.from_workdir(workdir, step, dtype)
+    model = trained.from_workdir(workdir, step, dtype, replica)
     if model.task is None:
         raise trained.ExportError(f"--workdir {workdir} trained on the synthetic task: it "
                                   f"has no text to predict from")
@@ -64,15 +70,20 @@ def write_predictions(out: str, *, workdir: str | None = None, model_dir: str | 
                       data: str | None = None, glue: str | None = None,
                       step: int | None = None, text_columns: str = "", seq_len: int = 0,
                       batch_size: int = 64, compute_dtype: str = "",
-                      data_dir: str = "") -> list[str]:
+                      data_dir: str = "", replica: str | int = "average",
+                      log: Callable[[str], None] | None = None) -> list[str]:
     """Writes the predictions of the model (``workdir`` or ``model_dir``) on ``data`` (or, with
     ``glue`` a task name or ``""`` for the run's, GLUE's test splits); returns the files
-    written."""
+    written. ``replica``: which of the checkpoint's replicas, where they differ; ``log`` gets
+    the line that says which it took."""
     from skyjax.export import glue_submission, inference
-    from skyjax.export.trained import ExportError
+    from skyjax.export.trained import ExportError, replica_line
 
     check_out(out, glue, batch_size, seq_len)
-    model, tokenizer, defaults = load(workdir, model_dir, step, compute_dtype)
+    model, tokenizer, defaults = load(workdir, model_dir, step, compute_dtype, replica)
+    which = replica_line(model.replica, "predicting with")
+    if which and log is not None:
+        log(which)
     seq_len = seq_len or defaults["seq_len"] or min(128, model.bert.max_position_embeddings)
     if glue is not None:
         task = glue or defaults["glue"] or ""

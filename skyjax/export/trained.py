@@ -6,6 +6,15 @@ one copy each whatever the plan, granularity, process count or number of pipelin
 write pipeline 0's), so the whole model is read back by name from the files of any of them.
 Parameters are float32 whatever ``config.train.compute_dtype`` was (bf16 runs keep float32
 master weights, :mod:`skyjax.models.units`): the export is those master weights.
+
+Where a relaxed averaging keeps replicas that differ (DiLoCo between outer steps), the
+checkpoint also holds pipeline i's replica (``pipelines/<i>/params/<path>``) and the anchor,
+the last outer step's model (``relax/anchor/<path>``; :mod:`skyjax.checkpoint.relaxed`). The
+model is then their average (float32, summed in pipeline order, divided by their count: the
+same bits every time), or one replica or the anchor when asked (``replica``); what was taken is
+recorded (``TrainedModel.replica``, ``skyjax.json`` ``replica``) and said in one line
+(:func:`replica_line`). Replicas that are equal bit for bit (exact and int8 averaging, whose
+checkpoints hold one; DiLoCo just after an outer step) give pipeline 0's, unchanged.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any
 
 import ml_collections
@@ -22,17 +32,25 @@ from skyjax import data as data_lib
 from skyjax import failures
 from skyjax.checkpoint import layout, restore, store
 from skyjax.checkpoint.names import key_path
+from skyjax.checkpoint.relaxed import PIPELINES, RELAX
 from skyjax.config import defaults
 from skyjax.data import glue, text
 from skyjax.models.modeling import BertConfig
 
 LABELS_FILE = "labels.json"
 CONFIG_FILE = "config.json"
+PARAMS = "params/"
+AVERAGE, ANCHOR = "average", "anchor"  # the replica choices besides a pipeline's index
 
 
 class ExportError(failures.BadInput):
     """A workdir, checkpoint, model directory or data file that cannot be exported or predicted
     from; the message names it (bad input: one line, exit 64)."""
+
+
+class ReplicaChoiceError(ExportError):
+    """A ``--replica`` the checkpoint does not offer; the message names the flag and the
+    choices (the commands treat it as a usage error: one line, exit 2)."""
 
 
 @dataclasses.dataclass
@@ -49,6 +67,7 @@ class TrainedModel:
     step: int | None = None
     checkpoint: str = ""
     hf_base: dict | None = None  # the pretrained config.json the run started from
+    replica: dict | None = None  # which replica, where the checkpoint holds several (module doc)
 
     @property
     def regression(self) -> bool:
@@ -143,21 +162,28 @@ def _template(bert: BertConfig) -> dict:
                                                                              nnx.Rngs(0))))
 
 
-def consolidate(resume: restore.Resume, bert: BertConfig) -> dict:
-    """Every parameter of the model ``bert`` read by name from the checkpoint's process files;
-    a tensor missing, of another shape, or belonging to no parameter is one line naming it."""
+def _index(resume: restore.Resume) -> store.TensorIndex:
+    try:
+        return store.TensorIndex(resume.path)
+    except Exception as e:  # noqa: BLE001 - an unverified (old) checkpoint's damaged file
+        raise ExportError(f"checkpoint {resume.path} cannot be read: {type(e).__name__}: "
+                          f"{e}") from None
+
+
+def consolidate(resume: restore.Resume, bert: BertConfig, prefix: str = PARAMS,
+                index: store.TensorIndex | None = None) -> dict:
+    """Every parameter of the model ``bert`` read by name (``prefix`` + its path: pipeline 0's
+    replica by default) from the checkpoint's process files; a tensor missing, of another
+    shape, or belonging to no parameter is one line naming it."""
     import jax
 
     where = f"checkpoint {resume.path}"
-    try:
-        index = store.TensorIndex(resume.path)
-    except Exception as e:  # noqa: BLE001 - an unverified (old) checkpoint's damaged file
-        raise ExportError(f"{where} cannot be read: {type(e).__name__}: {e}") from None
+    index = _index(resume) if index is None else index
     template = _template(bert)
     flat, treedef = jax.tree_util.tree_flatten_with_path(template)
     leaves, used = [], set()
     for path, like in flat:
-        name = f"params/{key_path(path)}"
+        name = f"{prefix}{key_path(path)}"
         if name not in index:
             raise ExportError(f"{where}: tensor {name} is missing (another model shape than "
                               f"the workdir's config.json?)")
@@ -167,11 +193,94 @@ def consolidate(resume: restore.Resume, bert: BertConfig) -> dict:
                               f"{tuple(like.shape)}")
         leaves.append(np.asarray(x, np.float32))
         used.add(name)
-    extra = sorted(n for n in index.names() if n.startswith("params/") and n not in used)
+    extra = sorted(n for n in index.names() if n.startswith(prefix) and n not in used)
     if extra:
         raise ExportError(f"{where}: tensor {extra[0]} belongs to no parameter of the model "
                           f"({len(extra)} such tensors; another model shape?)")
     return jax.tree.unflatten(treedef, leaves)
+
+
+# --------------------------------------------------------------------------------------------
+# Replicas (module doc).
+
+def _replica_prefix(pipeline: int) -> str:
+    return f"{PIPELINES}/{pipeline}/{PARAMS}" if pipeline else PARAMS
+
+
+ANCHOR_PREFIX = f"{RELAX}/{ANCHOR}/"  # DiLoCo's anchor (runtime.averaging's state "anchor")
+
+
+def held_replicas(resume: restore.Resume, index: store.TensorIndex) -> tuple[str, list[int], bool]:
+    """``(averaging mode, pipelines whose replica the checkpoint holds, whether it holds an
+    anchor)``: ``[0]`` for a checkpoint of equal replicas (exact, int8)."""
+    mode = str((resume.meta.get("averaging") or {}).get("mode", "exact"))
+    own = re.compile(rf"^{PIPELINES}/(\d+)/{PARAMS}")
+    held = {0} | {int(m.group(1)) for m in map(own.match, index.names()) if m}
+    anchor = any(n.startswith(ANCHOR_PREFIX) for n in index.names())
+    return mode, sorted(held), anchor
+
+
+def check_replica(replica: str | int, mode: str, held: list[int], anchor: bool,
+                  step: int) -> str | int:
+    """``replica`` (``average``, ``anchor``, or a pipeline's index, as an int or its digits)
+    where the checkpoint offers it; else :class:`ReplicaChoiceError` naming the choices."""
+    choices = ", ".join([AVERAGE, *map(str, held)] + [ANCHOR] * anchor)
+    if isinstance(replica, str) and replica.strip().isdigit():
+        replica = int(replica)
+    if replica == ANCHOR and not anchor:
+        raise ReplicaChoiceError(f"--replica {ANCHOR}: checkpoint {step} has no anchor (DiLoCo "
+                                 f"averaging keeps one; this run's averaging is {mode}); choose "
+                                 f"{choices}")
+    if replica in (AVERAGE, ANCHOR) or (type(replica) is int and replica in held):
+        return replica
+    what = (f"{len(held)} replicas" if len(held) > 1
+            else f"one replica ({mode} averaging keeps every pipeline's the same)")
+    raise ReplicaChoiceError(f"--replica {replica}: checkpoint {step} holds {what}; choose "
+                             f"{choices}")
+
+
+def replicas_params(resume: restore.Resume, bert: BertConfig, replica: str | int = AVERAGE
+                    ) -> tuple[dict, dict | None]:
+    """``(parameters, record)``: the replica ``replica`` of the checkpoint's model (module
+    doc); ``record`` (None where the checkpoint holds one replica and it was taken) says
+    which: ``taken`` (``average``, ``anchor`` or the pipeline), ``averaging``, ``pipelines``
+    and whether their parameters ``differ``."""
+    import jax
+
+    index = _index(resume)
+    mode, held, anchor = held_replicas(resume, index)
+    replica = check_replica(replica, mode, held, anchor, resume.step)
+    first = consolidate(resume, bert, PARAMS, index)
+    if len(held) == 1 and replica != ANCHOR:
+        return first, None
+    total, differ, chosen = jax.tree.map(np.copy, first), False, first
+    for i in held[1:]:  # pipeline order: the same sum every time
+        tree = consolidate(resume, bert, _replica_prefix(i), index)
+        differ = differ or not all(jax.tree.leaves(jax.tree.map(np.array_equal, first, tree)))
+        total = jax.tree.map(np.add, total, tree)
+        chosen = tree if replica == i else chosen
+    if replica == AVERAGE:
+        n = np.float32(len(held))
+        chosen = jax.tree.map(lambda x: (x / n).astype(np.float32), total) if differ else first
+    elif replica == ANCHOR:
+        chosen = consolidate(resume, bert, ANCHOR_PREFIX, index)
+    record = {"taken": replica, "averaging": mode, "pipelines": len(held), "differ": differ}
+    return chosen, record
+
+
+def replica_line(record: dict | None, doing: str = "exporting") -> str | None:
+    """The one line that says which replica a model is (None: the checkpoint held one)."""
+    if record is None:
+        return None
+    taken, n = record["taken"], record["pipelines"]
+    head = (f"replicas {'differ' if record['differ'] else 'identical'} ({n} pipelines, "
+            f"{record['averaging']})")
+    if taken == AVERAGE:
+        return (f"{head}: {doing} their average; --replica N or anchor for one"
+                if record["differ"] else f"{head}: {doing} them (pipeline 0's)")
+    if taken == ANCHOR:
+        return f"{head}: {doing} the anchor, the last outer step's model (--replica {ANCHOR})"
+    return f"{head}: {doing} pipeline {taken}'s (--replica {taken}; the default is their average)"
 
 
 def recorded_label_names(workdir: str, resume: restore.Resume, config: ml_collections.ConfigDict
@@ -194,10 +303,11 @@ def recorded_label_names(workdir: str, resume: restore.Resume, config: ml_collec
     return list(task.label_names) if task is not None and task.label_names else None
 
 
-def from_workdir(workdir: str, step: int | None = None, compute_dtype: str = "float32"
-                 ) -> TrainedModel:
+def from_workdir(workdir: str, step: int | None = None, compute_dtype: str = "float32",
+                 replica: str | int = AVERAGE) -> TrainedModel:
     """The model of the run in ``workdir`` at its latest verified checkpoint (or ``step``),
-    computing in ``compute_dtype`` (the parameters stay float32)."""
+    computing in ``compute_dtype`` (the parameters stay float32); where the checkpoint holds
+    replicas that differ, their average or ``replica`` (module doc)."""
     from skyjax.models import build, hf_config
 
     config = run_config(workdir)
@@ -207,6 +317,6 @@ def from_workdir(workdir: str, step: int | None = None, compute_dtype: str = "fl
         base = hf_config.read(config.model.pretrained) if config.model.pretrained else None
     except ValueError as e:
         raise ExportError(f"{workdir}/{CONFIG_FILE}: {e}") from None
-    return TrainedModel(bert, consolidate(resume, bert),
-                        recorded_label_names(workdir, resume, config),
-                        config, run_task(config), resume.step, resume.path, base)
+    params, record = replicas_params(resume, bert, replica)
+    return TrainedModel(bert, params, recorded_label_names(workdir, resume, config),
+                        config, run_task(config), resume.step, resume.path, base, record)

@@ -194,25 +194,83 @@ def least_schedule(profile: Profile, strategy: str, microbatches: int, **kwargs)
 
 
 def _infeasible_message(profile: Profile, t: Tables) -> str:
-    """Why nothing fits: the unit or total that exceeds the tightest (largest) device."""
-    m = t.microbatches
+    """Why nothing fits, naming what does not: a unit larger than the largest device; the
+    units' total beyond every device's together; beyond every group of devices that links join
+    (bandwidth above 0); more stages, in blocks that fit the largest device, than there are
+    devices; else the cut into blocks that fits no order of the devices."""
+    m = t.least_inflight  # the fewest micro-batches in flight on any stage (1F1B's last: one)
     state, act = np.diff(t.state_prefix), np.diff(t.act_prefix)
-    infl = 1 if t.schedule == "1f1b" else m
     big = int(np.argmax(t.memory))
     cap = t.memory[big]
     dev = f"device {big} ({profile.devices[big]['name']}, {int(cap)} bytes, the largest)"
-    need = state + infl * act
+    need = state + m * act
     u = int(np.argmax(need))
     if need[u] > cap:
         return (f"no feasible plan: unit {u} ({profile.units[u]['name']}) alone needs "
-                f"{int(need[u])} bytes (state {int(state[u])} + {infl} x activations "
+                f"{int(need[u])} bytes (state {int(state[u])} + {m} x activations "
                 f"{int(act[u])}) but {dev} is short by {int(need[u] - cap)} bytes")
-    whole = float(state.sum() + infl * act.sum())
-    fit = float(t.memory[t.memory >= need.min()].sum())
+    whole = float(need.sum())
+    usable = t.memory >= need.min()  # a device that holds no unit takes no stage
+    fit = float(t.memory[usable].sum())
     if whole > fit:
         return (f"no feasible plan: the units need at least {int(whole)} bytes in total but all "
                 f"devices together have {int(fit)}: {int(whole - fit)} bytes do not fit "
                 f"(tightest: {dev}, short by {int(whole - cap)} bytes for the whole model)")
-    return (f"no feasible plan: memory would suffice only across devices that cannot reach one "
-            f"another (bandwidth 0) or in blocks that do not fit; tightest: {dev}, short by "
-            f"{int(max(whole - cap, 0))} bytes for the whole model")
+    groups = _linked_groups(t.bandwidth, usable)
+    group = max(groups, key=lambda g: float(t.memory[g].sum()))
+    held = float(t.memory[group].sum())
+    apart = "" if len(groups) == 1 else "; bandwidth_Bps is 0 between it and the other devices"
+    if whole > held:
+        return (f"no feasible plan: the units need at least {int(whole)} bytes in total but the "
+                f"devices that links join hold at most {int(held)} ({_listed(group)}"
+                f"{apart}): {int(whole - held)} bytes do not fit")
+    # a stage per block, each block within its device: fewest stages, by the largest device
+    least = [(_least_blocks(need, float(t.memory[g].max())), g) for g in groups]
+    if all(stages > len(g) for stages, g in least):
+        stages, g = min(least, key=lambda x: x[0] - len(x[1]))
+        where = ("" if len(groups) == 1 else
+                 f" in the group of devices that links join ({_listed(g)}{apart})")
+        return (f"no feasible plan: in blocks that fit the largest device's "
+                f"{int(t.memory[g].max())} bytes, the {t.num_units} units need at least "
+                f"{stages} stages, but only {len(g)} devices can hold one{where}")
+    return (f"no feasible plan: no cut of the {t.num_units} units ({int(whole)} bytes in all, "
+            f"the largest {int(need[u])}) into blocks, one per device, fits the devices' "
+            f"memories ({_listed(group)}: {_numbers([int(x) for x in t.memory[group]])} "
+            f"bytes; tightest: {dev})")
+
+
+def _linked_groups(bandwidth: np.ndarray, usable: np.ndarray) -> list[list[int]]:
+    """The usable devices in groups joined by links with bandwidth above 0 in either direction
+    (a pipeline's devices are all in one group)."""
+    left, groups = [d for d in range(len(usable)) if usable[d]], []
+    while left:
+        group, todo = [], [left.pop(0)]
+        while todo:
+            d = todo.pop()
+            group.append(d)
+            near = [e for e in left if bandwidth[d, e] > 0 or bandwidth[e, d] > 0]
+            left = [e for e in left if e not in near]
+            todo += near
+        groups.append(sorted(group))
+    return groups
+
+
+def _least_blocks(need: np.ndarray, cap: float) -> int:
+    """The fewest contiguous blocks of units, each needing at most ``cap`` (greedy: exact)."""
+    blocks, size = 1, 0.0
+    for x in need:
+        if size + x > cap:
+            blocks, size = blocks + 1, 0.0
+        size += x
+    return blocks
+
+
+def _listed(devices: list[int]) -> str:
+    """``device 3`` / ``devices 0, 1, 2``."""
+    return f"device {devices[0]}" if len(devices) == 1 else f"devices {_numbers(devices)}"
+
+
+def _numbers(items: list[int], most: int = 8) -> str:
+    """``a, b, c``; past ``most`` items, the first ones and the count."""
+    return ", ".join(map(str, items[:most])) + (f", ... ({len(items)})" if len(items) > most
+                                                else "")

@@ -1,12 +1,15 @@
 """Profiling: what the planner needs, measured on the devices that will run the plan.
 
-``format``, ``flops`` and ``cluster_profile`` need no JAX; the measuring modules import JAX and are
-imported by name, so that the planner can read a profile without importing JAX:
+``format``, ``flops``, ``cluster_file`` and ``cluster_profile`` need no JAX; the measuring modules
+import JAX and are imported by name, so that the planner can read a profile without importing
+JAX:
 
 * ``format``: profile.json (:class:`Profile`, load / save; no JAX);
 * ``flops``: a profile from a FLOP model of BERT's units (no JAX);
 * ``cluster_profile``: a whole cluster's profile from one profile per device kind, regions and
   the links between them (no JAX);
+* ``cluster_file``: the cluster file read and checked: unknown or repeated keys, counts,
+  bounds, ``--out`` (no JAX);
 * ``chain``: what is measured (:class:`~skyjax.profile.chain.Workload`, the units, a sample
   micro-batch);
 * ``options``: how hard (:class:`~skyjax.profile.options.Options`), robust times, cache eviction;

@@ -21,107 +21,119 @@ nowhere. The cluster file (JSON):
 Each device takes its kind's column of every per-device term (unit times, updates, call and
 message costs, inputs, memory, codec rates); a pair of regions not listed in ``between`` takes
 ``default`` (absent: refused by name), and links are symmetric. Measured kinds must have
-profiled the same units and micro-batch (refused, naming both files, otherwise); FLOP kinds take
-the measured kinds' units where there are any (their unit count must match). The codecs offered
-are those every kind has timings of. ``sync_s`` is the largest of the kinds'. Pure JSON and numpy.
+profiled the same model (their profiles' model records), units and micro-batch (refused, naming
+both files, otherwise); FLOP kinds take the measured kinds' units where there are any (their unit
+count must match, and the model's sizes written must be the ones the measured kinds recorded).
+The codecs offered are those every kind has timings of. ``sync_s`` is the largest of the kinds'.
+
+The file is checked before anything is read or allocated (:mod:`skyjax.profile.cluster_file`):
+a key written twice, an unknown key, a count that is no integer, a number out of its bounds and
+more than 1024 devices are refused by name, so a cluster is composed as written or not at all.
+Pure JSON and numpy.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 import numpy as np
 
+from skyjax.profile.cluster_file import ClusterError, check, check_out, read_cluster
 from skyjax.profile.flops import BertShape, bert_units, flop_profile
-from skyjax.profile.format import OVERHEAD_KEYS, Profile, load_profile
+from skyjax.profile.format import (OVERHEAD_KEYS, Profile, ProfileError, load_profile,
+                                   save_profile)
+
+__all__ = ["ClusterError", "compose", "compose_file", "summary", "write_profile"]
 
 
-class ClusterError(ValueError):
-    """A malformed cluster file; the message names the key."""
+# a FLOP model's key (flops.BertShape) -> the model record's (format.MODEL_KEYS)
+_RECORD_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size",
+                "heads": "num_attention_heads", "ffn": "intermediate_size", "vocab": "vocab_size",
+                "positions": "max_position_embeddings", "granularity": "granularity"}
 
 
-def _get(obj: Any, key: str, where: str) -> Any:
-    if not isinstance(obj, dict) or key not in obj:
-        raise ClusterError(f"{where}: missing key {key!r}")
-    return obj[key]
-
-
-def _link(x: Any, where: str) -> tuple[float, float]:
-    lat, bw = _get(x, "latency_s", where), _get(x, "bandwidth_Bps", where)
-    if not isinstance(lat, (int, float)) or not lat >= 0:
-        raise ClusterError(f"{where}.latency_s={lat!r}: expected seconds >= 0")
-    if not isinstance(bw, (int, float)) or not bw > 0:
-        raise ClusterError(f"{where}.bandwidth_Bps={bw!r}: expected bytes per second > 0")
-    return float(lat), float(bw)
-
-
-def _kind_profiles(spec: dict, base: str) -> dict[str, tuple[Profile, int] | dict]:
-    """Per kind: (its measured profile, the device index) or its FLOP-model record."""
+def _kind_profiles(spec: dict, base: str) -> dict[str, tuple[Profile, int, str] | dict]:
+    """Per kind: (its measured profile, the device index, its path) or its FLOP-model record."""
     out: dict[str, Any] = {}
-    kinds = _get(spec, "kinds", "cluster")
-    if not isinstance(kinds, dict) or not kinds:
-        raise ClusterError("cluster.kinds: expected an object of kinds")
-    for name, k in kinds.items():
+    for name, k in spec["kinds"].items():
         where = f"cluster.kinds.{name}"
-        if isinstance(k, dict) and "profile" in k:
-            path = os.path.join(base, str(k["profile"]))
-            prof = load_profile(path)
-            d = int(k.get("device", 0))
+        if "profile" in k:
+            path = os.path.join(base, k["profile"])
+            try:
+                prof = load_profile(path)
+            except ProfileError as e:
+                text = str(e) if path in str(e) else f"{path}: {e}"
+                raise ClusterError(f"{where}.profile: {text}") from None
+            d = k.get("device", 0)
             if not 0 <= d < prof.num_devices:
                 raise ClusterError(f"{where}.device={d}: {path} has {prof.num_devices} devices")
             out[name] = (prof, d, path)
-        elif isinstance(k, dict) and "flops_per_s" in k:
-            for key in ("flops_per_s", "memory_bytes"):
-                v = _get(k, key, where)
-                if not isinstance(v, (int, float)) or not v > 0:
-                    raise ClusterError(f"{where}.{key}={v!r}: expected a positive number")
-            out[name] = dict(k)
         else:
-            raise ClusterError(f"{where}: expected {{'profile': FILE}} or {{'flops_per_s': ..., "
-                               "'memory_bytes': ...}}")
+            out[name] = dict(k)
     return out
+
+
+def _same_model(kinds: dict, spec: dict) -> None:
+    """Refuses measured kinds profiled for different models or micro-batches (their model
+    records, where both have one, and their units' names and sizes), and a FLOP ``model`` whose
+    written keys differ from the measured kinds' record."""
+    measured = [(n, v) for n, v in kinds.items() if isinstance(v, tuple)]
+    if not measured:
+        return
+    ref_name, (ref, _, ref_path) = measured[0]
+    fix = "profile every kind with one model and micro-batch"
+    for name, (prof, _, path) in measured[1:]:
+        where = f"cluster.kinds.{name}.profile"
+        if prof.num_units != ref.num_units or prof.microbatch != ref.microbatch:
+            raise ClusterError(f"{where}: {path} profiled {prof.num_units} units at "
+                               f"{prof.microbatch}; {ref_path} {ref.num_units} at "
+                               f"{ref.microbatch}: {fix}")
+        for key in sorted(set(prof.model or {}) & set(ref.model or {})):
+            if prof.model[key] != ref.model[key]:
+                raise ClusterError(f"{where}: {path} was measured for {key}="
+                                   f"{prof.model[key]!r}, {ref_path} (cluster.kinds.{ref_name})"
+                                   f" for {key}={ref.model[key]!r}: {fix}")
+        for u, (a, b) in enumerate(zip(prof.units, ref.units)):
+            if a["name"] != b["name"] or a["state_bytes"] != b["state_bytes"]:
+                raise ClusterError(f"{where}: {path}'s unit {u} is {a['name']} of "
+                                   f"{a['state_bytes']} state bytes, {ref_path}'s {b['name']} "
+                                   f"of {b['state_bytes']}: {fix}")
+    model = spec.get("model", {})
+    record = ref.model or {}
+    for key, rkey in _RECORD_KEYS.items():
+        if key in model and rkey in record and model[key] != record[rkey]:
+            raise ClusterError(f"cluster.model.{key}={model[key]!r}: {ref_path} "
+                               f"(cluster.kinds.{ref_name}) was measured for {rkey}="
+                               f"{record[rkey]!r}: set cluster.model to the profiled model")
+    for key, mkey in (("batch", "size"), ("seq", "seq_len")):
+        if key in model and model[key] != ref.microbatch[mkey]:
+            raise ClusterError(f"cluster.model.{key}={model[key]!r}: {ref_path} "
+                               f"(cluster.kinds.{ref_name}) was measured at micro-batch {mkey} "
+                               f"{ref.microbatch[mkey]}: set cluster.model to the profiled model")
 
 
 def compose(spec: dict, base: str = ".") -> Profile:
     """The cluster's profile (device order: regions in the file's order, each region's kinds in
-    its order); relative profile paths are read from ``base``."""
+    its order); relative profile paths are read from ``base``. The file is checked first
+    (:func:`skyjax.profile.cluster_file.check`): ``ClusterError`` naming the key."""
+    check(spec)  # before anything is read or allocated
     kinds = _kind_profiles(spec, base)
-    regions = _get(spec, "regions", "cluster")
-    if not isinstance(regions, dict) or not regions:
-        raise ClusterError("cluster.regions: expected an object of regions")
+    _same_model(kinds, spec)
+    regions = spec["regions"]
     devices: list[tuple[str, str]] = []  # (region, kind)
     for region, counts in regions.items():
-        if not isinstance(counts, dict):
-            raise ClusterError(f"cluster.regions.{region}: expected {{kind: count}}")
         for kind, count in counts.items():
-            if kind not in kinds:
-                raise ClusterError(f"cluster.regions.{region}.{kind}: no such kind in "
-                                   f"cluster.kinds ({', '.join(kinds)})")
-            if not isinstance(count, int) or count < 0:
-                raise ClusterError(f"cluster.regions.{region}.{kind}={count!r}: expected a "
-                                   "count >= 0")
             devices += [(region, kind)] * count
-    if not devices:
-        raise ClusterError("cluster.regions: no devices")
     measured = [v for v in kinds.values() if isinstance(v, tuple)]
     ref = measured[0] if measured else None
-    for prof, _, path in measured[1:]:
-        if prof.num_units != ref[0].num_units or prof.microbatch != ref[0].microbatch:
-            raise ClusterError(f"{path} profiled {prof.num_units} units at {prof.microbatch}; "
-                               f"{ref[2]} {ref[0].num_units} at {ref[0].microbatch}: profile "
-                               "every kind with one model and micro-batch")
     flop_kinds = {n: v for n, v in kinds.items() if isinstance(v, dict)}
     flop_cols = {}
     if flop_kinds:
         m = dict(spec.get("model", {}))
         granularity = str(m.pop("granularity", "layer"))
         bytes_per_value = int(m.pop("bytes_per_value", 4))
-        try:
-            shape = BertShape(**m)
-        except TypeError as e:
-            raise ClusterError(f"cluster.model: {e}") from None
+        shape = BertShape(**m)
         units = bert_units(shape, granularity, bytes_per_value)
         if ref is not None and len(units) != ref[0].num_units:
             raise ClusterError(f"cluster.model gives {len(units)} units; {ref[2]} has "
@@ -176,49 +188,53 @@ def compose(spec: dict, base: str = ".") -> Profile:
 def _links(spec: dict, device_regions: list[str], regions: list[str]
            ) -> tuple[np.ndarray, np.ndarray]:
     """[D, D] latency and bandwidth from ``links.inside``, ``links.between`` per region pair
-    and ``links.default``."""
-    links = _get(spec, "links", "cluster")
-    inside = _link(_get(links, "inside", "cluster.links"), "cluster.links.inside")
-    pairs: dict[frozenset, tuple[float, float]] = {}
-    for i, b in enumerate(links.get("between", [])):
-        where = f"cluster.links.between[{i}]"
-        rs = _get(b, "regions", where)
-        if not (isinstance(rs, list) and len(rs) == 2 and rs[0] != rs[1]
-                and all(r in regions for r in rs)):
-            raise ClusterError(f"{where}.regions={rs!r}: expected two distinct regions of "
-                               f"cluster.regions ({', '.join(regions)})")
-        pairs[frozenset(rs)] = _link(b, where)
-    default = _link(links["default"], "cluster.links.default") if "default" in links else None
-    n = len(device_regions)
-    lat, bw = np.zeros((n, n)), np.full((n, n), inside[1])
-    for a in range(n):
-        for b in range(n):
-            ra, rb = device_regions[a], device_regions[b]
-            if a == b:
-                continue
-            if ra == rb:
-                lat[a, b], bw[a, b] = inside
-                continue
-            link = pairs.get(frozenset((ra, rb)), default)
-            if link is None:
+    and ``links.default`` (built per pair of regions, then spread to their devices)."""
+    links = spec["links"]
+
+    def link(x: dict) -> tuple[float, float]:
+        return float(x["latency_s"]), float(x["bandwidth_Bps"])
+
+    inside = link(links["inside"])
+    pairs = {frozenset(b["regions"]): link(b) for b in links.get("between", [])}
+    default = link(links["default"]) if "default" in links else None
+    present = set(device_regions)
+    used = [r for r in regions if r in present]  # in device order
+    lat_r, bw_r = np.zeros((len(used),) * 2), np.zeros((len(used),) * 2)
+    for i, ra in enumerate(used):
+        for j, rb in enumerate(used):
+            pair = inside if i == j else pairs.get(frozenset((ra, rb)), default)
+            if pair is None:
                 raise ClusterError(f"cluster.links: no link between regions {ra!r} and {rb!r} "
                                    "(add it to 'between', or a 'default')")
-            lat[a, b], bw[a, b] = link
+            lat_r[i, j], bw_r[i, j] = pair
+    number = {r: i for i, r in enumerate(used)}
+    index = np.array([number[r] for r in device_regions])
+    lat, bw = lat_r[np.ix_(index, index)], bw_r[np.ix_(index, index)]
+    np.fill_diagonal(lat, 0.0)
     return lat, bw
 
 
 def compose_file(path: str) -> Profile:
     """The profile of the cluster file ``path`` (relative profile paths read from its
-    directory); ``ValueError`` (``ClusterError``, ``ProfileError``) naming the file, key or
-    field."""
+    directory); ``ClusterError`` naming the file and the key (and a measured kind's profile and
+    its field)."""
+    spec = read_cluster(path)
     try:
-        with open(path) as f:
-            spec = json.load(f)
+        return compose(spec, os.path.dirname(os.path.abspath(path)))
+    except (ClusterError, ProfileError) as e:
+        raise ClusterError(f"{path}: {e}") from None
+
+
+def write_profile(cluster: str, out: str) -> Profile:
+    """Composes the cluster file ``cluster`` and writes its profile to ``out``, which is checked
+    first (:func:`skyjax.profile.cluster_file.check_out`); returns the profile."""
+    check_out(out, cluster)
+    prof = compose_file(cluster)
+    try:
+        save_profile(prof, out)
     except OSError as e:
-        raise ClusterError(f"cannot read {path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ClusterError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    return compose(spec, os.path.dirname(os.path.abspath(path)))
+        raise ClusterError(f"--out {out}: cannot write: {e.strerror or e}") from None
+    return prof
 
 
 def summary(prof: Profile) -> str:

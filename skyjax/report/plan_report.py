@@ -10,6 +10,7 @@ imported only when used, so planning a profile needs neither them nor JAX.
 from __future__ import annotations
 
 import json
+import math
 
 from skyjax.jsonio import write_json_atomic
 from skyjax.plan import planner
@@ -29,6 +30,8 @@ def plan_file(path: str, strategy: str, schedule: str, microbatches: int, *,
     ``shared_host``: ``auto`` (on where the profile was measured under it), ``on`` or ``off``;
     ``time_scale``: a rehearsal's view, the plan and profile with every time x K. Raises
     ``InfeasibleError`` when nothing fits, ``ValueError`` on a bad profile or argument."""
+    if time_scale is not None and not (math.isfinite(time_scale) and time_scale > 0):
+        raise ValueError(f"--time_scale {time_scale}: expected a positive finite number")
     profile = load_profile(path)
     extra = shared_host_model(profile, shared_host)
     if max_pipelines > 1 and extra is not None:
@@ -40,8 +43,6 @@ def plan_file(path: str, strategy: str, schedule: str, microbatches: int, *,
                         max_pipelines=max_pipelines, relax=relax,
                         warmup=warmup)
     if time_scale is not None:  # a rehearsal's time base: the same plan, every time x K
-        if not time_scale > 0:
-            raise ValueError(f"--time_scale {time_scale}: expected a positive number")
         from skyjax.plan.replay.rehearsal import scale_plan, scale_profile
 
         plan, profile = scale_plan(plan, time_scale), scale_profile(profile, time_scale)

@@ -80,13 +80,16 @@ class LocalExecutor:
     def _all(self, fn: Callable[[PipelineStage], Any],
              stages: list[PipelineStage] | None = None) -> list[Any]:
         """Runs ``fn`` on every stage (or ``stages``) in its thread; one failure aborts the
-        others' waits."""
+        others' waits (their messages' and a rehearsal's declared times) and is raised, rather
+        than a stage's report of the abort."""
+        failed: list[BaseException] = []
 
         def guarded(stage: PipelineStage) -> Any:
             try:
                 return fn(stage)
             except BaseException as e:
-                self.transport.abort(e)
+                failed.append(e)
+                self._abort(e)
                 raise
 
         futures = []
@@ -97,9 +100,18 @@ class LocalExecutor:
         except BaseException as e:
             # e.g. Ctrl-C / SIGTERM's KeyboardInterrupt here, perhaps before every stage was
             # submitted: the stages already running would wait for the others' messages until
-            # the transport's timeout, and close() (the run's cleanup) with them
-            self.transport.abort(e)
+            # the transport's timeout, or out their declared times, and close() (the run's
+            # cleanup) with them
+            self._abort(e)
+            if isinstance(e, Exception) and failed and e is not failed[0]:
+                raise failed[0] from None  # the cause, not a stage that saw the abort
             raise
+
+    def _abort(self, reason: BaseException) -> None:
+        self.transport.abort(reason)
+        rehearsal = self._args["rehearsal"]
+        if rehearsal is not None:
+            rehearsal.stop(reason)
 
     def train_step(self, step: int, batch: Batch, next_batch: Batch | None = None,
                    measure: bool = False) -> StepMetrics:

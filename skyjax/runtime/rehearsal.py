@@ -9,7 +9,10 @@ declared bytes), the executors (:meth:`Rehearsal.stage`: a stage's declared time
 ledger its calls go to) and the report (:meth:`Rehearsal.report`). Every process of a
 distributed run makes its own from the same config; its ledger records that process's calls.
 The times themselves are pure pricing (:mod:`skyjax.plan.replay.rehearsal`); reading a run's
-config is this module's, not the planner's.
+config is this module's, not the planner's. A rehearsal's stop (:meth:`Rehearsal.stop`) ends
+every declared wait of the run at once, and a run predicted to take over :data:`LONG_RUN_S`
+is refused before it compiles unless ``config.rehearse.allow_long`` confirms it
+(:meth:`Rehearsal.check_length`).
 """
 
 from __future__ import annotations
@@ -18,15 +21,33 @@ import dataclasses
 import statistics
 from typing import Any, Callable
 
+from skyjax import failures
 from skyjax.cluster import Cluster, DeviceSpec
 from skyjax.cluster.devices import select_devices
-from skyjax.cluster.rehearsal import (RehearsalLedger, RehearsalLinks, merge, rehearsed_call,
-                                      rehearsed_wait)
+from skyjax.cluster.rehearsal import (RehearsalLedger, RehearsalLinks, WaitStop, merge,
+                                      rehearsed_call, rehearsed_wait)
 from skyjax.plan import Plan
 from skyjax.plan.replay.rehearsal import (RehearsalTimes, StageTimes, rehearsal_times,
                                           scale_plan, scale_profile)
 from skyjax.plan.replay.simulate import simulate_plan
 from skyjax.profile.format import Profile, load_profile
+
+
+# A rehearsal predicted to take longer than this (its steps x the plan's step in the time base)
+# is refused unless config.rehearse.allow_long confirms it: a time scale or a declared link off
+# by orders of magnitude would otherwise start a run of months, waiting without a word.
+LONG_RUN_S = 24 * 3600.0
+
+
+def wall_clock(seconds: float) -> str:
+    """``seconds`` in the unit a person reads (s, min, h or days)."""
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:,.0f} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.3g} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.3g} s"
 
 
 def fit_config(config: Any) -> Profile | None:
@@ -61,19 +82,22 @@ def fit_config(config: Any) -> Profile | None:
 
 @dataclasses.dataclass(frozen=True)
 class StageRehearsal:
-    """One stage's part of a rehearsal: its declared seconds and the ledger its calls go to."""
+    """One stage's part of a rehearsal: its declared seconds, the ledger its calls go to and
+    the run's :class:`~skyjax.cluster.rehearsal.WaitStop`, which ends its waits early."""
 
     times: StageTimes
     ledger: RehearsalLedger
+    stop: WaitStop | None = None
 
     def call(self, what: str, fn: Callable, *args: Any) -> tuple[Any, float]:
         """``fn(*args)`` taking the declared ``what`` seconds (a :class:`StageTimes` field);
         ``(result, wall seconds)``."""
-        return rehearsed_call(fn, *args, seconds=getattr(self.times, what), ledger=self.ledger)
+        return rehearsed_call(fn, *args, seconds=getattr(self.times, what), ledger=self.ledger,
+                              stop=self.stop)
 
     def sync(self) -> None:
         """The step's synchronisation, as long as the profile declares it."""
-        rehearsed_wait(self.times.sync_s)
+        rehearsed_wait(self.times.sync_s, self.stop)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -88,6 +112,8 @@ class Rehearsal:
     profile: Profile
     scaled: Profile
     ledger: RehearsalLedger = dataclasses.field(default_factory=RehearsalLedger)
+    # ends every declared wait of the run early (:meth:`stop`)
+    waits: WaitStop = dataclasses.field(default_factory=WaitStop)
     # the last plan's times (a plan's are computed once: the cluster and the executor read them)
     _times: list = dataclasses.field(default_factory=list, init=False, repr=False)
 
@@ -106,6 +132,20 @@ class Rehearsal:
         and shares, every predicted time x ``time_scale``."""
         return scale_plan(plan, self.time_scale)
 
+    def check_length(self, plan: Plan, steps: int, allow_long: bool) -> None:
+        """Refuses (``failures.BadInput``, one line stating the predicted wall-clock time) a run
+        of ``steps`` steps of ``plan`` (in the time base) predicted to take over
+        :data:`LONG_RUN_S`, unless ``allow_long`` (``config.rehearse.allow_long``)."""
+        step = plan.step_time_s
+        total = step * max(0, steps)
+        if total <= LONG_RUN_S or allow_long:
+            return
+        raise failures.BadInput(
+            f"config.rehearse.time_scale={self.time_scale:g}: the run's {steps} step(s) are "
+            f"predicted to take {wall_clock(total)} of wall-clock time ({step:.6g} s a step "
+            f"at this scale); a rehearsal predicted to take over {wall_clock(LONG_RUN_S)} "
+            f"starts only with --config.rehearse.allow_long=True (or lower the time scale)")
+
     def times(self, plan: Plan) -> RehearsalTimes:
         """The declared times of the calls and messages of ``plan`` (in the time base)."""
         if not self._times or self._times[0] is not plan:
@@ -114,7 +154,12 @@ class Rehearsal:
 
     def stage(self, plan: Plan, k: int) -> StageRehearsal:
         """Stage ``k`` of ``plan``'s declared times, its calls recorded in :attr:`ledger`."""
-        return StageRehearsal(self.times(plan).stages[k], self.ledger)
+        return StageRehearsal(self.times(plan).stages[k], self.ledger, self.waits)
+
+    def stop(self, reason: BaseException | str = "stopped") -> None:
+        """Ends every declared wait of the run, in every thread, now and later (the run is
+        stopping: a stage failed, or it was interrupted)."""
+        self.waits.set(reason)
 
     def cluster(self, plan: Plan, mode: str) -> Cluster:
         """The profiled devices on this host: in one process, each on a local device in turn

@@ -90,9 +90,9 @@ class LinkClock:
             self._free_at[(src, dst)] = start + transmit
         return start + transmit + latency
 
-    def wait_until(self, due: float) -> None:
-        if due:
-            precise_sleep(due - self.clock())
+    def wait_until(self, due: float, stop: threading.Event | None = None) -> bool:
+        """Sleeps until ``due``; False where ``stop`` was set first (the wait cut short)."""
+        return not due or precise_sleep(due - self.clock(), stop)
 
 
 def check_like(tree: Any, like: Any, what: str) -> None:

@@ -40,6 +40,7 @@ class LocalTransport:
             collections.deque)
         self._rounds: dict[tuple, dict] = {}
         self._aborted: BaseException | str | None = None
+        self._stop = threading.Event()  # set with _aborted: ends the link clock's waits too
         self._handles = [LocalStageLink(self, k) for k in range(self.num_stages)]
 
     def for_stage(self, k: int) -> "LocalStageLink":
@@ -47,9 +48,11 @@ class LocalTransport:
 
     def abort(self, reason: BaseException | str = "aborted") -> None:
         """Wake every waiting ``recv``/collective with a :class:`TransportError` (e.g. when one
-        stage thread failed, so the others do not wait for their timeout)."""
+        stage thread failed, so the others do not wait for their timeout), a ``recv`` waiting
+        out its emulated link's delay included."""
         with self._cond:
             self._aborted = reason
+            self._stop.set()
             self._cond.notify_all()
 
     def idle(self) -> bool:
@@ -81,7 +84,8 @@ class LocalTransport:
             if not box:
                 del self._mail[key]
         check_like(tree, like, what)
-        self._clock.wait_until(due)
+        if not self._clock.wait_until(due, self._stop):
+            raise TransportError(f"{what}: transport aborted ({self._aborted})")
         return tree
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
