@@ -170,12 +170,13 @@ class _LateSends:
 
 
 def test_probe_finds_the_devices_whose_messages_arrive_late():
-    """Device 0's activations arrive 5 ms after its sends, device 1's at once: the delays
+    """Device 0's activations arrive 25 ms after its sends, device 1's at once: the delays
     (send start to the peer's receive, clocks matched by ping-pong) show it on device 0 only."""
-    (late, _), (prompt, _) = _probe_two(lambda link: _LateSends(link, 0.005), 6)
+    (late, _), (prompt, _) = _probe_two(lambda link: _LateSends(link, 0.025), 6)
     assert late["peer"] == 1 and prompt["peer"] == 0 and len(late["delays_s"]) == 6
-    # 5 ms late (a sleep: a lower bound, less the clock match's error; a loaded host adds its
-    # noise on top); the prompt device's by at least half of that less
+    # 25 ms late (a sleep: a lower bound, less the clock match's error); a loaded host adds a
+    # few ms of noise to both devices' delays (3 ms seen on the prompt one at a load of twice
+    # the cores), so the prompt device's median is asserted 15 ms below the late one's
     late_s, prompt_s = float(np.median(late["delays_s"])), float(np.median(prompt["delays_s"]))
-    assert late_s > 0.004, late["delays_s"]
-    assert prompt_s < late_s - 0.0025, (prompt["delays_s"], late["delays_s"])
+    assert late_s > 0.02, late["delays_s"]
+    assert prompt_s < late_s - 0.015, (prompt["delays_s"], late["delays_s"])
