@@ -15,7 +15,6 @@ on stderr and exit status 64; a ``--replica`` the checkpoint does not offer, one
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from skyjax import failures
@@ -33,10 +32,6 @@ def parser() -> OneLineParser:
     add_replica_flag(p, "export")
     p.add_argument("--debug", action="store_true", help="show a failure's traceback")
     return p
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
