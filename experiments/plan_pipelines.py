@@ -14,20 +14,15 @@ units, share and T_i, the exchange AR, T, examples/s), its lower bound and gap, 
 (CPU seconds of the ``plan`` call: with relaxations allowed it plans exactly first, then relaxed
 below the exact plan's T less ``min_gain``).
 
-The bound ("T / lower bound"): ``pipelines.fractional_bound``, a proof over every plan of any
-number of pipelines and any schedule: with w_u the least time of unit u on any device and s_d =
-min_u w_u / work[u][d] (device d's speed against the fastest, on its worst unit), T >= m sum_u
+The bound ("step / lower bound"): ``as_run.run_bound``, a proof over every plan's simulated
+step, any number of pipelines: with w_u the least time of unit u on any device and s_d =
+max_u w_u / work[u][d] (device d's speed against the fastest, on its best unit), step >= m sum_u
 w_u / sum_d s_d + sync_s: every device busy all step on compute alone, with no fill or drain,
-no hand-offs, no exchange and no update (zero bubble: less its most credit). Its gap is what
-those cost, and what unit granularity leaves idle.
+no hand-offs, no exchange and no update. Its gap is what those cost, and what unit granularity
+leaves idle.
 
-Run: ``python experiments/plan_pipelines.py`` (``--microbatches 32 --pipelines 8``, defaults).
-
-Findings (m = 32, both schedules alike): one pipeline, 9 devices of one region, T 0.650 s (394
-examples/s); two pipelines, one per region (r0: 10 devices, r2: 9), 16 micro-batches each,
-T 0.601 s of which AR 0.201 s (426 examples/s, 1.08x), planned in about 4 CPU s. Exchanging
-gradients across regions (10 Gbit/s) costs about a third of T, which keeps the split at two
-pipelines; the fractional lower bound (0.108 s) ignores comm and exchange, hence its wide gap.
+Run: ``python -m experiments.plan_pipelines`` (``--microbatches 32 64 256 --pipelines 0``,
+defaults); ``--results`` writes the tables into docs/results.md.
 """
 
 from __future__ import annotations
@@ -39,8 +34,8 @@ import time
 import numpy as np
 
 from skyjax import plan as plan_lib
-from skyjax.plan.pricing.cost import tables
-from skyjax.plan.data_parallel.pipelines import INT8_WIRE, fractional_bound
+from skyjax.plan.as_run import run_bound
+from skyjax.plan.data_parallel.pipelines import INT8_WIRE
 from skyjax.profile import flops
 from skyjax.profile.format import Profile
 from skyjax.relax import Relaxation
@@ -79,10 +74,11 @@ RELAXED = Relaxation(handoff_bits=8, averaging="diloco", outer_every=10)
 def table(prof: Profile, ms: list[int], pipelines: int, best_schedule: bool = True) -> list[str]:
     """Per m: the single pipeline, the plan of up to ``pipelines`` (0: auto) pipelines with
     exact math, and with relaxations allowed (int8 hand-offs, averaging up to DiLoCo H = 10);
-    ``best_schedule``: also the least T over every schedule (``schedule="auto"``)."""
-    rows = ["| m | plan | pipelines | devices | T (s) | examples/s | vs one pipeline | "
-            "T / lower bound | exchange (s) | planned in (s) | best schedule (T s) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    ``best_schedule``: also the least step over every schedule (``schedule="auto"``). Steps are
+    the plans' predictions, the simulated step as it runs; T is the cost model's."""
+    rows = ["| m | plan | pipelines | devices | step (s) | T (s) | examples/s | vs one pipeline | "
+            "step / lower bound | exchange (s) | planned in (s) | best schedule (step s) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     size = prof.microbatch["size"]
     for m in ms:
         one = plan_lib.plan(prof, "optimal", "1f1b", m)
@@ -91,16 +87,16 @@ def table(prof: Profile, ms: list[int], pipelines: int, best_schedule: bool = Tr
             t0 = time.process_time()
             p = one if not kw else plan_lib.plan(prof, "optimal", "1f1b", m, **kw)
             took = time.process_time() - t0
-            lb = fractional_bound(tables(prof, "1f1b", m))
+            lb = run_bound(prof, "1f1b", m, min(16, m))
             what = name if name != "relaxed" else (
                 f"relaxed ({p.averaging}, "
                 f"{sum(s.codec != 'none' for s in p.stages)} int8 links)")
             best = "-"
-            if kw and best_schedule:  # every schedule (GPipe, 1F1B, ZB-H1, ZB-H2), least T
+            if kw and best_schedule:  # every schedule (GPipe, 1F1B, ZB-H1, ZB-H2), least step
                 b = plan_lib.plan(prof, "optimal", "auto", m, **kw)
                 best = f"{b.schedule} ({b.step_time_s:.3f})"
             rows.append(f"| {m} | {what} | {p.num_pipelines} | {len(p.stages)} | "
-                        f"{p.step_time_s:.3f} | {m * size / p.step_time_s:.0f} | "
+                        f"{p.step_time_s:.3f} | {p.model_s:.3f} | {m * size / p.step_time_s:.0f} | "
                         f"{one.step_time_s / p.step_time_s:.2f}x | {p.step_time_s / lb:.2f} | "
                         f"{p.allreduce_s:.3f} | {took if kw else 0:.1f} | {best} |")
     return rows
@@ -126,9 +122,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     prof = with_int8(paper_profile())
     print(f"64 devices in 4 regions of 16, {prof.num_units} units (BERT-large, 24 layers), "
-          f"micro-batches of {prof.microbatch['size']} examples, 1F1B; lower bound: "
-          "pipelines.fractional_bound (compute alone, every device busy, no bubble, hand-off "
-          "or exchange); planned in: CPU s")
+          f"micro-batches of {prof.microbatch['size']} examples, 1F1B; step: the plan's "
+          "prediction, its simulated step as it runs; T: the cost model's; lower bound: "
+          "as_run.run_bound (compute alone, every device busy, no bubble, hand-off or "
+          "exchange); exchange: the cost model's AR; planned in: CPU s")
     for title, p in (("100 Gbit/s and 10 us inside a region, 10 Gbit/s and 20 ms between", prof),
                      ("100 Mbit/s and 80 ms between regions", with_links(prof, 100e6 / 8, 80e-3))):
         print(f"\n{title}:\n")
@@ -144,8 +141,10 @@ if __name__ == "__main__":
         "64 nodes in four regions of 16, BERT-large at 26 units: the best single "
         "pipeline against up to 16 pipelines in data parallel, exact and with "
         "relaxations allowed (int8 hand-offs, averaging up to DiLoCo with H = 10), for "
-        "two kinds of links between regions. Lower bound: "
-        "`pipelines.fractional_bound`, a proof over every plan (each device busy all "
-        "step on compute alone, no fill or drain, hand-offs or exchange); planned in: "
-        "CPU seconds of one `plan` call (the relaxed one plans exactly first); best "
-        "schedule: the least T over every schedule.")], fenced=False)
+        "two kinds of links between regions. Step: the plan's prediction, its simulated "
+        "step as it runs (docs/design.md, \"The price: the step as it runs\"); T: the "
+        "cost model's. Lower bound: `as_run.run_bound`, a proof over every plan's "
+        "simulated step (each device busy all step on compute alone, no fill or drain, "
+        "hand-offs or exchange); exchange: the cost model's AR; planned in: CPU seconds "
+        "of one `plan` call (the relaxed one plans exactly first); best schedule: the "
+        "least step over every schedule.")], fenced=False)

@@ -9,8 +9,8 @@ ZERO_BUBBLE = ("zb-h1", "zb-h2")  # schedules whose backward is split in B and W
 # config.pipeline.schedule and the planner's schedule argument: a schedule, or "auto" (every
 # schedule planned, the least predicted step kept; the plan names the one chosen)
 SCHEDULE_CHOICES = SCHEDULES + ("auto",)
-# config.pipeline.warmup: 1F1B's own warm-ups, or deeper ones before slow links where the window
-# model says they pay (skyjax.plan.search.warmup)
+# config.pipeline.warmup: deeper warm-ups before slow links where the simulated step says they pay
+# (auto, the default: skyjax.plan.as_run), or 1F1B's own
 WARMUPS = ("1f1b", "auto")
 STRATEGIES = ("even", "optimal", "dynamic")  # allocation strategies (skyjax.plan)
 GRANULARITIES = ("layer", "sublayer")  # how the model is cut into units (skyjax.models.units)

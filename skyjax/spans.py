@@ -3,6 +3,12 @@
 Both the simulator (``skyjax.plan.replay.simulate``) and the runtime (measured spans of a step) describe
 a step as :class:`Span` records; :func:`stage_events` turns either into one trace row per stage,
 so that a measured step and its simulation line up in the same viewer. Pure Python.
+
+Kinds: the passes ``"F"``, ``"B"`` and (zero bubble) ``"W"`` of a micro-batch, and, with several
+pipelines, what a stage does after its passes, with ``microbatch`` -1: the gradient exchange's
+phases (:data:`EXCHANGE_KINDS`, numbered as ``skyjax.plan.pricing.exchange``'s; the direct
+exchange, every device a group of its own, is phase 2) and a relaxed averaging's outer step
+(:data:`OUTER`: its own update; the exchange it runs is drawn as its phases).
 """
 
 from __future__ import annotations
@@ -12,11 +18,23 @@ from typing import Iterable, Sequence
 
 _US = 1e6
 
+PASSES = ("F", "B", "W")  # a micro-batch's forward, backward (input gradient), weight gradient
+# the exchange between pipelines, by phase (skyjax.plan.pricing.exchange's IN_GROUP, BETWEEN,
+# BACK)
+EXCHANGE_KINDS = {"X1": "exchange in group", "X2": "exchange between groups",
+                  "X3": "exchange back"}
+EXCHANGE_PHASE = {1: "X1", 2: "X2", 3: "X3"}  # a phase's number -> its kind
+OUTER = "O"  # a relaxed averaging's outer step (DiLoCo): its update from the exchanged deltas
+KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient", **EXCHANGE_KINDS,
+              OUTER: "outer step"}
+
 
 @dataclasses.dataclass
 class Span:
-    """One forward (``"F"``) or backward (``"B"``) action of a stage on a micro-batch, from
-    ``start`` to ``end`` seconds (wall-clock when measured, from 0 when simulated)."""
+    """One action of a stage from ``start`` to ``end`` seconds (wall-clock when measured, from 0
+    when simulated): a pass (``"F"``, ``"B"``, ``"W"``) on micro-batch ``microbatch``, or, with
+    ``microbatch`` -1, an exchange phase (:data:`EXCHANGE_KINDS`) or an outer step
+    (:data:`OUTER`)."""
 
     stage: int
     kind: str
@@ -25,8 +43,31 @@ class Span:
     end: float
 
     @property
+    def is_pass(self) -> bool:
+        """A forward, backward or W pass of a micro-batch (not the exchange or an outer
+        step)."""
+        return self.kind in PASSES
+
+    @property
     def label(self) -> str:
+        if not self.is_pass:
+            return KIND_NAMES.get(self.kind, self.kind)
         return f"{self.kind}{self.microbatch}"
+
+
+def passes(spans: Iterable[Span]) -> list[Span]:
+    """The micro-batches' passes among ``spans`` (what compute per stage, hand-offs and the
+    re-planner read)."""
+    return [s for s in spans if s.is_pass]
+
+
+def category(kind: str) -> str:
+    """A kind's trace category: forward, backward (B and W), exchange or outer step."""
+    if kind == "F":
+        return "forward"
+    if kind in EXCHANGE_KINDS:
+        return "exchange"
+    return "outer step" if kind == OUTER else "backward"
 
 
 def stage_events(spans: Iterable[Span], *, pid: int = 0, name: str = "stages",
@@ -43,11 +84,24 @@ def stage_events(spans: Iterable[Span], *, pid: int = 0, name: str = "stages",
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": k,
                        "args": {"name": label}})
     for s in spans:
-        events.append({"name": s.label, "cat": "forward" if s.kind == "F" else "backward",
+        events.append({"name": s.label, "cat": category(s.kind),
                        "ph": "X", "pid": pid, "tid": s.stage, "ts": (s.start - origin) * _US,
                        "dur": (s.end - s.start) * _US,
-                       "args": {"stage": s.stage, "microbatch": s.microbatch}})
+                       "args": {"stage": s.stage, "microbatch": s.microbatch} if s.is_pass
+                       else {"stage": s.stage, "kind": s.kind}})
     return events
+
+
+STEP_TID = -1  # the row of a process that holds the step itself (step_event)
+
+
+def step_event(start: float, end: float, *, pid: int, origin: float = 0.0) -> list[dict]:
+    """A row "step" in process ``pid`` with one complete event from ``start`` to ``end``: the
+    step's whole length, of which the stages' rows show what fills it."""
+    return [{"name": "thread_name", "ph": "M", "pid": pid, "tid": STEP_TID,
+             "args": {"name": "step"}},
+            {"name": "step", "cat": "step", "ph": "X", "pid": pid, "tid": STEP_TID,
+             "ts": (start - origin) * _US, "dur": (end - start) * _US, "args": {}}]
 
 
 def link_events(spans: Iterable[Span], delay_s: Sequence[float], *, pid: int = 1,
@@ -57,7 +111,7 @@ def link_events(spans: Iterable[Span], delay_s: Sequence[float], *, pid: int = 1
     if not any(delay_s):
         return []
     events = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}]
-    for s in spans:
+    for s in passes(spans):
         link = s.stage if s.kind == "F" else s.stage - 1
         if 0 <= link < len(delay_s) and delay_s[link] > 0:
             events.append({"name": f"send {s.label}", "cat": "comm", "ph": "X", "pid": pid,

@@ -19,7 +19,8 @@ import numpy as np
 
 PER_DEVICE_KEYS = ("slowdowns", "memory_caps_bytes", "regions")
 # [U, D] fields of a Profile
-_UNIT_BY_DEVICE = ("forward_s", "backward_s", "update_s", "backward_weight_s")
+_UNIT_BY_DEVICE = ("forward_s", "backward_s", "update_s", "backward_weight_s",
+                   "backward_input_s")
 _DEVICE_BY_DEVICE = ("latency_s", "bandwidth_Bps")  # [D, D]
 
 

@@ -140,6 +140,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         result["calibration_strategy"] = plan.strategy  # the plan the run started on
         result["metric"] = data_lib.metric(config)
         executor = result.pop("executor")
+        # the last step's exchange spans of every stage, for trace.json and timeline.png
+        result["last_step"] = executor.gather_exchange(result["last_step"])
         final_evals = evaluate_splits(executor, eval_sets, config.train.steps, out,
                                       data_lib.metric(config))
     finally:

@@ -267,9 +267,9 @@ def check_optimal_equals(prof, schedule: str, m: int, want: float, case) -> plan
     ``want`` is infinite (then None), else exact, equal to it, valid, and above both bounds."""
     if math.isinf(want):
         with pytest.raises(InfeasibleError):
-            plan_lib.plan(prof, "optimal", schedule, m)
+            plan_lib.searched_plan(prof, "optimal", schedule, m)
         return None
-    got = plan_lib.plan(prof, "optimal", schedule, m)
+    got = plan_lib.searched_plan(prof, "optimal", schedule, m)
     assert got.exact
     assert got.step_time_s == pytest.approx(want, rel=1e-9), case
     t = plan_lib.tables(prof, schedule, m)

@@ -38,13 +38,13 @@ def test_heuristic_bounds_on_random():
         prof = random_profile(rng, int(rng.integers(2, 6)), int(rng.integers(2, 11)))
         schedule, m = ("gpipe", "1f1b")[i % 2], (1, 2, 8)[i % 3]
         try:
-            opt = plan_lib.plan(prof, "optimal", schedule, m)
+            opt = plan_lib.searched_plan(prof, "optimal", schedule, m)
         except InfeasibleError:
             continue
         lb = plan_lib.lower_bound(plan_lib.tables(prof, schedule, m))
         assert lb <= opt.step_time_s * (1 + 1e-9)
         try:
-            heur = plan_lib.plan(prof, "optimal", schedule, m, force_heuristic=True)
+            heur = plan_lib.searched_plan(prof, "optimal", schedule, m, force_heuristic=True)
         except InfeasibleError:
             continue  # the heuristic's safe 1F1B bound may miss a tight fit
         assert heur.step_time_s >= opt.step_time_s * (1 - 1e-9)
@@ -74,50 +74,50 @@ def test_even_remainder_to_first_stages():
     assert plan_lib.even_assignment(10, [3, 1, 2]) == [(3, 0, 4), (1, 4, 7), (2, 7, 10)]
     assert plan_lib.even_assignment(2, [0, 1, 2]) == [(0, 0, 1), (1, 1, 2)]
     prof = make_profile(np.ones((7, 3)))
-    p = plan_lib.plan(prof, "even", "gpipe", 2)
+    p = plan_lib.searched_plan(prof, "even", "gpipe", 2)
     assert [s.units for s in p.stages] == [(0, 3), (3, 5), (5, 7)]
 
 
 def test_one_device():
     prof = make_profile([[1.0], [2.0]])
     for strategy in ("even", "optimal"):
-        p = plan_lib.plan(prof, strategy, "1f1b", 4)
+        p = plan_lib.searched_plan(prof, strategy, "1f1b", 4)
         assert [(s.device, s.units) for s in p.stages] == [(0, (0, 2))]
         assert p.step_time_s == pytest.approx(4 * 9.0)
 
 
 def test_more_devices_than_units():
     prof = make_profile([[1.0, 1.0, 3.0, 1.0]])
-    p = plan_lib.plan(prof, "optimal", "gpipe", 8)
+    p = plan_lib.searched_plan(prof, "optimal", "gpipe", 8)
     assert len(p.stages) == 1 and p.stages[0].device != 2
-    assert len(plan_lib.plan(prof, "even").stages) == 1
+    assert len(plan_lib.searched_plan(prof, "even").stages) == 1
 
 
 def test_device_too_small_for_any_unit():
     prof = make_profile(np.ones((4, 3)) * [1.0, 0.1, 1.0], state=[10] * 4,
                         memory=[100, 5, 100])
-    p = plan_lib.plan(prof, "optimal", "gpipe", 8)
+    p = plan_lib.searched_plan(prof, "optimal", "gpipe", 8)
     assert 1 not in [s.device for s in p.stages]
     with pytest.raises(InfeasibleError, match="device 1"):
-        plan_lib.plan(prof, "even")
+        plan_lib.searched_plan(prof, "even")
 
 
 def test_unreachable_link_never_used():
     bw = [[0, 0, 1e12], [1e12, 0, 1e12], [1e12, 0, 0]]  # 0->1, 2->1 and 2->2 unreachable
     prof = make_profile(np.ones((6, 3)), bandwidth=bw)
     for m in (1, 8):
-        p = plan_lib.plan(prof, "optimal", "1f1b", m)
+        p = plan_lib.searched_plan(prof, "optimal", "1f1b", m)
         devs = [s.device for s in p.stages]
         for a, b in zip(devs, devs[1:]):
             assert bw[a][b] > 0
-    assert len(plan_lib.plan(prof, "optimal", "1f1b", 8).stages) == 3
+    assert len(plan_lib.searched_plan(prof, "optimal", "1f1b", 8).stages) == 3
     with pytest.raises(InfeasibleError, match="cannot reach"):
-        plan_lib.plan(prof, "even")
+        plan_lib.searched_plan(prof, "even")
 
 
 def test_m1_uses_fastest_device():
     prof = make_profile(np.ones((5, 3)) * [3.0, 1.0, 2.0], latency=np.full((3, 3), 0.1))
-    p = plan_lib.plan(prof, "optimal", "gpipe", 1)
+    p = plan_lib.searched_plan(prof, "optimal", "gpipe", 1)
     assert [(s.device, s.units) for s in p.stages] == [(1, (0, 5))]
     assert p.exact and p.step_time_s == pytest.approx(15.0)
 
@@ -125,10 +125,10 @@ def test_m1_uses_fastest_device():
 def test_infeasible_names_device_and_bytes():
     prof = make_profile(np.ones((3, 2)), state=[50, 50, 50], memory=[40, 60])
     with pytest.raises(InfeasibleError, match=r"device 1 .*short by \d+ bytes"):
-        plan_lib.plan(prof, "optimal", "gpipe", 2)
+        plan_lib.searched_plan(prof, "optimal", "gpipe", 2)
     prof = make_profile(np.ones((3, 2)), state=[50, 50, 50], memory=[60, 60])
     with pytest.raises(InfeasibleError, match=r"30 bytes do not fit"):
-        plan_lib.plan(prof, "optimal", "gpipe", 2)
+        plan_lib.searched_plan(prof, "optimal", "gpipe", 2)
 
 
 def test_infeasible_names_the_stage_count_or_the_links_that_do_not_fit():
@@ -138,22 +138,22 @@ def test_infeasible_names_the_stage_count_or_the_links_that_do_not_fit():
     for pipelines in (1, 0):
         with pytest.raises(InfeasibleError, match=r"in blocks that fit the largest device's 5 "
                            r"bytes, the 3 units need at least 3 stages, but only 2 devices"):
-            plan_lib.plan(prof, "optimal", "1f1b", 4, max_pipelines=pipelines)
+            plan_lib.searched_plan(prof, "optimal", "1f1b", 4, max_pipelines=pipelines)
     apart = np.array([[1e12, 0.0], [0.0, 1e12]])
     prof = make_profile(np.ones((4, 2)), state=[3] * 4, memory=[7, 7], bandwidth=apart)
     with pytest.raises(InfeasibleError, match=r"need at least 12 bytes in total but the devices "
                        r"that links join hold at most 7 \(device 0; bandwidth_Bps is 0"):
-        plan_lib.plan(prof, "optimal", "gpipe", 2)
+        plan_lib.searched_plan(prof, "optimal", "gpipe", 2)
 
 
 def test_1f1b_memory_position():
     """1F1B keeps fewer micro-batches on late stages, GPipe m everywhere: only 1F1B fits."""
     prof = make_profile(np.ones((2, 2)), state=[0, 0], act=[10, 10], memory=[80, 15])
-    p = plan_lib.plan(prof, "optimal", "1f1b", 8)
+    p = plan_lib.searched_plan(prof, "optimal", "1f1b", 8)
     assert [(s.device, s.units, s.memory_bytes) for s in p.stages] == [
         (0, (0, 1), 20), (1, (1, 2), 10)] or [s.device for s in p.stages] == [0]
     with pytest.raises(InfeasibleError):
-        plan_lib.plan(prof, "optimal", "gpipe", 8)
+        plan_lib.searched_plan(prof, "optimal", "gpipe", 8)
 
 
 def test_identical_classes_exact_and_fast():
@@ -161,9 +161,9 @@ def test_identical_classes_exact_and_fast():
     prof = make_profile(np.ones((160, 64)) * np.linspace(1, 2, 160)[:, None],
                         out=np.full(160, 1e6), latency=np.full((64, 64), 1e-3),
                         bandwidth=np.full((64, 64), 1e9))
-    p = plan_lib.plan(prof, "optimal", "1f1b", 32)
+    p = plan_lib.searched_plan(prof, "optimal", "1f1b", 32)
     assert p.exact
-    assert p.step_time_s < plan_lib.plan(prof, "even", "1f1b", 32).step_time_s * 1.001
+    assert p.step_time_s < plan_lib.searched_plan(prof, "even", "1f1b", 32).step_time_s * 1.001
 
 
 def test_classes_tell_fixed_costs_apart():
@@ -175,14 +175,14 @@ def test_classes_tell_fixed_costs_apart():
                       "update_call_s": [0.0, 0.0], "message_s": [0.0, 0.0], "sync_s": 0.0}
     prof = Profile.from_json(d)
     assert len(classes.device_classes(plan_lib.tables(prof))) == 2
-    p = plan_lib.plan(prof, "optimal", "1f1b", 8)
+    p = plan_lib.searched_plan(prof, "optimal", "1f1b", 8)
     assert p.exact and [s.device for s in p.stages] == [0]
     assert p.step_time_s == pytest.approx(6.0 * 8)
 
 
 def test_plan_json_roundtrip():
     prof = make_profile(np.ones((4, 2)))
-    p = plan_lib.plan(prof, "optimal", "gpipe", 3)
+    p = plan_lib.searched_plan(prof, "optimal", "gpipe", 3)
     d = p.to_json()
     assert set(d) >= {"strategy", "schedule", "microbatches", "stages", "step_time_s",
                       "bottleneck_s", "exact"}
@@ -229,8 +229,8 @@ def test_heuristic_with_coarsened_links(monkeypatch):
         prof = random_profile(rng, 5, int(rng.integers(3, 10)))
         schedule, m = ("gpipe", "1f1b")[i % 2], (1, 8)[i % 2]
         try:
-            opt = plan_lib.plan(prof, "optimal", schedule, m)
-            heur = plan_lib.plan(prof, "optimal", schedule, m, force_heuristic=True)
+            opt = plan_lib.searched_plan(prof, "optimal", schedule, m)
+            heur = plan_lib.searched_plan(prof, "optimal", schedule, m, force_heuristic=True)
         except InfeasibleError:
             continue
         assert heur.step_time_s >= opt.step_time_s * (1 - 1e-9)
@@ -264,11 +264,11 @@ def test_fastest_subsets_find_starved_optimum(monkeypatch):
     prof = _two_region_starved()
     want = brute_force(prof, "1f1b", 4)
     monkeypatch.setattr(heuristic.order_search, "improve", lambda top, *a, **k: top)
-    got = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True)
+    got = plan_lib.searched_plan(prof, "optimal", "1f1b", 4, force_heuristic=True)
     assert got.step_time_s == pytest.approx(want, rel=1e-9)
     assert [s.device for s in got.stages] == [0, 2]
     monkeypatch.setattr(heuristic, "fastest_subsets", lambda t, top, *a: top)
-    without = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True)
+    without = plan_lib.searched_plan(prof, "optimal", "1f1b", 4, force_heuristic=True)
     assert without.step_time_s > want * 1.1
 
 
@@ -287,11 +287,11 @@ def test_fastest_subsets_never_worse(monkeypatch):
             continue
         monkeypatch.setattr(heuristic, "fastest_subsets", lambda t, top, *a: top)
         try:
-            without = plan_lib.plan(prof, "optimal", "1f1b", m, force_heuristic=True)
+            without = plan_lib.searched_plan(prof, "optimal", "1f1b", m, force_heuristic=True)
         except InfeasibleError:
             continue
         monkeypatch.setattr(heuristic, "fastest_subsets", real)
-        got = plan_lib.plan(prof, "optimal", "1f1b", m, force_heuristic=True)
+        got = plan_lib.searched_plan(prof, "optimal", "1f1b", m, force_heuristic=True)
         check_plan_valid(prof, got)
         assert want * (1 - 1e-9) <= got.step_time_s <= without.step_time_s * (1 + 1e-9), i
         steps.append(got.step_time_s)

@@ -97,7 +97,7 @@ def test_heuristic_exact_claims_are_optimal():
         if math.isinf(want):
             continue
         try:
-            heur = plan_lib.plan(prof, "optimal", schedule, m, force_heuristic=True)
+            heur = plan_lib.searched_plan(prof, "optimal", schedule, m, force_heuristic=True)
         except plan_lib.InfeasibleError:
             continue  # the heuristic's safe 1F1B bound may miss a tight fit
         assert heur.step_time_s >= want * (1 - 1e-9)
@@ -142,16 +142,16 @@ def test_interleaved_order_realigns_memory_bound_blocks(monkeypatch):
                                     np.array([1.0, 5, 2, 4, 3]), 0.4) == [0, 3, 2, 1, 4]
     m = 16
     prof = realign_profile(m)
-    want = plan_lib.plan(prof, "optimal", "gpipe", m)
+    want = plan_lib.searched_plan(prof, "optimal", "gpipe", m)
     assert want.exact and len(want.stages) == 5
     monkeypatch.setattr(order_search, "improve", lambda top, *a, **k: top)
-    got = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+    got = plan_lib.searched_plan(prof, "optimal", "gpipe", m, force_heuristic=True)
     assert got.step_time_s == pytest.approx(want.step_time_s, rel=1e-9)
     assert [s.units for s in got.stages][2] == (8, 9)
     monkeypatch.setattr(order_search, "memory_bound", lambda *a: False)
     # the GPipe refinement (tests/test_refine.py) realigns these blocks too: off here
     monkeypatch.setattr(planner, "refine_plan", lambda profile, t, sol, out, extra=None: out)
-    without = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+    without = plan_lib.searched_plan(prof, "optimal", "gpipe", m, force_heuristic=True)
     assert without.step_time_s > want.step_time_s * 1.1
 
 
@@ -169,11 +169,11 @@ def test_interleaved_orders_never_worse(monkeypatch):
             continue
         monkeypatch.setattr(order_search, "memory_bound", lambda *a: False)
         try:
-            without = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+            without = plan_lib.searched_plan(prof, "optimal", "gpipe", m, force_heuristic=True)
         except plan_lib.InfeasibleError:
             continue
         monkeypatch.setattr(order_search, "memory_bound", lambda *a: True)
-        got = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+        got = plan_lib.searched_plan(prof, "optimal", "gpipe", m, force_heuristic=True)
         check_plan_valid(prof, got)
         assert want * (1 - 1e-9) <= got.step_time_s <= without.step_time_s * (1 + 1e-9), i
         n += 1
@@ -210,7 +210,7 @@ def test_bounds_below_optimum_zero_bubble(schedule):
                       fractional_bound(t), split_bound(t, [list(range(prof.num_devices))])):
             assert bound <= want * (1 + 1e-9), (i, bound, want)
         try:
-            heur = plan_lib.plan(prof, "optimal", schedule, m, force_heuristic=True)
+            heur = plan_lib.searched_plan(prof, "optimal", schedule, m, force_heuristic=True)
         except plan_lib.InfeasibleError:
             continue
         assert heur.step_time_s >= want * (1 - 1e-9)

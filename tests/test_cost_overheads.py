@@ -66,7 +66,7 @@ def test_exact_matches_brute_force_with_overheads():
         if check_optimal_equals(prof, schedule, m, want, (i, d, u, schedule, m)) is None:
             continue
         try:
-            heur = plan_lib.plan(prof, "optimal", schedule, m, force_heuristic=True)
+            heur = plan_lib.searched_plan(prof, "optimal", schedule, m, force_heuristic=True)
         except InfeasibleError:
             continue  # the heuristic's safe 1F1B bound may miss a tight fit
         assert heur.step_time_s >= want * (1 - 1e-9)
@@ -114,10 +114,10 @@ def test_input_put_charged_to_a_one_stage_plan_only():
     assert [s.update_s for s in two.stages] == [0.0, 0.0]
     assert two.step_time_s == pytest.approx((3 + 2.5) + 3 + 3 * (3 + 2.5))  # 25
     for heuristic in (False, True):  # 26 for one stage against 25 for two
-        best = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=heuristic)
+        best = plan_lib.searched_plan(prof, "optimal", "1f1b", 4, force_heuristic=heuristic)
         assert len(best.stages) == 2 and best.step_time_s == pytest.approx(25.0), heuristic
     d["overheads"]["input_s"] = [0.0, 0.0]  # without the put, one stage wins: 24
-    free = plan_lib.plan(Profile.from_json(d), "optimal", "1f1b", 4)
+    free = plan_lib.searched_plan(Profile.from_json(d), "optimal", "1f1b", 4)
     assert len(free.stages) == 1 and free.step_time_s == pytest.approx(24.0)
 
 
@@ -135,7 +135,7 @@ def test_older_batch_s_is_read_and_ignored():
     assert not hasattr(prof, "batch_s") and "batch_s" not in prof.to_json()["overheads"]
     one = plan_lib.evaluate(prof, [(0, 0, 2)], "1f1b", 4)
     assert one.stages[0].update_s == 0.0 and one.step_time_s == pytest.approx(4 * 6.0)
-    best = plan_lib.plan(prof, "optimal", "1f1b", 4)  # 24 for one stage against 25 for two
+    best = plan_lib.searched_plan(prof, "optimal", "1f1b", 4)  # 24 for one stage against 25 for two
     assert len(best.stages) == 1 and best.step_time_s == pytest.approx(24.0)
 
 
@@ -144,7 +144,7 @@ def test_version1_profile_reads_with_zero_overheads():
     assert prof.version == 2 and not prof.has_overheads
     again = Profile.from_json(prof.to_json())
     assert np.array_equal(again.update_s, np.zeros((3, 2))) and again.sync_s == 0.0
-    assert "update_s" not in plan_lib.plan(prof, "optimal").to_json()["stages"][0]
+    assert "update_s" not in plan_lib.searched_plan(prof, "optimal").to_json()["stages"][0]
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -186,7 +186,7 @@ def test_heuristic_exact_on_two_devices_with_overheads():
         want = brute_force(prof, "gpipe", m)
         if math.isinf(want):
             continue
-        heur = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+        heur = plan_lib.searched_plan(prof, "optimal", "gpipe", m, force_heuristic=True)
         assert heur.step_time_s == pytest.approx(want, rel=1e-9), i
 
 

@@ -184,3 +184,38 @@ def test_distributed_executor_runs_two_pipelines_with_the_same_losses(one_pipeli
     mine = results[0][2] + results[1][2]  # pipeline 0's copy, chain order
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                  mine, results[2][2])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("granularity,pipelines,shares,groups", [
+    # the direct exchange: every piece of a stage's own gradients leaves during its backward
+    ("layer", [[(0, (0, 2)), (1, (2, 5))], [(2, (0, 3)), (3, (3, 5))]], [2, 2], None),
+    # link groups: phase 1's pieces and phase 2's where a device is its group alone leave early
+    ("sublayer", [[(0, (0, 4)), (1, (4, 11))], [(2, (0, 11))], [(3, (0, 11))]], [2, 1, 1],
+     [[0, 3], [1, 2]]),
+])
+def test_the_bucketed_exchange_keeps_the_losses_and_replicas_bit_for_bit(
+        granularity, pipelines, shares, groups):
+    """The exchange behind the backward (runtime.replicas.backward_by_buckets): the pieces sent
+    while the backward computes change nothing: the losses and every replica are those of the
+    exchange after the whole backward, bit for bit."""
+    def bucketed_run(overlap):
+        ex = LocalExecutor(fresh_chain(granularity),
+                           multi_plan(pipelines, shares, "1f1b", groups), jax.devices(),
+                           batch_size=BATCH, seq_len=SEQ, optimizer=optax.adamw(1e-3),
+                           max_grad_norm=CLIP, rng=rng_for)
+        for stage in ex.stages:
+            stage.exchange_overlap = overlap
+        losses = [ex.train_step(step, make_batch(step)).loss for step in range(3)]
+        sent = [len(stage.exchange_sent) for stage in ex.stages]
+        replicas = [ex.replica_params(i) for i in range(len(pipelines))]
+        ex.close()
+        return losses, sent, replicas
+
+    (losses, sent, replicas), (after, none, replicas_after) = bucketed_run(True), bucketed_run(
+        False)
+    assert all(sent) and not any(none)  # every stage sent pieces early; none without overlap
+    assert losses == after
+    for other in replicas[1:] + replicas_after:
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                     replicas[0], other)

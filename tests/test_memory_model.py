@@ -221,7 +221,7 @@ def test_the_planner_prices_each_mode_only_where_its_state_fits():
             averaging="diloco", outer_every=4, min_gain=0.0))
         schedule, m = ("gpipe", "1f1b")[i % 2], 3
         want = _relaxed_brute_force(prof, schedule, m)
-        got = plan_lib.plan(prof, "optimal", schedule, m, max_pipelines=3, relax=prof.relax)
+        got = plan_lib.searched_plan(prof, "optimal", schedule, m, max_pipelines=3, relax=prof.relax)
         assert got.step_time_s == pytest.approx(want, rel=1e-9), i
         binds += want > _relaxed_brute_force(prof, schedule, m, charge=False) * (1 + 1e-9)
     assert binds >= 3  # instances where the state's charge changes the optimum

@@ -108,3 +108,56 @@ def test_drawing_is_not_on_the_import_path():
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def two_pipelines():
+    """Two pipelines of two stages on ``four_devices``' profile, each device a link group of
+    its own (the exchange's phase 2), and a synchronisation at the step's end (the simulated
+    step is longer than its last span)."""
+    prof, _ = four_devices()
+    prof = dataclasses.replace(prof, sync_s=0.02)
+    stages = [plan_lib.Stage(d, block, 0.0, 0.0, 0, pipeline=i) for i, chain in enumerate(
+        [[(0, (0, 3)), (1, (3, 6))], [(2, (0, 3)), (3, (3, 6))]]) for d, block in chain]
+    return prof, plan_lib.Plan("manual", "1f1b", 4, stages, 0.0, 0.0, False, shares=[2, 2])
+
+
+def test_timeline_draws_the_whole_step_and_the_exchange_in_its_own_colour(tmp_path):
+    """Two pipelines: each panel is as long as its step (measured: the window the executor ran,
+    past the last span; simulated: the simulator's step, its sync_s after the last span), the
+    exchange's phase is a bar in its colour on every stage's row with a legend entry (absent
+    kinds get none), and a stage is idle where it neither computes nor exchanges."""
+    from matplotlib.colors import to_rgba
+    from skyjax.spans import EXCHANGE_KINDS
+
+    prof, plan = two_pipelines()
+    sim = simulate_plan(plan, prof)
+    last_end = max(s.end for s in sim.spans)
+    assert sim.step_time_s == pytest.approx(last_end + prof.sync_s)
+    spans = measured_like(plan, prof, stretch=1.0)
+    assert {s.kind for s in spans if not s.is_pass} == {"X2"}
+    window = (100.0, 100.0 + 2.0 * sim.step_time_s)  # e.g. the updates after the exchange
+    fig = plots.timeline_figure(plan, prof, spans, window)
+    measured_ax, simulated_ax = [ax for ax in fig.axes if ax.collections]
+    # both in ms (steps of 0.1-0.3 s)
+    assert measured_ax.get_xlim()[1] == pytest.approx(2e3 * sim.step_time_s)
+    assert simulated_ax.get_xlim()[1] == pytest.approx(1e3 * sim.step_time_s)
+    assert "measured step: %.3g ms" % (2e3 * sim.step_time_s) in measured_ax.get_title()
+    for ax in (measured_ax, simulated_ax):
+        bars = sum(len(c.get_paths()) for c in ax.collections
+                   if tuple(c.get_facecolor()[0]) == to_rgba(plots.EXCHANGE["X2"]))
+        assert bars == len(plan.stages)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert EXCHANGE_KINDS["X2"] in legend and EXCHANGE_KINDS["X1"] not in legend
+    # stage 0's idle share of the measured step: its passes and its exchange are busy
+    mine = [s for s in spans if s.stage == 0]
+    idle = 1 - sum(s.end - s.start for s in mine) / (2.0 * sim.step_time_s)
+    label = measured_ax.get_yticklabels()[0].get_text()
+    assert label.endswith(f"idle {idle:.0%}"), label
+    plots.save(fig, str(tmp_path / "two.png"))
+
+
+def test_busy_time_counts_overlaps_once_and_only_inside_the_step():
+    spans = [Span(0, "B", 0, 0.0, 2.0), Span(0, "X1", -1, 1.0, 3.0), Span(0, "X2", -1, 3.5, 9.0)]
+    assert plots.busy_s(spans, 0.0, 5.0) == pytest.approx(3.0 + 1.5)
+    assert plots.measure_stages(spans, 1, 1, window=(0.0, 7.0)).step_s == 7.0
+    assert plots.measure_stages(spans, 1, 1).compute_s == [2.0]  # the passes only

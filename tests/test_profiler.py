@@ -523,7 +523,7 @@ def test_zero_bubble_runs_time_the_split_backward():
     cache key; ``backward_s`` stays the whole backward. On the tiny model W is positive, and
     B + W comes to the whole backward within a generous factor (1.1-1.3x on layers measured:
     two calls, and B keeps what W needs); the profile round-trips it and plans with it."""
-    from skyjax.plan.pricing.cost import weight_s
+    from skyjax.plan.pricing.passes import weight_s
     from skyjax.profile import measure as measure_lib
     from skyjax.profile import units
     from skyjax.profile.cache import cache_payload
@@ -554,8 +554,14 @@ def test_zero_bubble_runs_time_the_split_backward():
     prof = measure_lib.assemble(workload, clu, opts, "k", got, np.zeros((n, n)),
                                 np.full((n, n), np.inf), {})
     np.testing.assert_array_equal(prof.backward_weight_s, got["backward_weight_s"])
+    np.testing.assert_array_equal(prof.backward_input_s, got["backward_input_s"])
     np.testing.assert_array_equal(prof.backward_s, got["backward_s"])
     again = Profile.from_json(json.loads(json.dumps(prof.to_json())))
     np.testing.assert_array_equal(again.backward_weight_s, prof.backward_weight_s)
-    np.testing.assert_allclose(weight_s(again), np.minimum(prof.backward_weight_s,
+    np.testing.assert_array_equal(again.backward_input_s, prof.backward_input_s)
+    np.testing.assert_array_equal(weight_s(again), prof.backward_weight_s)  # B and W as measured
+    older = Profile.from_json({k: v for k, v in prof.to_json().items()
+                               if k != "backward_input_s"})  # a profile without B: as before
+    assert older.backward_input_s is None
+    np.testing.assert_allclose(weight_s(older), np.minimum(prof.backward_weight_s,
                                                            prof.backward_s))

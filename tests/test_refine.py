@@ -166,11 +166,11 @@ def test_planner_hook_never_worse(monkeypatch):
         prof = region_profile(rng, int(rng.integers(4, 9)), int(rng.integers(6, 12)), 3)
         m = int(rng.choice([4, 16]))
         try:
-            base = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+            base = plan_lib.searched_plan(prof, "optimal", "gpipe", m, force_heuristic=True)
         except plan_lib.InfeasibleError:
             continue
         monkeypatch.setattr(planner, "REGION_GAP", -1.0)
-        got = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+        got = plan_lib.searched_plan(prof, "optimal", "gpipe", m, force_heuristic=True)
         monkeypatch.undo()
         check_plan_valid(prof, got)
         assert got.step_time_s <= base.step_time_s * (1 + 1e-12), i
@@ -186,21 +186,21 @@ def test_refine_realigns_memory_bound_blocks(monkeypatch):
 
     m = 16
     prof = realign_profile(m)
-    want = plan_lib.plan(prof, "optimal", "gpipe", m)
+    want = plan_lib.searched_plan(prof, "optimal", "gpipe", m)
     monkeypatch.setattr(order_search, "improve", lambda top, *a, **k: top)
     monkeypatch.setattr(order_search, "memory_bound", lambda *a: False)
-    got = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+    got = plan_lib.searched_plan(prof, "optimal", "gpipe", m, force_heuristic=True)
     assert got.step_time_s == pytest.approx(want.step_time_s, rel=1e-9)
     check_plan_valid(prof, got)
     monkeypatch.setattr(planner, "refine_plan", lambda profile, t, sol, out, extra=None: out)
-    without = plan_lib.plan(prof, "optimal", "gpipe", m, force_heuristic=True)
+    without = plan_lib.searched_plan(prof, "optimal", "gpipe", m, force_heuristic=True)
     assert without.step_time_s > want.step_time_s * 1.1
 
 
 def test_paper_case_gpipe32_improves():
     """The issue's row: 483 units x 64 nodes, GPipe m = 32; the heuristic's 2.885 becomes 2.873
     (interleaved device kinds no fixed order contains)."""
-    got = plan_lib.plan(paper_profile(), "optimal", "gpipe", 32)
+    got = plan_lib.searched_plan(paper_profile(), "optimal", "gpipe", 32)
     assert got.step_time_s < 2.8735
     assert len({s.device for s in got.stages}) == len(got.stages)
 

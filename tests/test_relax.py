@@ -83,7 +83,7 @@ def test_planner_matches_brute_force_over_codecs(seed):
     for bits in (32, 16, 8, 4):
         want = brute_force_codecs(prof, schedule, m, bits)
         try:
-            got = plan_lib.plan(prof, "optimal", schedule, m,
+            got = plan_lib.searched_plan(prof, "optimal", schedule, m,
                                 relax=Relaxation(bits, min_gain=0.0))
         except plan_lib.InfeasibleError:
             assert math.isinf(want)
@@ -200,18 +200,29 @@ def test_a_codec_the_profile_has_not_timed_is_named():
     assert plan_lib.plan(prof, "optimal", "1f1b", 4, relax=Relaxation(16))
 
 
-def test_averaging_without_the_int8_timings_names_the_bound_that_allows_int8():
+def test_averaging_without_the_int8_timings_plans_the_modes_it_can_price(tmp_path, capsys):
     """diloco allows every mode up to it, int8 included: a profile without the int8 codec is
-    refused for that, not as if the user had asked for int8."""
+    planned over the modes it can price (exact and the DiLoCo ones), and the command says in
+    one line which modes it left out and why; a bound that names an int8 mode still needs it."""
     import dataclasses
 
+    from skyjax.cli import plan as plan_cli
+    from skyjax.plan.pricing.exchange import unpriced_modes
+    from skyjax.profile.format import save_profile
+
     slow = dataclasses.replace(two_regions(0.04, 12.5e6, param_bytes=1e6), codecs={})
-    with pytest.raises(ValueError, match=r"^relax\.averaging=diloco also allows the int8 "
-                                         r"exchange \(every mode up to the one named\): pricing "
-                                         r"it needs the int8 codec's timings \(profile\.codecs"
-                                         r"\.int8\), which this profile lacks"):
-        plan_lib.plan(slow, "optimal", "1f1b", 4, max_pipelines=4,
-                      relax=Relaxation(averaging="diloco"))
+    relax = Relaxation(averaging="diloco")
+    assert unpriced_modes(dataclasses.replace(slow, relax=relax)) == ("int8-across", "int8")
+    got = plan_lib.plan(slow, "optimal", "1f1b", 4, max_pipelines=4, relax=relax)
+    assert not got.averaging.startswith("int8")
+    path = tmp_path / "profile.json"
+    save_profile(slow, str(path))
+    assert plan_cli.main(["--profile", str(path), "--microbatches", "4", "--pipelines", "4",
+                          "--averaging", "diloco"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["note: relax.averaging=diloco also allows int8-across and int8, left out: "
+                   "the profile lacks the int8 codec's timings (profile.codecs.int8; profile "
+                   "with this bound to price them)"]
     with pytest.raises(ValueError, match=r"^relax\.averaging=int8: pricing the int8 exchange "
                                          r"needs the int8 codec's timings"):
         plan_lib.plan(slow, "optimal", "1f1b", 4, max_pipelines=4,

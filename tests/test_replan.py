@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from skyjax import plan as plan_lib
-from skyjax.plan import replan
+from skyjax.plan import as_run, replan
 from skyjax.profile.format import Profile, save_profile
 
 from tests.helpers import tiny_run_config
@@ -37,9 +37,12 @@ def test_measured_slow_device_sheds_units():
     assert decision.switch(0.05)
     units = {s.device: s.units[1] - s.units[0] for s in decision.candidate.stages}
     assert units.get(2, 0) < units[0]
-    # Measured exactly as predicted: nothing to gain, no switch.
+    # Measured exactly as predicted: the profile unchanged, the gain is what the optimal plan
+    # gains over the even one, both priced as they run.
     same = replan.decide(profile, plan, predicted)
-    assert not same.switch(0.05) and same.gain == pytest.approx(0.0, abs=1e-9)
+    best = plan_lib.plan(profile, "optimal", "1f1b", 4)
+    even = as_run.priced(plan, profile)
+    assert same.gain == pytest.approx(1 - best.step_time_s / even.step_time_s, abs=1e-9)
 
 
 def test_stage_busy_is_the_median_over_steps():

@@ -86,9 +86,9 @@ def test_wake_costs_in_T_and_the_simulated_step_and_no_longer_exact():
     assert simulate_plan(waking, prof, extra=HOST).step_time_s == pytest.approx(waking.step_time_s)
     assert max(effect[1]) > 1.0  # a stage's busy time grows by its actions' wake costs
     # the search optimises T without the term: an exact plan's T is then only a bound
-    best = plan_lib.plan(base, "optimal", "1f1b", 4, extra=HOST)
+    best = plan_lib.searched_plan(base, "optimal", "1f1b", 4, extra=HOST)
     assert best.exact
-    again = plan_lib.plan(prof, "optimal", "1f1b", 4, extra=HOST)
+    again = plan_lib.searched_plan(prof, "optimal", "1f1b", 4, extra=HOST)
     assert not again.exact and again.lower_bound_s == pytest.approx(best.step_time_s)
     assert again.step_time_s > best.step_time_s
     # no wake costs (or all zero): nothing changes
@@ -166,13 +166,13 @@ def test_heuristic_planner_bounds_the_analytic_T_and_reports_the_penalty():
     absorbs (the analytic T charges the whole of its time, the replay overlaps it) add
     nothing."""
     base = make_profile(np.array([[0.1, 0.3]] * 6))
-    plain = plan_lib.plan(base, "optimal", "1f1b", 4, force_heuristic=True, extra=HOST)
+    plain = plan_lib.searched_plan(base, "optimal", "1f1b", 4, force_heuristic=True, extra=HOST)
     absorbed = _with_wake(base, [[[0.01, 0.02]], [[0.01, 0.02]]])
-    small = plan_lib.plan(absorbed, "optimal", "1f1b", 4, force_heuristic=True, extra=HOST)
+    small = plan_lib.searched_plan(absorbed, "optimal", "1f1b", 4, force_heuristic=True, extra=HOST)
     assert small.extra_s == 0 and small.step_time_s == pytest.approx(plain.step_time_s)
     assert simulate_plan(small, absorbed, extra=HOST).step_time_s < small.step_time_s
     prof = _with_wake(base, [[[0.01, 0.2]], [[0.01, 0.2]]])  # stage 1 then paces the step
-    waking = plan_lib.plan(prof, "optimal", "1f1b", 4, force_heuristic=True, extra=HOST)
+    waking = plan_lib.searched_plan(prof, "optimal", "1f1b", 4, force_heuristic=True, extra=HOST)
     assert [s.units for s in waking.stages] == [s.units for s in plain.stages]
     assert waking.extra_s > 0 and not waking.exact
     assert waking.analytic_s == pytest.approx(plain.step_time_s)

@@ -47,6 +47,10 @@ def test_run_leaves_progress_tensorboard_and_pictures(tmp_path):
     # trace.json: the last step's measured actions, a thread per stage, beside the simulation
     trace = json.loads((workdir / "trace.json").read_text())
     measured = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["pid"] == 0]
+    step = [e for e in measured if e["cat"] == "step"]  # the row as long as the step
+    measured = [e for e in measured if e["cat"] != "step"]
     assert {e["tid"] for e in measured} == {0, 1}
     assert sorted(e["name"] for e in measured if e["tid"] == 1) == ["B0", "B1", "F0", "F1"]
+    assert len(step) == 1 and step[0]["ts"] == 0.0
+    assert step[0]["dur"] >= max(e["ts"] + e["dur"] for e in measured)
     assert any(e["pid"] >= 10 for e in trace["traceEvents"])

@@ -116,9 +116,9 @@ def test_exact_search_equals_brute_force_and_simulator_bounds(sched):
                                                   for d in prof.devices])
         m = int(rng.integers(4, 9))  # the credit assumes Ws to fill the drain: m >= p
         best = min(p.step_time_s for p in all_plans(prof, sched, m))
-        got = plan_lib.plan(prof, "optimal", sched, m)
+        got = plan_lib.searched_plan(prof, "optimal", sched, m)
         assert got.exact and got.step_time_s == pytest.approx(best, rel=1e-9)
-        one = plan_lib.plan(prof, "optimal", "1f1b", m)
+        one = plan_lib.searched_plan(prof, "optimal", "1f1b", m)
         assert got.step_time_s <= one.step_time_s * (1 + 1e-9)
         sim = simulate_plan(got, prof).step_time_s
         assert abs(sim - got.step_time_s) <= 0.2 * got.step_time_s, (sim, got.step_time_s)
@@ -180,7 +180,7 @@ def test_rehearsal_time_base_and_replay_keep_w():
     import dataclasses
 
     from skyjax import plan as plan_lib
-    from skyjax.plan.pricing.cost import weight_s
+    from skyjax.plan.pricing.passes import weight_s
     from skyjax.plan.replay.rehearsal import rehearsal_times, scale_plan, scale_profile
     from skyjax.plan.pricing.stage_times import stage_actions_s, stage_weight_s
     from skyjax.report.compare import stage_comparison
@@ -208,3 +208,70 @@ def test_rehearsal_time_base_and_replay_keep_w():
         sim = simulate.simulate_plan(p, prof)
         got = stage_comparison(p, prof, sim.spans)["replayed_step_s"]
         assert got == pytest.approx(sim.step_time_s, rel=1e-6)
+
+
+def test_memory_charged_at_the_plans_own_in_flight_count():
+    """A zero-bubble plan of p stages keeps min(m, p) (ZB-H1) or min(m, 2p) (ZB-H2) micro-batches
+    in flight on each stage, not one per device of the cluster: two units that fit on two of
+    eight devices at 2 in flight (but not at 8) are planned, exactly and by the heuristic, as
+    brute force finds; where no depth fits, the refusal names the in-flight rule."""
+    from skyjax import plan as plan_lib
+    from tests.helpers import brute_force, make_profile
+
+    prof = make_profile(np.ones((2, 8)), state=[10, 10], act=[10, 10], memory=np.full(8, 45.0))
+    t = plan_lib.tables(prof, "zb-h1", 8)
+    assert t.search_depths() == [1, 2] and t.least_inflight == 1
+    want = brute_force(prof, "zb-h1", 8)
+    for heur in (False, True):
+        got = plan_lib.plan(prof, "optimal", "zb-h1", 8, force_heuristic=heur)
+        assert len(got.stages) == 2 and max(s.memory_bytes for s in got.stages) == 30
+        model = got.step_time_s if got.model_s is None else got.model_s  # the cost model's T
+        assert model == pytest.approx(want, rel=1e-9)
+    with pytest.raises(plan_lib.InfeasibleError, match=r"ZB-H2 keeps min\(m, 2p\) on every "
+                                                       r"stage of p, m = 8\)"):
+        plan_lib.plan(prof, "optimal", "zb-h2", 8)
+
+
+def test_b_and_w_priced_as_measured():
+    """With backward_input_s measured, a zero-bubble stage runs B and W as measured (B + W is
+    more than the whole backward: two calls) and the cost model, the simulator and the
+    rehearsal's declared times all use them; without it, B is backward_s less W, as before."""
+    import dataclasses
+
+    from skyjax import plan as plan_lib
+    from skyjax.plan.pricing.stage_times import stage_actions_s, stage_input_s, stage_weight_s
+    from skyjax.plan.replay.rehearsal import rehearsal_times
+    from skyjax.profile.format import Profile
+    from tests.helpers import random_profile
+
+    rng = np.random.default_rng(8)
+    base = random_profile(rng, 3, 5)
+    base = dataclasses.replace(base, devices=[{**d, "memory_bytes": 10 ** 12}
+                                              for d in base.devices])
+    bwd = np.asarray(base.backward_s)
+    old = dataclasses.replace(base, backward_weight_s=0.63 * bwd)
+    new = Profile.from_json({**old.to_json(), "backward_input_s": (0.59 * bwd).tolist()})
+    np.testing.assert_array_equal(new.backward_input_s, 0.59 * bwd)
+    for sched in ZB:
+        assign = [(0, 0, 2), (1, 2, 4), (2, 4, 5)]
+        p_old = plan_lib.evaluate(old, assign, sched, 8)
+        p_new = plan_lib.evaluate(new, assign, sched, 8)
+        for s_old, s_new in zip(p_old.stages, p_new.stages):
+            (a, b), d = s_new.units, s_new.device
+            assert s_old.passes_s[1] == pytest.approx(0.37 * bwd[a:b, d].sum())
+            assert s_new.passes_s[1] == pytest.approx(0.59 * bwd[a:b, d].sum())
+            assert s_new.passes_s[2] == pytest.approx(0.63 * bwd[a:b, d].sum())
+            assert s_new.compute_s == pytest.approx(s_old.compute_s + 0.22 * bwd[a:b, d].sum())
+        assert p_new.step_time_s > p_old.step_time_s
+        fwd, full, _ = stage_actions_s(p_new, new)
+        w = stage_weight_s(p_new, new)
+        b_new = stage_input_s(p_new, new, full, w)
+        assert b_new == pytest.approx([x - 0.41 * bwd[s.units[0]:s.units[1], s.device].sum()
+                                       for x, s in zip(full, p_new.stages)])
+        assert stage_input_s(p_old, old, full, w) == [x - y for x, y in zip(full, w)]
+        times = rehearsal_times(p_new, new).stages
+        assert [times[k].backward_s for k in range(3)] == pytest.approx(b_new)
+        lists = schedules.plan_lists(p_new)
+        sim = simulate.simulate(fwd, b_new, [0.0, 0.0], sched, 8, weight_s=w, lists=lists)
+        busy = [f * 8 + b * 8 + x * 8 for f, b, x in zip(fwd, b_new, w)]
+        assert sim.busy_s == pytest.approx(busy)

@@ -43,9 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="1f1b",
                    help="auto: every schedule planned, the least predicted step kept")
-    p.add_argument("--warmup", choices=WARMUPS, default="1f1b",
-                   help="1F1B's warm-up forwards; auto: deeper before a slow link where that "
-                        "hides its latency within memory")
+    p.add_argument("--warmup", choices=WARMUPS, default="auto",
+                   help="1F1B's warm-up forwards; auto: deeper before a slow link where the "
+                        "simulated step says that pays, within memory; 1f1b: 1F1B's own")
     p.add_argument("--microbatches", type=_positive_int, default=8)
     p.add_argument("--pipelines", type=_pipelines, default=0,
                    help="most pipelines in data parallel (the planner picks 1..N); default "

@@ -112,9 +112,10 @@ def _pipeline() -> ml_collections.ConfigDict:
     # "gpipe" | "1f1b" | "zb-h1" | "zb-h2" (zero bubble: the backward split in B and W) |
     # "auto": every schedule planned, the least predicted step within memory kept
     p.schedule = "1f1b"
-    # 1F1B's warm-up forwards: "1f1b" (p - k - 1 on stage k) | "auto": deeper before a slow link
-    # where that hides its latency within memory (docs/design.md, "Latency and the window")
-    p.warmup = "1f1b"
+    # 1F1B's warm-up forwards: "auto": deeper before a slow link where the simulated step says
+    # that pays, within memory (docs/design.md, "The price: the step as it runs") | "1f1b": 1F1B's
+    # own, p - k - 1 on stage k
+    p.warmup = "auto"
     p.microbatches = 1
     # Whether each forward/backward/update waits for its result before the next is dispatched:
     # "auto" = on CPU and on emulated devices or links (the emulation times each call), not on

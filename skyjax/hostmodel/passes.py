@@ -49,7 +49,7 @@ def median_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
         return {**first, "pass_work_s": pass_work}
     out = dict(first)
     out["pass_work_s"] = pass_work
-    for key in (*TIMES, "backward_weight_s"):  # W: measured for zero-bubble runs only
+    for key in (*TIMES, "backward_weight_s", "backward_input_s"):  # W, B: zero-bubble runs
         if first.get(key) is None:
             continue
         out[key] = _median([np.asarray(r[key], float) for r in passes])

@@ -12,7 +12,10 @@ Sub-packages, lowest first; each imports only those before it (``tests/test_layo
 
 and above them all:
 
-* ``planner``: ``plan()``, which picks the strategy and search;
+* ``as_run``: the price plans are chosen by and shown with, the simulated step, and the
+  candidates it judges (on small instances every plan);
+* ``planner``: ``plan()``, which picks the strategy and search (``searched_plan()``: the cost
+  model's plan, the first candidate);
 * ``replan``: the re-planning policy and calibration from measured steps.
 
 ``python -m skyjax.plan`` (``__main__``) is the command :mod:`skyjax.cli.plan`.
@@ -26,9 +29,9 @@ from skyjax.plan.pricing.classes import device_classes, link_groups
 from skyjax.plan.pricing.cost import Tables, evaluate, stage_costs, step_time, tables
 from skyjax.plan.search.even import even_assignment
 from skyjax.plan.data_parallel.pipelines import evaluate_pipelines
-from skyjax.plan.planner import plan
+from skyjax.plan.planner import plan, searched_plan
 from skyjax.plan.model.types import InfeasibleError, Plan, Stage
 
 __all__ = ["InfeasibleError", "Plan", "Stage", "Tables", "device_classes", "evaluate",
-           "evaluate_pipelines", "even_assignment", "link_groups", "lower_bound", "min_bottleneck", "plan",
+           "evaluate_pipelines", "even_assignment", "link_groups", "lower_bound", "min_bottleneck", "plan", "searched_plan",
            "stage_costs", "step_time", "tables"]

@@ -1,26 +1,31 @@
-"""``plan``: from a profile to the plan with the least predicted step time T (the cost model:
-:mod:`skyjax.plan.pricing.cost`). docs/design.md, "Planning", gives the searches and bounds and
-the reasons for them; this module chooses among them:
+"""``plan``: from a profile to the plan with the least step as it runs. docs/design.md,
+"Planning", gives the searches and bounds and the reasons for them; this module chooses among
+them:
 
-* strategy: ``even`` (:mod:`skyjax.plan.search.even`) or ``optimal``, which minimises T over
+* the price: the searches minimise the cost model's T (:mod:`skyjax.plan.pricing.cost`), fast
+  and with bounds; the plan is then chosen among their candidates by the simulated step
+  (:mod:`skyjax.plan.as_run`: the searched plan, the plan searched with links' latency free,
+  each with the warm-ups that pay; on small instances every plan), which is the plan's
+  ``step_time_s``; its T is ``model_s``. ``searched_plan`` is the cost model's own plan;
+* strategy: ``even`` (:mod:`skyjax.plan.search.even`) or ``optimal``, which minimises over
   which devices are used, their order and the cuts, under memory (``dynamic`` is ``optimal`` at
   plan time);
-* search: the exact DP (:mod:`skyjax.plan.search.exact`, ``exact: true``) where it fits, else the
-  heuristic (:mod:`skyjax.plan.search.heuristic`), whose plan carries ``lower_bound_s``, the
-  larger of :mod:`skyjax.plan.bounds.step` and :mod:`skyjax.plan.bounds.group_bound`. For GPipe,
-  while that gap exceeds ``REGION_GAP``, ``refine`` looks for a lower sum at the plan's
-  bottleneck. A plan that meets its bound is reported exact;
-* certificates (``certify=True``; ``python -m skyjax.plan --certify``): while the gap still
-  exceeds ``REGION_GAP``, :mod:`skyjax.plan.certificates` tightens ``lower_bound_s`` and the
-  ``exact`` flag, never the plan; they can take seconds at scale, so they run only when asked;
+* search: the exact DP (:mod:`skyjax.plan.search.exact`, ``exact: true`` on T) where it fits,
+  else the heuristic (:mod:`skyjax.plan.search.heuristic`) with its bound on T, the larger of
+  :mod:`skyjax.plan.bounds.step` and :mod:`skyjax.plan.bounds.group_bound`. For GPipe, while
+  that gap exceeds ``REGION_GAP``, ``refine`` looks for a lower sum at the plan's bottleneck;
+* certificates (``certify=True``; ``python -m skyjax.plan --certify``): while the gap on T still
+  exceeds ``REGION_GAP``, :mod:`skyjax.plan.certificates` tightens the searched plan's bound on
+  T, never the plan; they can take seconds at scale, so they run only when asked;
 * extra cost terms (``extra``, :mod:`skyjax.plan.model.extension`; the optional shared-host
-  model): T carries what they add, which the searches do not see, and the planner asks them for
-  better plans (``ExtraCost.best_of``);
+  model): the price carries what they add, which the searches do not see, and the planner asks
+  them for better plans (``ExtraCost.best_of``);
 * several pipelines (``max_pipelines`` > 1, :mod:`skyjax.plan.data_parallel`): the
   single-pipeline plan is returned where it is best;
-* schedule "auto" (``least_schedule``): the above under every schedule, the least T kept.
+* schedule "auto" (``least_schedule``): the above under every schedule, the least step kept.
 
-An infeasible problem raises InfeasibleError naming the tightest device and the missing bytes.
+An infeasible problem raises InfeasibleError naming what does not fit
+(:mod:`skyjax.plan.search.infeasible`).
 """
 
 from __future__ import annotations
@@ -36,12 +41,14 @@ from skyjax.plan.search import heuristic
 from skyjax.plan.data_parallel import split as pipeline_split
 from skyjax.plan.bounds.step import lower_bound, min_bottleneck
 from skyjax.plan.pricing.classes import device_classes
-from skyjax.plan.pricing.cost import Tables, evaluate_tables, tables
+from skyjax.plan.pricing.cost import Solution, Tables, evaluate_tables, tables
 from skyjax.plan.search.even import even_assignment
+from skyjax.plan.search.infeasible import infeasible_message
 from skyjax.plan.bounds.group_bound import group_bound
 from skyjax.plan.bounds.group_terms import GroupBound
-from skyjax.plan.search.warmup import linkless, plan_auto
 from skyjax.plan.search.refine import refine_plan
+from skyjax.plan import as_run
+from skyjax.plan.data_parallel.pipelines import build_plan
 from skyjax.plan.model.extension import ExtraCost
 from skyjax.plan.model.types import InfeasibleError, Plan
 from skyjax.profile.format import Profile
@@ -54,19 +61,22 @@ GOAL_GAP = 0.009  # chain_bound's goal: a gap just inside REGION_GAP (its last s
 def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
          microbatches: int = 8, *, force_heuristic: bool = False, certify: bool = False,
          extra: ExtraCost | None = None, max_pipelines: int = 1,
-         relax: Relaxation = EXACT, warmup: str = "1f1b") -> Plan:
-    """Plan a profile. even: all devices in order; optimal/dynamic: least T (module doc).
-    ``certify``: also compute the lower-bound certificates (module doc); ``extra``: extra cost terms
-    (:mod:`skyjax.plan.model.extension`), None for the core model alone. ``max_pipelines``: above 1,
-    the least T over 1..max_pipelines pipelines in data parallel
+         relax: Relaxation = EXACT, warmup: str = "auto") -> Plan:
+    """Plan a profile. even: all devices in order; optimal/dynamic: the least step as it runs
+    (module doc). ``certify``: also compute the cost model's lower-bound certificates (module
+    doc); ``extra``: extra cost terms (:mod:`skyjax.plan.model.extension`), None for the core
+    model alone. ``max_pipelines``: above 1, up to that many pipelines in data parallel
     (:mod:`skyjax.plan.data_parallel.split`; ``even`` ignores it); 0 (auto): up to
     min(``AUTO_PIPELINES``, devices, micro-batches), 1 with extra cost terms. ``relax``: what the
     plan may relax on slow links (:mod:`skyjax.relax`): each link's codec and the pipelines'
     averaging are then the cheapest allowed under the cost model, and the relaxed plan is taken only
-    where its T is at least ``relax.min_gain`` below the exact plan's (a relaxation changes the
+    where its step is at least ``relax.min_gain`` below the exact plan's (a relaxation changes the
     math: it must buy something); the default relaxes nothing. ``schedule`` "auto":
-    :func:`least_schedule`. ``warmup`` "auto": a one-pipeline 1F1B plan takes deeper warm-ups before
-    slow links where the window model says they pay (:mod:`skyjax.plan.search.warmup`)."""
+    :func:`least_schedule`. ``warmup`` "auto" (default): 1F1B stages take deeper warm-ups before
+    slow links where the simulated step says they pay, in every pipeline; "1f1b": 1F1B's own.
+
+    The plan returned is priced as it runs (:mod:`skyjax.plan.as_run`): ``step_time_s`` is its
+    simulated step, ``model_s`` the cost model's T that the searches minimised."""
     if warmup not in WARMUPS:
         raise ValueError(f"warmup: expected one of {WARMUPS}, got {warmup!r}")
     if schedule == AUTO_SCHEDULE:
@@ -74,37 +84,121 @@ def plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
                               certify=certify, extra=extra, max_pipelines=max_pipelines,
                               relax=relax, warmup=warmup)
     kwargs = dict(force_heuristic=force_heuristic, certify=certify, extra=extra,
-                  max_pipelines=max_pipelines, deep=warmup == "auto")
-    exact = _plan_within(dataclasses.replace(profile, relax=EXACT), strategy, schedule,
-                         microbatches, **kwargs)
+                  max_pipelines=max_pipelines)
+    warm = warmup == "auto"
+    return _exact_or_relaxed(profile, strategy, relax, lambda prof, cutoff: _plan_as_run(
+        prof, strategy, schedule, microbatches, warm=warm, cutoff=cutoff, **kwargs))
+
+
+def searched_plan(profile: Profile, strategy: str = "optimal", schedule: str = "1f1b",
+                  microbatches: int = 8, *, force_heuristic: bool = False,
+                  certify: bool = False, extra: ExtraCost | None = None,
+                  max_pipelines: int = 1, relax: Relaxation = EXACT) -> Plan:
+    """The plan the cost model's searches find, priced by T (``step_time_s`` is T): the least T
+    (exact) or the heuristic's with its bound on T. It is the first candidate :func:`plan`
+    simulates; the searches' and bounds' own tests read it."""
+    return _exact_or_relaxed(profile, strategy, relax, lambda prof, cutoff: _plan_within(
+        prof, strategy, schedule, microbatches, force_heuristic=force_heuristic,
+        certify=certify, extra=extra, max_pipelines=max_pipelines, cutoff=cutoff))
+
+
+def _exact_or_relaxed(profile: Profile, strategy: str, relax: Relaxation, plan_of) -> Plan:
+    """``plan_of(profile, cutoff)`` exact, and within ``relax`` where that is at least
+    ``relax.min_gain`` faster (a relaxation changes the math: it must buy something). The
+    relaxed search starts from the exact plan's T as the best so far (its cutoff), so its
+    screen stops sooner."""
+    exact = plan_of(dataclasses.replace(profile, relax=EXACT), math.inf)
     if relax.is_exact or strategy == "even":
         return exact
-    # the relaxed plan is taken only below the cutoff: its split search starts from it as the
-    # best so far, so its screen stops sooner (the paper-scale table: the same plans)
+    model = exact.model_s if exact.model_s is not None else exact.step_time_s
     cutoff = exact.step_time_s * (1 - relax.min_gain)
     try:
-        relaxed = _plan_within(dataclasses.replace(profile, relax=relax), strategy, schedule,
-                               microbatches, cutoff=cutoff, **kwargs)
+        relaxed = plan_of(dataclasses.replace(profile, relax=relax), model * (1 - relax.min_gain))
     except InfeasibleError:  # nothing below the cutoff where one pipeline does not fit
         return exact
     return relaxed if relaxed.step_time_s < cutoff else exact
 
 
+def _plan_as_run(profile: Profile, strategy: str, schedule: str, microbatches: int, *,
+                 force_heuristic: bool, certify: bool, extra: ExtraCost | None,
+                 max_pipelines: int, warm: bool, cutoff: float = math.inf) -> Plan:
+    """``_plan_within``'s plan and its candidates, chosen by the simulated step
+    (:mod:`skyjax.plan.as_run`): on a small instance every plan; else the searched plan and the
+    one searched with links' latency free, each with the warm-ups that pay."""
+    kwargs = dict(force_heuristic=force_heuristic, certify=certify, extra=extra,
+                  max_pipelines=max_pipelines, cutoff=cutoff)
+    runners: list[Plan] = []
+    searched = _plan_within(profile, strategy, schedule, microbatches, runners_up=runners,
+                            **kwargs)
+    if strategy == "even":
+        return as_run.priced(searched, profile, extra)
+    most = _pipelines_cap(profile, strategy, microbatches, max_pipelines, extra)
+    bound = as_run.run_bound(profile, schedule, microbatches, most)
+    if extra is None and not force_heuristic and as_run.count_plans(
+            profile.num_devices, profile.num_units, microbatches, most, schedule if warm
+            else "", as_run.EVERY_PLAN_LIMIT) <= as_run.EVERY_PLAN_LIMIT:
+        best = as_run.simulated_optimum(profile, schedule, microbatches, most, strategy,
+                                        warm=warm)
+        if best is not None:
+            return as_run.certified(dataclasses.replace(best, strategy=searched.strategy),
+                                    bound, exhaustive=True)
+    candidates = [searched] + runners
+    # where T charges comm the run hides (T above the simulated step by more than
+    # HIDDEN_COMM), also what the searches find once latency is hidden
+    hidden = searched.step_time_s > (1 + HIDDEN_COMM) * as_run.run_step(searched, profile, extra)
+    if hidden and np.any(np.asarray(profile.latency_s) > 0):
+        free = dataclasses.replace(profile, latency_s=np.zeros_like(profile.latency_s))
+        more: list[Plan] = []
+        try:
+            more.insert(0, _plan_within(free, strategy, schedule, microbatches,
+                                        runners_up=more, **kwargs))
+        except InfeasibleError:
+            pass
+        for found in more:
+            try:
+                candidates.append(_repriced(profile, found, extra))
+            except InfeasibleError:  # a link it may not cross with latency
+                pass
+    best = as_run.best_as_run(profile, candidates, warm=warm, extra=extra)
+    return as_run.certified(best, bound, exhaustive=False)
+
+
+def _repriced(profile: Profile, found: Plan, extra: ExtraCost | None) -> Plan:
+    """``found`` (searched on another profile of the same devices) priced on ``profile``."""
+    if found.num_pipelines == 1:
+        t = tables(profile, found.schedule, found.microbatches)
+        return evaluate_tables(profile, t, [(s.device, *s.units) for s in found.stages],
+                               found.strategy, False, None, extra=extra)
+    chains = [[(s.device, *s.units) for s in found.pipeline(i).stages]
+              for i in range(found.num_pipelines)]
+    return build_plan(profile, found.schedule, chains, found.shares, found.strategy, False, None)
+
+
+def _pipelines_cap(profile: Profile, strategy: str, microbatches: int, max_pipelines: int,
+                   extra: ExtraCost | None) -> int:
+    """The most pipelines ``max_pipelines`` allows (0: auto, ``_plan_within``)."""
+    if max_pipelines == 0:
+        return (min(AUTO_PIPELINES, profile.num_devices, microbatches)
+                if strategy != "even" and extra is None else 1)
+    return int(max_pipelines)
+
+
+HIDDEN_COMM = 0.02  # T this far above the run: search again with links' latency free
 AUTO_PIPELINES = 16  # max_pipelines=0 (auto): up to min(this, devices, micro-batches)
 
 
 def _plan_within(profile: Profile, strategy: str, schedule: str, microbatches: int, *,
                  force_heuristic: bool, certify: bool, extra: ExtraCost | None,
-                 max_pipelines: int, deep: bool = False, cutoff: float = math.inf) -> Plan:
+                 max_pipelines: int, cutoff: float = math.inf,
+                 runners_up: list[Plan] | None = None) -> Plan:
     """``plan`` within ``profile.relax``; several pipelines are searched only below ``cutoff``
-    (the plan returned is then the single pipeline's where none is found below it)."""
+    (the plan returned is then the single pipeline's where none is found below it).
+    ``runners_up``: receives the split search's other least-T plans (``split.search``)."""
     if isinstance(max_pipelines, bool) or int(max_pipelines) != max_pipelines \
             or max_pipelines < 0:
         raise ValueError(f"max_pipelines: expected a positive integer or 0 (auto), got "
                          f"{max_pipelines!r}")
-    if max_pipelines == 0:  # auto: as many as the planner finds worthwhile, within a cap
-        max_pipelines = (min(AUTO_PIPELINES, profile.num_devices, microbatches)
-                         if strategy != "even" and extra is None else 1)
+    max_pipelines = _pipelines_cap(profile, strategy, microbatches, max_pipelines, extra)
     if max_pipelines > 1 and strategy != "even":
         if extra is not None:
             raise ValueError("max_pipelines > 1 with extra cost terms: the shared-host model "
@@ -112,19 +206,20 @@ def _plan_within(profile: Profile, strategy: str, schedule: str, microbatches: i
         why = None
         try:
             single = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify,
-                           None, deep)
+                           None)
         except InfeasibleError as e:  # several pipelines may fit (fewer micro-batches in flight)
             single, why = None, e
         try:
             return pipeline_split.search(profile, schedule, microbatches, int(max_pipelines),
                                          single, strategy=strategy,
-                                         force_heuristic=force_heuristic, cutoff=cutoff)
+                                         force_heuristic=force_heuristic, cutoff=cutoff,
+                                         runners_up=runners_up)
         except InfeasibleError as e:  # one pipeline's reason names the device and the bytes
             if why is None:
                 raise
             raise InfeasibleError(f"{why} (nor does any split into up to {max_pipelines} "
                                   f"pipelines)") from e
-    out = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify, extra, deep)
+    out = _plan(profile, strategy, schedule, microbatches, force_heuristic, certify, extra)
     if extra is None or strategy == "even":
         return out
     t = tables(profile, schedule, microbatches)
@@ -134,8 +229,7 @@ def _plan_within(profile: Profile, strategy: str, schedule: str, microbatches: i
 
 
 def _plan(profile: Profile, strategy: str, schedule: str, microbatches: int,
-          force_heuristic: bool, certify: bool, extra: ExtraCost | None,
-          deep: bool = False) -> Plan:
+          force_heuristic: bool, certify: bool, extra: ExtraCost | None) -> Plan:
     """``plan`` without ``ExtraCost.best_of``."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
@@ -147,9 +241,9 @@ def _plan(profile: Profile, strategy: str, schedule: str, microbatches: int,
     classes = device_classes(t)
     exact = not force_heuristic and exact_search.exact_fits([len(c) for c in classes],
                                                             t.num_units)
-    sol = exact_search.search(t, classes) if exact else heuristic.search(t, min_bottleneck(t))
+    sol = _searched(t, classes, exact)
     if sol is None:
-        raise InfeasibleError(_infeasible_message(profile, t))
+        raise InfeasibleError(infeasible_message(profile, t))
     out = evaluate_tables(profile, t, sol.assignment, strategy, exact, None, extra=extra)
     if not exact:  # bounds on the analytic T: the searches do not see the extra terms
         gb = GroupBound(t)  # shared by the bounds below (chain_bound refines its B grid)
@@ -166,10 +260,6 @@ def _plan(profile: Profile, strategy: str, schedule: str, microbatches: int,
                 out.lower_bound_s = out.analytic_s
             else:
                 out.exact, out.lower_bound_s = True, None
-    if deep and extra is None:  # 1F1B: deeper warm-ups before slow links, where they pay
-        out = plan_auto(profile, t, out, lambda t0: exact_search.search(
-            t0, device_classes(t0)) if exact else heuristic.search(t0, min_bottleneck(t0)),
-            lambda: lower_bound(linkless(t)))
     return out
 
 
@@ -177,7 +267,7 @@ AUTO_SCHEDULE = "auto"  # names.SCHEDULE_CHOICES' last
 
 
 def least_schedule(profile: Profile, strategy: str, microbatches: int, **kwargs) -> Plan:
-    """``plan`` under every schedule (``names.SCHEDULES``), the least predicted step T kept;
+    """``plan`` under every schedule (``names.SCHEDULES``), the least predicted step kept;
     ties go to the least peak memory, then to the earlier schedule. Each plan fits memory under
     its own schedule (an infeasible schedule is skipped); none fits: the first one's error."""
     plans, errors = [], []
@@ -193,84 +283,31 @@ def least_schedule(profile: Profile, strategy: str, microbatches: int, **kwargs)
     return min(plans, key=lambda x: x[:3])[3]
 
 
-def _infeasible_message(profile: Profile, t: Tables) -> str:
-    """Why nothing fits, naming what does not: a unit larger than the largest device; the
-    units' total beyond every device's together; beyond every group of devices that links join
-    (bandwidth above 0); more stages, in blocks that fit the largest device, than there are
-    devices; else the cut into blocks that fits no order of the devices."""
-    m = t.least_inflight  # the fewest micro-batches in flight on any stage (1F1B's last: one)
-    state, act = np.diff(t.state_prefix), np.diff(t.act_prefix)
-    big = int(np.argmax(t.memory))
-    cap = t.memory[big]
-    dev = f"device {big} ({profile.devices[big]['name']}, {int(cap)} bytes, the largest)"
-    need = state + m * act
-    u = int(np.argmax(need))
-    if need[u] > cap:
-        return (f"no feasible plan: unit {u} ({profile.units[u]['name']}) alone needs "
-                f"{int(need[u])} bytes (state {int(state[u])} + {m} x activations "
-                f"{int(act[u])}) but {dev} is short by {int(need[u] - cap)} bytes")
-    whole = float(need.sum())
-    usable = t.memory >= need.min()  # a device that holds no unit takes no stage
-    fit = float(t.memory[usable].sum())
-    if whole > fit:
-        return (f"no feasible plan: the units need at least {int(whole)} bytes in total but all "
-                f"devices together have {int(fit)}: {int(whole - fit)} bytes do not fit "
-                f"(tightest: {dev}, short by {int(whole - cap)} bytes for the whole model)")
-    groups = _linked_groups(t.bandwidth, usable)
-    group = max(groups, key=lambda g: float(t.memory[g].sum()))
-    held = float(t.memory[group].sum())
-    apart = "" if len(groups) == 1 else "; bandwidth_Bps is 0 between it and the other devices"
-    if whole > held:
-        return (f"no feasible plan: the units need at least {int(whole)} bytes in total but the "
-                f"devices that links join hold at most {int(held)} ({_listed(group)}"
-                f"{apart}): {int(whole - held)} bytes do not fit")
-    # a stage per block, each block within its device: fewest stages, by the largest device
-    least = [(_least_blocks(need, float(t.memory[g].max())), g) for g in groups]
-    if all(stages > len(g) for stages, g in least):
-        stages, g = min(least, key=lambda x: x[0] - len(x[1]))
-        where = ("" if len(groups) == 1 else
-                 f" in the group of devices that links join ({_listed(g)}{apart})")
-        return (f"no feasible plan: in blocks that fit the largest device's "
-                f"{int(t.memory[g].max())} bytes, the {t.num_units} units need at least "
-                f"{stages} stages, but only {len(g)} devices can hold one{where}")
-    return (f"no feasible plan: no cut of the {t.num_units} units ({int(whole)} bytes in all, "
-            f"the largest {int(need[u])}) into blocks, one per device, fits the devices' "
-            f"memories ({_listed(group)}: {_numbers([int(x) for x in t.memory[group]])} "
-            f"bytes; tightest: {dev})")
-
-
-def _linked_groups(bandwidth: np.ndarray, usable: np.ndarray) -> list[list[int]]:
-    """The usable devices in groups joined by links with bandwidth above 0 in either direction
-    (a pipeline's devices are all in one group)."""
-    left, groups = [d for d in range(len(usable)) if usable[d]], []
-    while left:
-        group, todo = [], [left.pop(0)]
-        while todo:
-            d = todo.pop()
-            group.append(d)
-            near = [e for e in left if bandwidth[d, e] > 0 or bandwidth[e, d] > 0]
-            left = [e for e in left if e not in near]
-            todo += near
-        groups.append(sorted(group))
-    return groups
-
-
-def _least_blocks(need: np.ndarray, cap: float) -> int:
-    """The fewest contiguous blocks of units, each needing at most ``cap`` (greedy: exact)."""
-    blocks, size = 1, 0.0
-    for x in need:
-        if size + x > cap:
-            blocks, size = blocks + 1, 0.0
-        size += x
-    return blocks
-
-
-def _listed(devices: list[int]) -> str:
-    """``device 3`` / ``devices 0, 1, 2``."""
-    return f"device {devices[0]}" if len(devices) == 1 else f"devices {_numbers(devices)}"
-
-
-def _numbers(items: list[int], most: int = 8) -> str:
-    """``a, b, c``; past ``most`` items, the first ones and the count."""
-    return ", ".join(map(str, items[:most])) + (f", ... ({len(items)})" if len(items) > most
-                                                else "")
+def _searched(t: Tables, classes: list[list[int]], exact: bool) -> Solution | None:
+    """The search's least-T solution, None if nothing fits. Zero bubble keeps as many
+    micro-batches in flight on every stage as its plan has stages (x2 ZB-H2, at most m), so
+    each depth of ``Tables.search_depths`` is searched, plans of at most that many stages
+    charged at its count (the exact DP: all of them; the heuristic: on that many devices, those
+    with the most memory, ties to the fastest, below the deepest), and the least T is kept; one
+    search under the other schedules."""
+    best, best_t = None, math.inf
+    for depth in t.search_depths():
+        td = dataclasses.replace(t, depth=depth)
+        if exact:
+            sol = exact_search.search(td, classes)
+        elif not depth or depth >= td.most_stages:
+            sol = heuristic.search(td, min_bottleneck(td))
+        else:
+            work = td.prefix[:, -1]
+            keep = sorted(range(td.num_devices), key=lambda d: (-td.memory[d], work[d], d))[
+                :depth]
+            sub = td.restrict(keep)
+            sol = heuristic.search(sub, min_bottleneck(sub))
+            if sol is not None:
+                sol = Solution(sol.total, sol.bottleneck,
+                               [(keep[d], a, b) for d, a, b in sol.assignment])
+        if sol is not None:
+            score = sol.total + (t.microbatches - 1) * sol.bottleneck
+            if score < best_t:
+                best, best_t = sol, score
+    return best

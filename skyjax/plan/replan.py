@@ -4,8 +4,8 @@ plan again. docs/design.md, "Calibration and re-planning", gives the correction 
 ``corrected_profile`` scales each used device's unit and call times by what its stages measured
 against what the plan predicted, after taking out the excess every call pays on a busy host,
 and with link waits also grows the links' latency by their excess. ``decide`` plans the
-corrected profile and compares that plan with the running one, re-priced on the same corrected
-profile; ``Decision.switch`` says to move when the gain exceeds ``min_gain`` and the blocks
+corrected profile and compares that plan with the running one (its warm-ups kept), both priced as
+they run on the same corrected profile (:mod:`skyjax.plan.as_run`); ``Decision.switch`` says to move when the gain exceeds ``min_gain`` and the blocks
 differ, and the units (parameters and optimizer state) then move to their new devices. Pure
 functions; the executors do the moving.
 """
@@ -20,8 +20,8 @@ import numpy as np
 
 from skyjax.plan import planner
 from skyjax.plan.pricing import cost
-from skyjax.plan.search import warmup
-from skyjax.plan.bounds.step import lower_bound
+from skyjax.plan import as_run
+from skyjax.plan.model import schedules
 from skyjax.plan.model.extension import ExtraCost
 from skyjax.plan.pricing.stage_times import stage_actions_s
 from skyjax.plan.model.types import Plan
@@ -93,6 +93,7 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     made a per-step constant it over-charged plans with fewer stages."""
     forward, backward = profile.forward_s.copy(), profile.backward_s.copy()
     weight = None if profile.backward_weight_s is None else profile.backward_weight_s.copy()
+    inp = None if profile.backward_input_s is None else profile.backward_input_s.copy()
     calls = {k: getattr(profile, k).copy() for k in ("forward_call_s", "backward_call_s")}
     actions = 2 * plan.microbatches  # a forward and a backward per micro-batch
     effect = extra.effect(plan, profile) if extra is not None else None
@@ -116,8 +117,9 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
     for d, a in scale.items():
         forward[:, d] *= a
         backward[:, d] *= a
-        if weight is not None:
-            weight[:, d] *= a
+        for split in (weight, inp):
+            if split is not None:
+                split[:, d] *= a
         for v in calls.values():
             v[d] *= a
     factors = {st.device: measured / predicted for st, predicted, measured in pairs}
@@ -131,7 +133,8 @@ def corrected_profile(profile: Profile, plan: Plan, busy_s: Sequence[float],
         extra = max(sum(excess) / len(excess), 0.0) if excess else 0.0
         latency = latency + extra * (1 - np.eye(len(latency)))
     fixed = dataclasses.replace(profile, forward_s=forward, backward_s=backward,
-                                latency_s=latency, backward_weight_s=weight, **calls)
+                                latency_s=latency, backward_weight_s=weight,
+                                backward_input_s=inp, **calls)
     return fixed, factors
 
 
@@ -146,11 +149,12 @@ def decide(profile: Profile, plan: Plan, busy_s: Sequence[float],
     fixed, factors = corrected_profile(profile, plan, busy_s, comm_s, extra)
     current = cost.evaluate(fixed, _assignment(plan), plan.schedule, plan.microbatches,
                             strategy=plan.strategy, extra=extra)
-    deep = any(s.warmup is not None for s in plan.stages)  # --warmup auto: kept, re-chosen
-    if deep and extra is None:
-        t = cost.tables(fixed, plan.schedule, plan.microbatches)
-        current = warmup.deepen(t, current, lambda: lower_bound(warmup.linkless(t)))
-    candidate = planner.plan(fixed, "optimal", plan.schedule, plan.microbatches, extra=extra,
-                             warmup="auto" if deep else "1f1b")
+    if any(s.warmup is not None for s in plan.stages):  # the running warm-ups, where they fit
+        own = schedules.warmups(len(plan.stages), plan.microbatches,
+                                [s.warmup for s in plan.stages])
+        current = as_run.with_warmups(
+            lambda m: cost.tables(fixed, plan.schedule, m), current, [own]) or current
+    current = as_run.priced(current, fixed, extra)  # both priced as they run
+    candidate = planner.plan(fixed, "optimal", plan.schedule, plan.microbatches, extra=extra)
     candidate.strategy = plan.strategy
     return Decision(fixed, current, candidate, factors)

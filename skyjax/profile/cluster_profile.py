@@ -172,9 +172,9 @@ def compose(spec: dict, base: str = ".") -> Profile:
                          "sync_s": max(float(v[0].sync_s) for v in measured) if measured
                          else 0.0},
            "composed": {"kinds": sorted(kinds), "regions": list(regions)}}
-    if all(p.backward_weight_s is not None for p, _ in cols):  # W where every kind measured it
-        out["backward_weight_s"] = np.stack([p.backward_weight_s[:, d] for p, d in cols],
-                                            axis=1).tolist()
+    for key in ("backward_weight_s", "backward_input_s"):  # B, W where every kind measured it
+        if all(getattr(p, key) is not None for p, _ in cols):
+            out[key] = np.stack([getattr(p, key)[:, d] for p, d in cols], axis=1).tolist()
     names = set.intersection(*(set(p.codecs) for p in
                                [v[0] for v in measured] + ([fp] if flop_kinds else [])))
     if names:

@@ -92,8 +92,8 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         {"rank": rank, "forward_s": mine["forward_s"][:, rank].tolist(),
          "backward_s": mine["backward_s"][:, rank].tolist(), "units": mine["units"],
          "update_s": mine["update_s"][:, rank].tolist(),
-         "backward_weight_s": (None if mine.get("backward_weight_s") is None
-                               else mine["backward_weight_s"][:, rank].tolist()),
+         **{k: (None if mine.get(k) is None else mine[k][:, rank].tolist())
+            for k in ("backward_weight_s", "backward_input_s")},
          "overheads": {k: v[rank] for k, v in mine["overheads"].items()},
          "compile_s": mine["compile_s"], "memory": list(cluster.memory_bytes(rank)),
          "host": host, "cpu_cores": mine["cpu_cores"][rank], "wake": mine["wake"][rank],
@@ -115,6 +115,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     devices = device_records(cluster)
     upd = np.zeros((len(spec.names), n))
     wgt = np.zeros((len(spec.names), n)) if options.weight else None
+    inp = np.zeros((len(spec.names), n)) if options.weight else None
     over = {k: [0.0] * n for k in gathered[0]["overheads"]}
     cpu_cores = [float("nan")] * n
     wake: list = [None] * n
@@ -125,6 +126,7 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
         upd[:, g["rank"]] = g["update_s"]  # fixed costs: per device (profile.json version 2)
         if wgt is not None:
             wgt[:, g["rank"]] = g["backward_weight_s"]
+            inp[:, g["rank"]] = g["backward_input_s"]
         for k, v in g["overheads"].items():
             over[k][g["rank"]] = v
         compile_s = max(compile_s, g["compile_s"])
@@ -145,7 +147,8 @@ def profile_distributed(workload: Workload, cluster: cluster_lib.Cluster,
     over["message_s"] = [c["message_s"] if c else 0.0 for c in message_costs]  # 0: not probed
     measured = {"units": gathered[0]["units"], "forward_s": fwd, "backward_s": bwd,
                 "compile_s": compile_s, "devices": devices, "update_s": upd, "overheads": over,
-                "cpu_cores": cpu_cores, "wake": wake, "backward_weight_s": wgt}
+                "cpu_cores": cpu_cores, "wake": wake, "backward_weight_s": wgt,
+                "backward_input_s": inp}
     return assemble(workload, cluster, options, cache_key(workload, cluster, options), measured,
                     lat, bw, {"link_probe": "transport", "link_one_way_s": one_way,
                               "message_costs": message_costs,

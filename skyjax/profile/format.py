@@ -31,7 +31,8 @@ from skyjax.relax import EXACT, Relaxation
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 _TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward_s", "links",
-             "update_s", "overheads", "codecs", "model", "backward_weight_s")
+             "update_s", "overheads", "codecs", "model", "backward_weight_s",
+             "backward_input_s")
 OVERHEAD_KEYS = ("forward_call_s", "backward_call_s", "update_call_s", "message_s", "input_s")
 _UNIT_FIELDS = ("state_bytes", "activation_bytes", "output_bytes")
 _OPTIONAL_UNIT_FIELDS = ("temp_bytes",)  # 0 where absent (profiles made before it existed)
@@ -86,8 +87,12 @@ class Profile:
     model: dict | None = None
     # [U, D] W of a zero-bubble schedule: the parameter-gradient half of each unit's backward
     # (StageProgram.backward_weight), measured where the run's schedule splits the backward;
-    # None: not measured (the planner takes half of backward_s, skyjax.plan.pricing.cost.weight_s)
+    # None: not measured (the planner takes half of backward_s, skyjax.plan.pricing.passes.weight_s)
     backward_weight_s: np.ndarray | None = None
+    # [U, D] B of a zero-bubble schedule: the input-gradient half of each unit's backward
+    # (StageProgram.backward_input), measured beside backward_weight_s; None: not measured (the
+    # planner takes backward_s less W, skyjax.plan.pricing.passes.input_s)
+    backward_input_s: np.ndarray | None = None
 
     def __post_init__(self):
         u, d = np.shape(self.forward_s)
@@ -138,6 +143,8 @@ class Profile:
             out["model"] = dict(self.model)
         if self.backward_weight_s is not None:
             out["backward_weight_s"] = np.asarray(self.backward_weight_s, float).tolist()
+        if self.backward_input_s is not None:
+            out["backward_input_s"] = np.asarray(self.backward_input_s, float).tolist()
         if self.codecs:
             out["codecs"] = {name: {"output_bytes": [int(x) for x in c["output_bytes"]],
                                     "seconds_per_byte": [float(x) for x in
@@ -260,10 +267,8 @@ def _parse(d: Any) -> Profile:
     link_extra = {k: v for k, v in links.items() if k not in _LINK_KEYS}
     if link_extra:
         extra["links"] = link_extra
-    weight = None
-    if "backward_weight_s" in d:
-        weight = _matrix(d["backward_weight_s"], "backward_weight_s", n_u, n_d, "one per unit",
-                         "one per device", "time")
+    split = {k: _matrix(d[k], k, n_u, n_d, "one per unit", "one per device", "time")
+             for k in ("backward_weight_s", "backward_input_s") if k in d}
     upd = None
     if "update_s" in d:
         upd = _matrix(d["update_s"], "update_s", n_u, n_d, "one per unit", "one per device",
@@ -280,7 +285,7 @@ def _parse(d: Any) -> Profile:
                    forward_s=fwd, backward_s=bwd, latency_s=lat, bandwidth_Bps=bw, extra=extra,
                    update_s=upd, sync_s=sync, codecs=_codecs(d.get("codecs", {}), n_u, n_d),
                    model=_model(d["model"]) if "model" in d else None,
-                   backward_weight_s=weight, **fixed)
+                   **split, **fixed)
 
 
 def _model(x: Any) -> dict:

@@ -62,7 +62,7 @@ def fixed_costs(measured: dict, meta: dict, n_units: int, n_devices: int) -> dic
 def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options, key: str,
              measured: dict, lat: np.ndarray, bw: np.ndarray, meta: dict) -> Profile:
     """The profile of ``measured`` units (:func:`skyjax.profile.units.measure_units`, optionally
-    with ``devices`` records; its ``backward_weight_s`` where measured) and links, stamped
+    with ``devices`` records; its ``backward_input_s`` and ``backward_weight_s`` where measured) and links, stamped
     with the cache ``key`` and profiler ``meta``."""
     size, seq_len = workload.microbatch
     units_rec = [dict(u) for u in measured["units"]]
@@ -82,8 +82,8 @@ def assemble(workload: Workload, cluster: cluster_lib.Cluster, options: Options,
         "links": {"latency_s": lat.tolist(), "bandwidth_Bps": bw.tolist()},
         **fixed_costs(measured, meta, len(measured["units"]), cluster.num_devices),
         **({"codecs": codecs} if codecs else {}),
-        **({"backward_weight_s": np.asarray(measured["backward_weight_s"]).tolist()}
-           if measured.get("backward_weight_s") is not None else {}),
+        **{k: np.asarray(measured[k]).tolist() for k in ("backward_weight_s", "backward_input_s")
+           if measured.get(k) is not None},
         "cache_key": key,
         "profiler": {"version": PROFILER_VERSION, "jax": jax.__version__,
                      "granularity": workload.granularity, "mode": cluster.mode,

@@ -10,7 +10,8 @@ and what it holds in memory.
 * Devices are measured one after another, interleaved repeat by repeat, so that load drift on a
   shared host hits them all. Fewer repeats for big units: a time budget per unit and device, at
   least ``min_repeats``.
-* ``backward_weight_s`` (``Options.weight``: zero-bubble runs): W of the backward split in two
+* ``backward_input_s`` / ``backward_weight_s`` (``Options.weight``: zero-bubble runs): B and W
+  of the backward split in two
   (``StageProgram.backward_input``, then ``backward_weight``), timed like the rest right after
   the whole backward on the same residuals (which it keeps).
 * Memory: ``activation_bytes``, the residual arrays the forward returns (what the backward

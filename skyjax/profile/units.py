@@ -120,7 +120,8 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
     units, fwd, bwd = [], np.full((total, cluster.num_devices), np.nan), np.full(
         (total, cluster.num_devices), np.nan)
     upd = np.full((total, cluster.num_devices), np.nan)
-    # B and W [2, U, D] (only W goes into profile.json), less a backward call's fixed part each
+    # B and W [2, U, D] (profile.json's backward_input_s, backward_weight_s), less a backward
+    # call's fixed part each
     split = np.full((2, total, cluster.num_devices), np.nan) if options.weight else None
     opt_cache: dict[int, int] = {}
     for u, (name, r) in enumerate(zip(spec.names, spec.rep)):

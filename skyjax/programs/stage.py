@@ -35,6 +35,7 @@ from skyjax import codecs
 from skyjax.metrics import classification_loss, eval_outputs
 from skyjax.models.bert import Carry, Params, Unit, apply_units
 from skyjax.models.units import in_compute_dtype
+from skyjax.programs.buckets import split_buckets
 from skyjax.programs.split import split_backward
 from skyjax.tree import tree_avals, tree_shapes
 
@@ -81,6 +82,10 @@ class StageProgram:
         # zero-bubble schedules: the backward in two programs (skyjax.programs.split)
         self.backward_input = jax.jit(self._backward_input)
         self.backward_weight = jax.jit(self._backward_weight, donate_argnums=(2,))
+        # the exchange behind the backward: the backward by buckets (skyjax.programs.buckets)
+        self._buckets: dict[tuple, Any] = {}
+        self.backward_bucket = jax.jit(self._backward_bucket, static_argnums=(0, 1),
+                                       donate_argnums=(6,))
         self.update = jax.jit(self._update, donate_argnums=(0, 1, 2))
         self.evaluate = jax.jit(self._evaluate)
 
@@ -137,6 +142,23 @@ class StageProgram:
                                                                          0) + 1
         split = self._splits[tree_avals(pending)]
         return _accumulate(grads, split.weight_grad(jax.tree.leaves(params), pending))
+
+    def _backward_bucket(self, bounds: tuple[tuple[int, int], ...], j: int,
+                         params: list[Params], residuals: Residuals, cotangent,
+                         carried: list, grads: list[Params]):
+        """Bucket ``j`` of the backward cut by ``bounds`` (the stage's local ``[lo, hi)``
+        buckets in their order): adds its units' gradients to ``grads`` (theirs alone) and
+        returns (them, what later buckets read, the encoded input cotangent or None)."""
+        self.compile_counts["backward_bucket"] = self.compile_counts.get("backward_bucket",
+                                                                         0) + 1
+        key = (bounds, tree_avals(residuals))
+        if key not in self._buckets:
+            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                  (params, residuals, cotangent))
+            self._buckets[key] = split_buckets(self._gradients, bounds, *shapes)
+        d_params, carried, d_carry = self._buckets[key].run(
+            j, jax.tree.leaves((params, residuals, cotangent)), carried)
+        return _accumulate(grads, d_params), carried, d_carry
 
     def _gradients(self, params: list[Params], residuals: Residuals, cotangent):
         """The pullback of a forward: (parameter gradients in the compute dtype, the encoded

@@ -35,7 +35,7 @@ from skyjax.plan.pricing.stage_times import stage_actions_s
 from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.plan.replay.measured import measured_comm
-from skyjax.spans import Span
+from skyjax.spans import Span, passes
 
 
 def step_boundary_s(steps: Sequence[Sequence[Span]]) -> list[float]:
@@ -44,6 +44,7 @@ def step_boundary_s(steps: Sequence[Sequence[Span]]) -> list[float]:
     predicts as ``update_0 + sync_s`` (the gradient-norm all-reduce, the first stage's update,
     for a plan of one stage also the step's input put, and what else the runtime does between
     steps)."""
+    steps = [passes(s) for s in steps]  # an exchange's spans are no action
     return [min(s.start for s in b) - max(s.end for s in a)
             for a, b in zip(steps, steps[1:]) if a and b]
 
@@ -58,6 +59,7 @@ def stage_comparison(plan: Plan, profile: Profile, spans: Sequence[Span],
     ``steps``: more steps' spans of the plan, for ``extra``'s own report where it has one
     (the shared-host model's ``contention``)."""
     p, m = len(plan.stages), plan.microbatches
+    spans = passes(spans)  # the compute: an exchange's spans, if given, are not
     fwd, bwd, link = stage_actions_s(plan, profile)
     sim = simulate_plan(plan, profile, extra=extra)
     slowdown = sim.slowdown  # what extra cost terms add, per stage

@@ -18,7 +18,7 @@ from skyjax.plan.replay import simulate
 from skyjax.plan.model.extension import ExtraCost
 from skyjax.profile.format import Profile
 from skyjax.report.tensorboard import EventWriter
-from skyjax.spans import stage_events, trace_json as trace_file
+from skyjax.spans import stage_events, step_event, trace_json as trace_file
 from skyjax.workdir import aside_dir, set_aside
 
 TENSORBOARD_DIR = "tensorboard"  # event files: tensorboard --logdir WORKDIR/tensorboard
@@ -62,11 +62,18 @@ class Outputs:
 
 def trace_json(plan: plan_lib.Plan, profile: Profile, last_step: Any,
                comparison: dict, extra: ExtraCost | None = None) -> dict:
-    """A measured step's per-stage spans (pid 0) beside the simulator's trace of the plan, and
-    ``comparison`` (:func:`stage_report`'s, as in summary.json)."""
-    spans = last_step.spans if last_step else []
-    events = stage_events(spans, pid=0, name="measured step")
-    simulated = simulate.simulate_plan(plan, profile, extra=extra).trace["traceEvents"]
+    """A measured step's per-stage spans, its exchange's phases and outer steps included (pid
+    0), beside the simulator's trace of the plan, and ``comparison`` (:func:`stage_report`'s, as
+    in summary.json). Each has a row "step" as long as its step (measured: the executor's
+    ``StepMetrics.window``; simulated: its step, the synchronisation included)."""
+    spans = last_step.timeline_spans if last_step else []
+    window = getattr(last_step, "window", None)
+    origin = window[0] if window else min((s.start for s in spans), default=0.0)
+    events = stage_events(spans, pid=0, name="measured step", origin=origin)
+    if window:
+        events += step_event(*window, pid=0, origin=origin)
+    sim = simulate.simulate_plan(plan, profile, extra=extra)
+    simulated = sim.trace["traceEvents"] + step_event(0.0, sim.step_time_s, pid=0)
     for e in simulated:
         e["pid"] = SIMULATED_PID_OFFSET + e.get("pid", 0)
         if e.get("name") == "process_name":

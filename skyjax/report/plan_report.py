@@ -9,13 +9,17 @@ imported only when used, so planning a profile needs neither them nor JAX.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import sys
 
 from skyjax.jsonio import write_json_atomic
+from skyjax.names import ZERO_BUBBLE
 from skyjax.plan import planner
 from skyjax.plan.model.extension import ExtraCost
 from skyjax.plan.model.types import Plan
+from skyjax.plan.pricing.exchange import unpriced_note
 from skyjax.plan.replay import simulate
 from skyjax.profile.format import Profile, load_profile
 from skyjax.relax import EXACT, Relaxation
@@ -28,7 +32,9 @@ def plan_file(path: str, strategy: str, schedule: str, microbatches: int, *,
               time_scale: float | None = None) -> tuple[Plan, Profile, ExtraCost | None]:
     """``(plan, profile, the shared-host model's terms or None)`` for the profile file ``path``.
     ``shared_host``: ``auto`` (on where the profile was measured under it), ``on`` or ``off``;
-    ``time_scale``: a rehearsal's view, the plan and profile with every time x K. Raises
+    ``time_scale``: a rehearsal's view, the plan and profile with every time x K. Averaging
+    modes the relaxation allows but the profile cannot price are left out, in one line on
+    stderr (:func:`skyjax.plan.pricing.exchange.unpriced_note`). Raises
     ``InfeasibleError`` when nothing fits, ``ValueError`` on a bad profile or argument."""
     if time_scale is not None and not (math.isfinite(time_scale) and time_scale > 0):
         raise ValueError(f"--time_scale {time_scale}: expected a positive finite number")
@@ -42,6 +48,9 @@ def plan_file(path: str, strategy: str, schedule: str, microbatches: int, *,
     plan = planner.plan(profile, strategy, schedule, microbatches, certify=certify, extra=extra,
                         max_pipelines=max_pipelines, relax=relax,
                         warmup=warmup)
+    note = unpriced_note(dataclasses.replace(profile, relax=relax))
+    if note and max_pipelines != 1 and strategy != "even":  # modes the plan could not take
+        print(note, file=sys.stderr)
     if time_scale is not None:  # a rehearsal's time base: the same plan, every time x K
         from skyjax.plan.replay.rehearsal import scale_plan, scale_profile
 
@@ -110,12 +119,20 @@ def format_table(plan: Plan, profile: Profile) -> str:
     if several:
         return "\n".join([head, "", table, "", *_pipelines_tail(plan, worst)])
     stages_s = sum(s.time_s for s in plan.stages)
-    extra = plan.step_time_s - stages_s - (plan.microbatches - 1) * plan.bottleneck_s
-    tail = (f"predicted step time {fmt_time(plan.step_time_s)} = sum of stage times "
-            f"{fmt_time(stages_s)} + ({plan.microbatches} - 1) x bottleneck "
-            f"{fmt_time(plan.bottleneck_s)} (stage {worst})"
-            + (f" + once-per-step costs {fmt_time(extra)}" if abs(extra) > 1e-9 * max(
-                plan.step_time_s, 1e-12) else "") + "; times per micro-batch; ")
+    model = plan.step_time_s if plan.model_s is None else plan.model_s
+    line = time_unit(max(model, plan.step_time_s, 1e-12))  # one unit for the whole line
+    credit = zero_bubble_credit(plan)
+    extra = model - stages_s - (plan.microbatches - 1) * plan.bottleneck_s + credit
+    small = 1e-9 * max(model, 1e-12)
+    head_s = f"predicted step time {fmt_time(plan.step_time_s, line)}" + (
+        f" as it runs; the cost model's T {fmt_time(model, line)}"
+        if plan.model_s is not None else "")
+    tail = (f"{head_s} = sum of stage times {fmt_time(stages_s, line)} + "
+            f"({plan.microbatches} - 1) x bottleneck {fmt_time(plan.bottleneck_s, line)} "
+            f"(stage {worst})"
+            + (f" + once-per-step costs {fmt_time(extra, line)}" if abs(extra) > small else "")
+            + (f" - zero-bubble credit {fmt_time(credit, line)} (W passes filling the "
+               f"bubble)" if credit > small else "") + "; times per micro-batch; ")
     if plan.exact:
         tail += "optimal under the cost model (exact)" if plan.strategy != "even" else \
             "even split (no search)"
@@ -123,6 +140,16 @@ def format_table(plan: Plan, profile: Profile) -> str:
         tail += (f"heuristic, lower bound {fmt_time(plan.lower_bound_s)}" if plan.lower_bound_s
                  else "even split (no search)")
     return "\n".join([head, "", table, "", tail])
+
+
+def zero_bubble_credit(plan: Plan) -> float:
+    """What a zero-bubble schedule takes off the plan's T (docs/design.md, "Zero-bubble
+    schedules"): per stage but the last, min(its backward B + W, f x W), f = min(2, m) (ZB-H1)
+    or min(3, m) (ZB-H2), from the stages' F, B, W seconds; 0 under other schedules."""
+    if plan.schedule not in ZERO_BUBBLE or not all(s.passes_s for s in plan.stages):
+        return 0.0
+    f = min(2 if plan.schedule == "zb-h1" else 3, plan.microbatches)
+    return float(sum(min(b + w, f * w) for _, b, w in (s.passes_s for s in plan.stages[:-1])))
 
 
 def _averaging(plan: Plan) -> str:
@@ -148,10 +175,16 @@ def _pipelines_tail(plan: Plan, worst: int) -> list[str]:
                      f"[{sub.stages[0].units[0]}, {sub.stages[-1].units[1]}) in "
                      f"{len(sub.stages)} stage{'s' if len(sub.stages) != 1 else ''}, share "
                      f"{sub.microbatches} micro-batches, T_i {fmt_time(sub.step_time_s)}")
-    sync = plan.step_time_s - max(plan.pipeline_step_s or [0.0]) - plan.allreduce_s
-    tail = (f"predicted step time {fmt_time(plan.step_time_s)} = slowest pipeline "
-            f"{fmt_time(max(plan.pipeline_step_s or [0.0]))} + {_averaging(plan)} "
-            f"{fmt_time(plan.allreduce_s)} + sync {fmt_time(sync)}; bottleneck stage {worst}; ")
+    model = plan.step_time_s if plan.model_s is None else plan.model_s
+    line = time_unit(max(model, plan.step_time_s, 1e-12))  # one unit for the whole line
+    sync = model - max(plan.pipeline_step_s or [0.0]) - plan.allreduce_s
+    sync = 0.0 if abs(sync) <= 1e-9 * max(model, 1e-12) else sync  # rounding, not a cost
+    head_s = f"predicted step time {fmt_time(plan.step_time_s, line)}" + (
+        f" as it runs; the cost model's T {fmt_time(model, line)}"
+        if plan.model_s is not None else "")
+    tail = (f"{head_s} = slowest pipeline {fmt_time(max(plan.pipeline_step_s or [0.0]), line)}"
+            f" + {_averaging(plan)} {fmt_time(plan.allreduce_s, line)} + sync "
+            f"{fmt_time(sync, line)}; bottleneck stage {worst}; ")
     if plan.exact:
         tail += "optimal over splits and shares given each pipeline's least-T_i chain (exact)"
     else:

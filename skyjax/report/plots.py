@@ -7,8 +7,11 @@
   share of the device's capacity.
 * :func:`timeline_figure` (``WORKDIR/timeline.png``, ``python -m skyjax.plan --timeline``): the
   measured step's forward / backward (zero bubble: also W, in its own colour) spans per stage
-  above the simulated schedule of the same
-  plan; the grey between the bars is where a stage waits (the bubbles).
+  above the simulated schedule of the same plan; with several pipelines also each stage's
+  gradient exchange, phase by phase, and a relaxed averaging's outer steps, each kind in its own
+  colour. A panel is as long as its step (measured: the step as the executor ran it; simulated:
+  the simulator's step, its synchronisation included); the grey is where a stage neither
+  computes nor exchanges (the bubbles, and the wait for the slowest pipeline).
 
 Both size themselves by the number of stages (4 to 64 rows stay readable). Figures are built
 with ``matplotlib.figure.Figure`` (no pyplot, no global state), so they work under any backend,
@@ -24,10 +27,14 @@ from skyjax.names import ZERO_BUBBLE
 from skyjax.plan.replay.simulate import simulate_plan
 from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
-from skyjax.spans import Span
+from skyjax.spans import EXCHANGE_KINDS, KIND_NAMES, OUTER as OUTER_KIND, Span, passes
 
 FORWARD, BACKWARD, IDLE = "#4c78a8", "#f58518", "#e8e8e8"
 WEIGHT = "#b279a2"  # zero bubble's W passes (weight gradients; B is BACKWARD)
+# several pipelines: the exchange's phases (skyjax.spans.EXCHANGE_KINDS) and the outer step
+EXCHANGE = {"X1": "#72b7b2", "X2": "#e45756", "X3": "#54a24b"}
+OUTER = "#eeca3b"
+KIND_COLORS = {"F": FORWARD, "B": BACKWARD, "W": WEIGHT, **EXCHANGE, OUTER_KIND: OUTER}
 PREDICTED, MEASURED, COMM, MARK = "#4c78a8", "#54a24b", "#9ecae9", "#d62728"
 
 
@@ -44,8 +51,12 @@ class Measured:
     memory_bytes: list[float | None] | None = None
 
 
-def measure_stages(spans: Sequence[Span], num_stages: int, microbatches: int) -> Measured:
-    """:class:`Measured` from one step's spans (``StepMetrics.results[*].spans``)."""
+def measure_stages(spans: Sequence[Span], num_stages: int, microbatches: int,
+                   window: tuple[float, float] | None = None) -> Measured:
+    """:class:`Measured` from one step's spans (``StepMetrics.results[*].spans``; only the
+    passes count); the step is ``window``'s length where given (``StepMetrics.window``), else
+    the spans'."""
+    spans = passes(spans)
     busy = [0.0] * num_stages
     ends: dict[tuple[str, int, int], tuple[float, float]] = {}
     for s in spans:
@@ -60,6 +71,8 @@ def measure_stages(spans: Sequence[Span], num_stages: int, microbatches: int) ->
         comm.append(max(min(fwd, default=0.0), 0.0) + max(min(bwd, default=0.0), 0.0))
     comm.append(0.0)
     step = max((s.end for s in spans), default=0.0) - min((s.start for s in spans), default=0.0)
+    if window is not None:
+        step = window[1] - window[0]
     return Measured([b / max(microbatches, 1) for b in busy], comm[:num_stages], step)
 
 
@@ -213,59 +226,83 @@ def _stage_colors(p: int) -> list[Any]:
     return [cmap((2 * k) % 20 + (k // 10) % 2) for k in range(p)]
 
 
-def _draw_spans(ax, spans: Sequence[Span], p: int, origin: float, scale: float, font: float,
-                label_mb: bool) -> list[float]:
-    """Forward / backward bars per stage row; returns each stage's busy seconds."""
-    busy = [0.0] * p
-    end = max((s.end for s in spans), default=origin)
+def busy_s(spans: Sequence[Span], lo: float, hi: float) -> float:
+    """Seconds of ``[lo, hi]`` that ``spans`` cover (overlaps counted once)."""
+    total, reach = 0.0, lo
+    for a, b in sorted((max(s.start, lo), min(s.end, hi)) for s in spans):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def _draw_spans(ax, spans: Sequence[Span], p: int, origin: float, length: float, scale: float,
+                font: float, label_mb: bool) -> list[float]:
+    """Per stage row its exchange and outer-step bars, then its passes over them, each kind in
+    its colour (:data:`KIND_COLORS`), on ``[0, length]`` (wider where a span ends later); returns
+    each stage's idle share of the step: neither computing nor exchanging."""
+    end = max([origin + length] + [s.end for s in spans])
+    idle = [1.0] * p
     for k in range(p):
         mine = [s for s in spans if s.stage == k]
-        for kind, color in (("F", FORWARD), ("B", BACKWARD), ("W", WEIGHT)):
+        for kind, color in list(EXCHANGE.items()) + [(OUTER_KIND, OUTER), ("F", FORWARD),
+                                                     ("B", BACKWARD), ("W", WEIGHT)]:
             bars = [((s.start - origin) * scale, (s.end - s.start) * scale) for s in mine
                     if s.kind == kind]
-            ax.broken_barh(bars, (k - 0.4, 0.8), facecolors=color, edgecolor="white",
-                           linewidth=0.3 if p <= 16 else 0.0)
-        busy[k] = sum(s.end - s.start for s in mine)
+            if bars:
+                ax.broken_barh(bars, (k - 0.4, 0.8), facecolors=color, edgecolor="white",
+                               linewidth=0.3 if p <= 16 else 0.0)
+        if length > 0:
+            idle[k] = max(0.0, 1.0 - busy_s(mine, origin, origin + length) / length)
         if label_mb:
-            for s in mine:
+            for s in passes(mine):
                 if (s.end - s.start) >= 0.025 * (end - origin):
                     ax.text((s.start + s.end - 2 * origin) / 2 * scale, k, str(s.microbatch),
                             ha="center", va="center", fontsize=font - 1, color="white")
     ax.set_facecolor(IDLE)
     ax.set_xlim(0, (end - origin) * scale)
-    return busy
+    if end > origin + length:  # a span past the step's end (another stage's next step)
+        ax.axvline(length * scale, color=MARK, linestyle="--", linewidth=1)
+    return idle
 
 
-def timeline_figure(plan: Plan, profile: Profile, measured_spans: Sequence[Span] | None = None):
-    """The timeline picture (module doc); returns a matplotlib ``Figure``."""
+def timeline_figure(plan: Plan, profile: Profile, measured_spans: Sequence[Span] | None = None,
+                    measured_window: tuple[float, float] | None = None):
+    """The timeline picture (module doc); returns a matplotlib ``Figure``. ``measured_spans``:
+    a step's passes and exchange spans (``StepMetrics.timeline_spans``); ``measured_window``:
+    that step's (start, end) (``StepMetrics.window``; None: from its first span's start to its
+    last span's end)."""
     from matplotlib.patches import Patch
 
     p = len(plan.stages)
     row_h, font = _sizes(p)
     sim = simulate_plan(plan, profile)
-    panels = [("simulated", sim.spans, 0.0)]
+    panels = [("simulated", list(sim.spans), 0.0, sim.step_time_s)]
     if measured_spans:
-        panels.insert(0, ("measured", list(measured_spans),
-                          min(s.start for s in measured_spans)))
+        spans = list(measured_spans)
+        lo, hi = measured_window or (min(s.start for s in spans), max(s.end for s in spans))
+        panels.insert(0, ("measured", spans, lo, hi - lo))
     fig = _figure(13.0, 1.2 + len(panels) * max(1.8, 0.9 + row_h * p))
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     names = stage_labels(plan, profile)
-    for ax, (what, spans, origin) in zip(axes, panels):
-        length = max(s.end for s in spans) - origin
+    kinds: set[str] = set()
+    for ax, (what, spans, origin, length) in zip(axes, panels):
+        kinds.update(s.kind for s in spans)
         scale, unit = _time_scale(length)
-        busy = _draw_spans(ax, spans, p, origin, scale, font, label_mb=p <= 16)
-        idle = [1 - b / length if length > 0 else 0.0 for b in busy]
+        idle = _draw_spans(ax, spans, p, origin, length, scale, font, label_mb=p <= 16)
         _style_rows(ax, [f"{n}  idle {i:.0%}" for n, i in zip(names, idle)], font)
         ax.set_xlabel(f"time in the step ({unit})", fontsize=font + 1)
         mean_idle = sum(idle) / max(p, 1)
-        ax.set_title(f"{what} step: {length * scale:.3g} {unit}, stages idle {mean_idle:.0%} "
-                     f"on average" + (" (last training step)" if what == "measured" else
-                                      f" ({plan.schedule}, m = {plan.microbatches})"),
-                     fontsize=font + 2)
+        ax.set_title(f"{what} step: {length * scale:.3g} {unit}, stages idle (neither computing "
+                     f"nor exchanging) {mean_idle:.0%} on average"
+                     + (" (last training step)" if what == "measured" else
+                        f" ({plan.schedule}, m = {plan.microbatches})"), fontsize=font + 2)
     zb = plan.schedule in ZERO_BUBBLE
     handles = [Patch(color=FORWARD, label="forward"),
                Patch(color=BACKWARD, label="backward (input gradient)" if zb else "backward")]
     handles += [Patch(color=WEIGHT, label="weight gradient (W)")] if zb else []
+    handles += [Patch(color=KIND_COLORS[k], label=KIND_NAMES[k])
+                for k in [*EXCHANGE_KINDS, OUTER_KIND] if k in kinds]
     fig.legend(handles=handles + [Patch(color=IDLE, label="waiting (bubble)")],
                fontsize=font + 0.5, loc="outside lower center", ncols=len(handles) + 1)
     fig.suptitle(f"pipeline timeline: {_count(p, 'stage')}, "

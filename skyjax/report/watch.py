@@ -48,20 +48,23 @@ def peak_memory(devices: Sequence[Any], plan: Plan) -> list[float | None]:
 def write_pictures(workdir: str, plan: Plan, profile: Profile, last_step: Any,
                    devices: Sequence[Any] = ()) -> list[str]:
     """``workdir/plan.png`` (with the last step's measured stage times and, where known, peak
-    memory) and ``workdir/timeline.png`` (the last step above the simulated schedule). A
+    memory) and ``workdir/timeline.png`` (the last step, its exchange included and drawn as
+    long as the step, above the simulated schedule). A
     picture that cannot be drawn is a warning, not an error: the run's results are written."""
     from skyjax.report import plots
 
     spans = last_step.spans if last_step else []
+    window = getattr(last_step, "window", None)
     written = []
     try:
-        measured = plots.measure_stages(spans, len(plan.stages), plan.microbatches) \
+        measured = plots.measure_stages(spans, len(plan.stages), plan.microbatches, window) \
             if spans else None
         if measured is not None and devices:
             measured.memory_bytes = peak_memory(devices, plan)
         written.append(plots.save(plots.plan_figure(plan, profile, measured),
                                   os.path.join(workdir, PLAN_PNG)))
-        written.append(plots.save(plots.timeline_figure(plan, profile, spans or None),
+        drawn = last_step.timeline_spans if spans else None  # with the exchange's spans
+        written.append(plots.save(plots.timeline_figure(plan, profile, drawn, window),
                                   os.path.join(workdir, TIMELINE_PNG)))
     except Exception as e:  # noqa: BLE001 - e.g. matplotlib missing or a full disk
         logging.warning("could not draw %s in %s: %s: %s", PLAN_PNG if not written else

@@ -28,6 +28,11 @@ does instead of summing its replicas exactly (``runtime.replicas.reduce_replicas
   send the sum back, and every owner takes the outer Nesterov step as ``diloco``. With one
   group both are the exact exchange, bit for bit.
 
+Each exchange is recorded on the stage as spans of the step (``PipelineStage.record_span``):
+the direct exchanges of ``int8`` and ``diloco`` as phase 2 (every device a group of its own),
+the routed ones by ``runtime.exchange``, and an outer step's own update as
+``skyjax.spans.OUTER`` (blocked on where the step is measured, so that it spans the compute).
+
 The state travels as per-unit trees (``export_state`` / ``import_state``, named by ``STATE``;
 ``SHARED``: the names equal on every replica; ``REPLICAS_DIFFER``: whether a replica's params
 and optimizer state may differ from pipeline 0's), so checkpoints save and restore it
@@ -45,6 +50,9 @@ import jax.numpy as jnp
 from skyjax import codecs
 from skyjax.plan.pricing.exchange import BACK, BETWEEN, IN_GROUP, pipeline_groups
 from skyjax.runtime.replicas import sum_replicas, swap_with_peers
+from skyjax.spans import EXCHANGE_PHASE, OUTER
+
+DIRECT = EXCHANGE_PHASE[BETWEEN]  # the direct exchange's kind: every device a group of its own
 
 
 @jax.jit
@@ -130,10 +138,12 @@ class Int8Averaging(_StateTrees):
         return 1.0
 
     def reduce(self, stage: Any, step: int) -> None:
+        t0 = stage.clock()
         coded, self.residual = encode_with_feedback(stage.state.grads, self.residual)
         own = decode_int8(coded, stage.state.grads)
         got = swap_with_peers(stage, step, coded, decode_int8)
         stage.state.grads = sum_replicas(stage, own, got)
+        stage.record_span(DIRECT, t0)
 
     def after_update(self, stage: Any, step: int) -> None:
         pass
@@ -163,13 +173,13 @@ class DilocoAveraging(_StateTrees):
     def after_update(self, stage: Any, step: int) -> None:
         if (step + 1) % self.every:
             return
+        t0 = stage.clock()
         weight = jnp.float32(stage.program.microbatches / stage.program.loss_microbatches)
         delta = _weighted_delta(self.anchor, stage.state.params, weight)
         got = swap_with_peers(stage, step, delta)
-        new, self.momentum = outer_update(self.anchor, self.momentum,
-                                          sum_replicas(stage, delta, got), self.lr, self.mu)
-        stage.state.params = new
-        self.anchor = _copy(new)
+        total = sum_replicas(stage, delta, got)
+        stage.record_span(DIRECT, t0)
+        _outer_step(self, stage, total)
 
 
 class Int8AcrossAveraging(_StateTrees):
@@ -243,9 +253,20 @@ class DilocoAcrossAveraging(_StateTrees):
         weight = jnp.float32(self.share / stage.program.loss_microbatches)
         delta = _weighted_delta(self.anchor, stage.state.params, weight)
         total = stage.role.routes.run(stage, step, delta, phases=(BETWEEN, BACK))
-        new, self.momentum = outer_update(self.anchor, self.momentum, total, self.lr, self.mu)
-        stage.state.params = new
-        self.anchor = _copy(new)
+        _outer_step(self, stage, total)
+
+
+def _outer_step(averaging: Any, stage: Any, total: list) -> None:
+    """The outer Nesterov step of a DiLoCo ``averaging`` from the summed pseudo-gradients
+    ``total``: the stage's new params and anchor; recorded as an :data:`OUTER` span."""
+    t0 = stage.clock()
+    new, averaging.momentum = outer_update(averaging.anchor, averaging.momentum, total,
+                                           averaging.lr, averaging.mu)
+    stage.state.params = new
+    averaging.anchor = _copy(new)
+    if stage._blocking:  # a measured step: the span is the update's compute, not its dispatch
+        jax.block_until_ready((new, averaging.anchor))
+    stage.record_span(OUTER, t0)
 
 
 def replica_groups(plan: Any) -> list[int]:

@@ -6,6 +6,7 @@ per-process transport (``TransferServerTransport``) seen by the stage as a :clas
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -138,6 +139,7 @@ class DistributedExecutor:
         batch object. ``measure``: the stage blocks its calls, so that its spans are compute
         times (``PipelineStage.run_actions``)."""
         stage = self.stage
+        start = time.time()  # the step's window, on the clock of its spans
         if stage is not None:
             prepared, self._prepared = self._prepared, None
             if prepared is None or prepared[1].step != step or prepared[0] is not batch:
@@ -158,13 +160,15 @@ class DistributedExecutor:
         total = None  # the global squared gradient norm, on every process (clipping on)
         if self.stage is not None:
             result.grad_sq_norm = self.stage.finish_step(step, self.max_grad_norm)
+            result.exchange = self.stage.exchange_spans  # its own; gather_exchange: everyone's
             total = self.stage.last_sq_norm
         elif self.max_grad_norm or self.plan.num_pipelines > 1:  # as PipelineStage.update
             total = norm_allreduce(self.transport, step, 0.0, self.max_grad_norm, -1,
                                    self.plan.num_pipelines, norm_groups(self.plan))
+        window = (start, time.time())
         if gathered is None:
             return StepMetrics(float("nan"), float("nan"), result.wall_s, [result],
-                               grad_norm=sq_to_norm(total), has_loss=False)
+                               grad_norm=sq_to_norm(total), has_loss=False, window=window)
         # (global micro-batch, value) from every pipeline's last stage, in micro-batch order
         losses = [x for _, x in sorted(tuple(y) for g in gathered for y in g["losses"])]
         accuracies = [x for _, x in sorted(tuple(y) for g in gathered for y in g["accuracies"])]
@@ -173,7 +177,21 @@ class DistributedExecutor:
                               measured=g["measured"]) for g in gathered]
         return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
                            max(g["wall_s"] for g in gathered), results,
-                           grad_norm=sq_to_norm(total))
+                           grad_norm=sq_to_norm(total), window=window)
+
+    def gather_exchange(self, metrics: StepMetrics | None) -> StepMetrics | None:
+        """``metrics`` of the last step (process 0's, with every process's results) with every
+        process's exchange spans of that step; a collective, after the last step. Each step's
+        metrics go to process 0 before its exchange (:meth:`train_step`), so the exchange's
+        spans, which only the trace and the timeline read, follow once, here, off the steps."""
+        spans = self.stage.exchange_spans if self.stage is not None else []
+        gathered = self.transport.gather_to_first(
+            {"exchange": [dataclasses.asdict(s) for s in spans]}, self._gather_tag())
+        if gathered is None or metrics is None or len(metrics.results) != len(gathered):
+            return metrics
+        for r, g in zip(metrics.results, gathered):
+            r.exchange = [Span(**s) for s in g["exchange"]]
+        return metrics
 
     def _inputs(self, step: int, batch: Batch | None) -> tuple[Batch | None, StepInputs]:
         """``(batch, its StepInputs for step)`` on the stage's device."""

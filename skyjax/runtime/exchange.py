@@ -12,6 +12,15 @@ the direct exchange (pipeline order), bit for bit. Averaging per link class
 (``runtime.averaging``) runs the same routes relaxed between groups: ``int8-across`` codes the
 partial sums of phase 2, ``diloco-across`` runs phases 1 and 3 every step and phases 2 and 3 at
 its outer step; ``int8`` and ``diloco`` keep their own, direct, exchange.
+
+The exact exchange sends each message in pieces by bucket (:mod:`skyjax.plan.pricing.buckets`):
+the pieces that carry the sender's own gradients can leave as soon as its last backward has
+made their bucket final (:meth:`Routes.send_ready`, while the rest of the backward computes);
+the rest leave in their phase. Receives and sums keep their order, so the bits are the same.
+
+Each phase in which a stage sends or receives is recorded on it as a span (``record_span``;
+kinds ``skyjax.spans.EXCHANGE_PHASE``) from the phase's start (its coding, then its first send)
+to its last receive and sum, for the step's trace and timeline.
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
+from skyjax.plan.pricing import buckets
 from skyjax.plan.pricing.exchange import BACK, BETWEEN, IN_GROUP, PHASES, Message, routing
+from skyjax.spans import EXCHANGE_PHASE
 from skyjax.transport import tags
 from skyjax.tree import tree_shapes
 
@@ -55,7 +66,33 @@ class Routes:
 
     def reduce(self, stage: Any, step: int) -> None:
         """Replaces ``stage``'s gradients by the sum over every pipeline (module doc)."""
-        stage.state.grads = self.run(stage, step, stage.state.grads)
+        stage.state.grads = self.run(stage, step, stage.state.grads,
+                                     early=getattr(stage, "exchange_sent", set()))
+
+    def early(self, m: Message) -> tuple[int, ...]:
+        """The units of ``m`` that carry its sender's own gradient: phase 1's, and phase 2's
+        where the sender's group of the unit is the sender alone."""
+        return buckets.early_units(m, self.order)
+
+    def pieces(self, m: Message) -> list[tuple[int, ...]]:
+        """How the exact exchange sends ``m`` (``pricing.buckets.pieces``)."""
+        return buckets.pieces(m.units, self.early(m))
+
+    def send_ready(self, stage: Any, step: int, lo: int, hi: int, sent: set) -> None:
+        """Sends the pieces of this device's messages that carry only its own gradients of
+        units ``[lo, hi)`` (final in ``stage.state.grads``); adds them to ``sent``."""
+        tag = tags.replica_grads(step, stage.program.loss_microbatches)
+        a, d = stage.first_unit, self.device
+        for m in self.messages:
+            if m.src != d or m.phase == BACK:
+                continue
+            early = set(self.early(m))
+            for p in self.pieces(m):
+                if (m.phase, m.dst, p) not in sent and early >= set(p) and all(
+                        lo <= u < hi for u in p):
+                    stage.replica_link.send(tag, [stage.state.grads[u - a] for u in p],
+                                            self.address[m.dst])
+                    sent.add((m.phase, m.dst, p))
 
     def represents(self, u: int) -> bool:
         """Whether this device sends unit ``u``'s partial sum to other groups (phase 2,
@@ -63,14 +100,15 @@ class Routes:
         return self.device in self.rep[u] and len(self.rep[u]) > 1
 
     def run(self, stage: Any, step: int, trees: list, phases: Sequence[int] = PHASES,
-            coder: Any = None) -> list:
+            coder: Any = None, early: set | None = None) -> list:
         """Per unit of ``stage`` (``trees``: one entry each) what the exchange's ``phases``
         leave on every owner: all three, the sum over every pipeline; (1, 3), the sum over the
         device's group; (2, 3), the sum over the groups of their representatives' entries
         (each group's owners holding the same). ``coder`` (``runtime.averaging``): phase 2
         carries ``coder.encode(units, partial sums)`` = (codes, what each code decodes to) and
         each representative sums ``coder.decode(codes, like)`` of the others and its own
-        decoded in group order."""
+        decoded in group order. ``early`` (the exact exchange): messages go in pieces
+        (:meth:`pieces`), those in ``early`` sent already by :meth:`send_ready`; None: whole."""
         tag = tags.replica_grads(step, stage.program.loss_microbatches)
         a, d, link = stage.first_unit, self.device, stage.replica_link
         own = {a + j: g for j, g in enumerate(trees)}
@@ -80,6 +118,7 @@ class Routes:
         total: dict[int, Any] = {}
         sent: dict[int, Any] = {}  # phase 2's entries on the wire (coded: the codes)
         for phase in phases:
+            t0 = stage.clock()
             if phase == BETWEEN:
                 sent = dict(partial)
                 if coder is not None:
@@ -91,11 +130,18 @@ class Routes:
             source = own if phase == IN_GROUP else sent if phase == BETWEEN else total
             for m in self.messages:
                 if m.phase == phase and m.src == d:
-                    link.send(tag, [source[u] for u in m.units], self.address[m.dst])
+                    for p in [m.units] if early is None else self.pieces(m):
+                        if (m.phase, m.dst, p) not in (early or ()):
+                            link.send(tag, [source[u] for u in p], self.address[m.dst])
             for m in self.messages:
                 if m.phase == phase and m.dst == d:
-                    like = [tree_shapes(own[u] if phase != BETWEEN else sent[u]) for u in m.units]
-                    got = link.recv(tag, like, self.address[m.src])
+                    like = {u: tree_shapes(own[u] if phase != BETWEEN else sent[u])
+                            for u in m.units}
+                    parts: dict[int, Any] = {}
+                    for p in [m.units] if early is None else self.pieces(m):
+                        parts.update(zip(p, link.recv(tag, [like[u] for u in p],
+                                                      self.address[m.src])))
+                    got = [parts[u] for u in m.units]
                     if phase == BETWEEN and coder is not None:
                         got = coder.decode(got, [own[u] for u in m.units])
                     for u, g in zip(m.units, got):
@@ -112,6 +158,8 @@ class Routes:
                     total[u] = _sum([mine if r == d else held[u, r] for r in self.rep[u]])
             if phase == IN_GROUP and BETWEEN not in phases:
                 total.update(partial)  # no phase 2: the group's sum is the total
+            if any(m.phase == phase and d in (m.src, m.dst) for m in self.messages):
+                stage.record_span(EXCHANGE_PHASE[phase], t0)
         return [total[u] for u in sorted(own)]
 
 

@@ -6,6 +6,7 @@ them share it, a stage addressed by its position in the plan."""
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -119,6 +120,7 @@ class LocalExecutor:
         used: the stages share this process's host, so there is no idle host to put the next
         step's inputs from. ``measure``: every stage blocks its calls, so that the spans are
         compute times (``PipelineStage.run_actions``)."""
+        start = time.time()  # the step's window, on the clock of its spans
         microbatch = split_microbatches(batch, self.microbatches)
         size = self.microbatch_size
         rng = lambda g: self.rng(step, g * size, size)  # noqa: E731
@@ -130,7 +132,13 @@ class LocalExecutor:
         accuracies = [x for r in lasts for x in r.accuracies]
         return StepMetrics(float(np.mean(losses)), float(np.mean(accuracies)),
                            max(r.wall_s for r in results), results,
-                           grad_norm=sq_to_norm(self.stages[0].last_sq_norm))
+                           grad_norm=sq_to_norm(self.stages[0].last_sq_norm),
+                           window=(start, time.time()))
+
+    def gather_exchange(self, metrics: StepMetrics | None) -> StepMetrics | None:
+        """``metrics`` of the last step, with every stage's exchange spans: here they are
+        already (``DistributedExecutor.gather_exchange`` gathers them)."""
+        return metrics
 
     def evaluate(self, batches: Iterable[Batch], metric: str = "accuracy") -> dict[str, float]:
         """The held-out figures of ``metric`` (``skyjax.scores``) over ``batches``."""

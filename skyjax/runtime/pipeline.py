@@ -26,7 +26,9 @@ A stage is made with its role (:class:`~skyjax.runtime.role.StageRole`: its plac
 fixed). Several pipelines in data parallel: each stage is in one pipeline, whose share of the
 global batch is whole micro-batches from the role's ``first_microbatch`` on; after its last
 action a stage sums the gradients of the units it shares with its replicas
-(:mod:`.replicas`), so every owner holds the same sum, bit for bit, before the update.
+(:mod:`.replicas`), so every owner holds the same sum, bit for bit, before the update; under
+the exact exchange its last backward runs by buckets, each bucket's part of the exchange
+leaving as soon as it is final (``replicas.backward_by_buckets``).
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ import numpy as np
 
 from skyjax import codecs
 from skyjax.cluster import block, timed_call
+from skyjax.cluster.rehearsal import rehearsed_call
 from skyjax.optim import clip_scale, global_sq_norm
 from skyjax.plan.model.schedules import Action
 from skyjax.transport import tags
 from skyjax.runtime.averaging import make_averaging
 from skyjax.runtime.batches import Batch
-from skyjax.runtime.replicas import norm_allreduce, reduce_replicas
+from skyjax.runtime.replicas import backward_by_buckets, norm_allreduce, reduce_replicas
 from skyjax.runtime.role import StageRole
 from skyjax.programs.stage import StageProgram, StageState, float_entries
 from skyjax.runtime.steps import StepInputs, StepResult
@@ -110,9 +113,31 @@ class PipelineStage:
     last_sq_norm: float | None = dataclasses.field(default=None, init=False, repr=False)
     # whether the current step's calls block (run_actions sets it; the update follows it)
     _blocking: bool = dataclasses.field(default=True, init=False, repr=False)
+    # the exact exchange: whether a bucket's pieces leave as soon as the step's last backward
+    # has made it final (False: after the backward; the same programs, sums and bits)
+    exchange_overlap: bool = True
+    # the current step's pieces sent during its last backward (runtime.exchange.send_ready)
+    exchange_sent: set = dataclasses.field(default_factory=set, init=False, repr=False)
+    # the current step's exchange phases and outer steps (skyjax.spans.EXCHANGE_KINDS, OUTER;
+    # record_span), on the clock of its actions' spans; run_actions starts a new list
+    exchange_spans: list[Span] = dataclasses.field(default_factory=list, init=False,
+                                                   repr=False)
+    # (time.time(), time.perf_counter()) at the current step's start: the spans' clock
+    _epoch: tuple[float, float] = dataclasses.field(default=(0.0, 0.0), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.averaging = make_averaging(self.role.averaging, self)
+
+    def clock(self) -> float:
+        """Now on the clock of the step's spans: the wall-clock time of the step's start,
+        advanced by ``time.perf_counter``."""
+        wall, perf = self._epoch
+        return wall + (time.perf_counter() - perf)
+
+    def record_span(self, kind: str, start: float) -> None:
+        """A span of ``kind`` (an exchange phase or an outer step, ``skyjax.spans``) of this
+        stage from ``start`` (:meth:`clock`) to now, for the step's trace and timeline."""
+        self.exchange_spans.append(Span(self.role.stage_id, kind, -1, start, self.clock()))
 
     @property
     def index(self) -> int:
@@ -207,6 +232,7 @@ class PipelineStage:
         start = time.perf_counter()
         result = self.run_actions(step, actions, inputs, measure=measure)
         result.grad_sq_norm = self.finish_step(step, max_grad_norm)
+        result.exchange = self.exchange_spans
         result.wall_s = time.perf_counter() - start
         return result
 
@@ -235,7 +261,12 @@ class PipelineStage:
         losses, accuracies, spans = [], [], []  # the last stage's losses: device scalars
         blocking = self._blocking = self.sync_actions or measure
         start, wall_start = time.perf_counter(), time.time()
+        self._epoch, self.exchange_spans = (wall_start, start), []
         self._posted = 0
+        self.exchange_sent = set()
+        last_b = max((i for i, a in enumerate(actions) if a.kind == "B"), default=-1)
+        # the exact exchange (a relaxed averaging exchanges otherwise): by buckets
+        by_buckets = self.role.routes is not None and self.averaging is None and not split
         for i, action in enumerate(actions):
             mb = action.microbatch
             source = self._source(step, action)
@@ -263,6 +294,12 @@ class PipelineStage:
                 self.state.grads, seconds = self._call(
                     "weight_s", self.program.backward_weight, self.state.params,
                     pending.pop(mb), self.state.grads, sync=blocking)
+            elif by_buckets and i == last_b:  # its gradients final bucket by bucket
+                d_carry, seconds = backward_by_buckets(self, step, residuals.pop(mb), received,
+                                                       blocking)
+                if not self.is_first:
+                    self.link.send(message_tag(step, action, self.program.microbatches), d_carry,
+                                   self.index - 1)
             else:  # zero bubble: B gives the input cotangent only and keeps what W needs
                 args = (residuals.pop(mb), received) + (() if split else (self.state.grads,))
                 out, seconds = self._call("backward_s", self.program.backward_input if split
@@ -284,11 +321,17 @@ class PipelineStage:
         return StepResult(losses, accuracies, spans, time.perf_counter() - start,
                           measured=blocking)
 
-    def _call(self, what: str, fn: Callable, *args: Any, sync: bool) -> tuple[Any, float]:
+    def _call(self, what: str, fn: Callable, *args: Any, sync: bool,
+              share: float = 1.0) -> tuple[Any, float]:
         """One call of the stage: emulated (``timed_call``: this host's time, slowed down), or
-        under a rehearsal the declared ``what`` seconds of its role."""
-        if self.role.rehearsal is not None:
-            return self.role.rehearsal.call(what, fn, *args)
+        under a rehearsal the declared ``what`` seconds of its role (x ``share``: a bucket's
+        part of the backward)."""
+        rehearsal = self.role.rehearsal
+        if rehearsal is not None and share != 1.0:
+            return rehearsed_call(fn, *args, seconds=getattr(rehearsal.times, what) * share,
+                                  ledger=rehearsal.ledger, stop=rehearsal.stop)
+        if rehearsal is not None:
+            return rehearsal.call(what, fn, *args)
         return timed_call(fn, *args, slowdown=self.slowdown, sync=sync)
 
     def finish_step(self, step: int, max_grad_norm: float | None) -> float | None:

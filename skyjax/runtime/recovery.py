@@ -23,6 +23,7 @@ from typing import Any
 
 from absl import logging
 
+from skyjax.plan.as_run import priced
 from skyjax.plan.data_parallel.split import without_devices
 from skyjax.profile.format import Profile
 from skyjax.transport import group
@@ -47,6 +48,7 @@ class Recovery:
         plan = without_devices(self.profile, executor.plan, sorted(watchdog.gone | {lost}))
         if plan is None:
             raise error
+        plan = priced(plan, self.profile)  # its prediction: the step as it runs
         watchdog.forgive(lost)
         gone = sorted(watchdog.gone)
         executor = executor.without(plan, gone, len(self.history) + 1)

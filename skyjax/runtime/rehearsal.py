@@ -192,16 +192,17 @@ class Rehearsal:
         average = statistics.mean if plan.averaging.startswith("diloco") else statistics.median
         measured = average(steps) if steps else float("nan")
         k = self.time_scale
+        model = plan.model_s if plan.model_s is not None else plan.step_time_s
         return {
             "profile": self.path, "time_scale": k,
             "devices": self.scaled.num_devices, "devices_used": len(plan.stages),
             "pipelines": plan.num_pipelines, "schedule": plan.schedule,
             "microbatches": plan.microbatches,
             "measured_step_s": measured, "simulated_step_s": simulated,
-            "model_step_s": plan.step_time_s,
+            "model_step_s": model,
             "error": (measured - simulated) / simulated if simulated else None,
             "declared_cluster_step_s": {"measured": measured / k, "simulated": simulated / k,
-                                        "model": plan.step_time_s / k},
+                                        "model": model / k},
             "steps_measured": len(steps),
             "calls": merge(calls) if calls else None,
         }

@@ -6,13 +6,20 @@ The exact sum goes through the link groups (``StageRole.routes``, :mod:`.exchang
 no groups, directly to each peer (``StageRole.peers``); either way each owner sums in one order,
 pipeline order, so every replica holds the same bits before the update. A relaxed averaging
 (:mod:`.averaging`) replaces the sum and exchanges through :func:`swap_with_peers`.
+
+The exact exchange starts behind the backward (:func:`backward_by_buckets`): the step's last
+backward runs by buckets of units from the stage's last units down, and each bucket's pieces of
+the exchange that carry the stage's own gradients leave as soon as it is final, while the rest
+computes; :func:`reduce_replicas` then runs the exchange as before, less what left.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from skyjax.plan.pricing.buckets import stage_buckets
 from skyjax.runtime.exchange import ordered_sum
+from skyjax.spans import EXCHANGE_PHASE
 from skyjax.transport import tags
 from skyjax.tree import tree_shapes
 
@@ -38,6 +45,32 @@ def norm_allreduce(link: Any, step: int, local: float, max_grad_norm: float | No
     return 0.0
 
 
+def backward_by_buckets(stage: Any, step: int, residuals: Any, cotangent: Any,
+                        sync: bool) -> tuple[Any, float]:
+    """``stage``'s last backward of ``step``, bucket by bucket from its last units down
+    (``StageProgram.backward_bucket``; the same programs, so the same bits, whether or not the
+    exchange overlaps): after each bucket, with ``stage.exchange_overlap``, the exchange's
+    pieces it made final leave (``Routes.send_ready``). Returns (the input cotangent, seconds).
+    In a rehearsal each bucket takes its share of the declared backward (per unit the
+    ``unit_backward_s`` its times declare, else equal)."""
+    a, b = stage.role.place.start, stage.role.place.end
+    bounds = tuple((lo - a, hi - a) for lo, hi in stage_buckets(a, b))
+    times = stage.role.rehearsal.times if stage.role.rehearsal is not None else None
+    weights = list(getattr(times, "unit_backward_s", None) or [1.0] * (b - a))
+    grads, carried, d_carry, total = list(stage.state.grads), [], None, 0.0
+    for j, (lo, hi) in enumerate(bounds):
+        (grads[lo:hi], carried, out), seconds = stage._call(
+            "backward_s", stage.program.backward_bucket, bounds, j, stage.state.params,
+            residuals, cotangent, carried, grads[lo:hi], sync=sync,
+            share=sum(weights[lo:hi]) / sum(weights))
+        total += seconds
+        d_carry = out if out is not None else d_carry
+        stage.state.grads = grads
+        if stage.exchange_overlap:
+            stage.role.routes.send_ready(stage, step, a + lo, a + hi, stage.exchange_sent)
+    return d_carry, total
+
+
 def reduce_replicas(stage: Any, step: int) -> None:
     """Several pipelines: replaces ``stage``'s gradients of the units it shares by the sum over
     all pipelines in pipeline order (no-op with one pipeline): through the link groups
@@ -52,8 +85,10 @@ def reduce_replicas(stage: Any, step: int) -> None:
     if role.routes is not None:
         role.routes.reduce(stage, step)
         return
+    t0 = stage.clock()
     stage.state.grads = sum_replicas(stage, stage.state.grads,
                                      swap_with_peers(stage, step, stage.state.grads))
+    stage.record_span(EXCHANGE_PHASE[2], t0)  # the direct exchange: phase 2 (skyjax.spans)
 
 
 def swap_with_peers(stage: Any, step: int, trees: list,

@@ -21,6 +21,9 @@ class StepResult:
     grad_sq_norm: float | None = None
     # whether the actions blocked, so that ``spans`` are compute times (False: dispatch times)
     measured: bool = True
+    # several pipelines: the exchange's phases and outer steps after the actions (the kinds of
+    # skyjax.spans.EXCHANGE_KINDS and OUTER), on the clock of ``spans``
+    exchange: list[Span] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -34,11 +37,24 @@ class StepMetrics:
     # the global gradient norm before clipping (None: clipping off, so never computed)
     grad_norm: float | None = None
     has_loss: bool = True  # False on processes that do not gather the loss (distributed)
+    # (start, end) of the step as the executor ran it, on the clock of the spans: its drawn
+    # length (timeline.png, trace.json); None: unknown
+    window: tuple[float, float] | None = None
 
     @property
     def spans(self) -> list[Span]:
         """The step's F/B spans of every stage in ``results``."""
         return [s for r in self.results for s in r.spans]
+
+    @property
+    def exchange_spans(self) -> list[Span]:
+        """The step's exchange phases and outer steps of every stage in ``results``."""
+        return [s for r in self.results for s in r.exchange]
+
+    @property
+    def timeline_spans(self) -> list[Span]:
+        """Everything the step's pictures draw: its passes, then its exchange spans."""
+        return self.spans + self.exchange_spans
 
     @property
     def measured(self) -> bool:

@@ -109,8 +109,8 @@ def restrict_tables(t: Tables, devices: Sequence[int], microbatches: int,
 def fractional_bound(t: Tables) -> float:
     """A lower bound on T over every plan with any number of pipelines (a proof).
 
-    Let w[u] = min_d work[u][d] and s_d = min_u w[u] / work[u][d] (<= 1: d's speed against the
-    fastest per unit), so any block B on d takes compute >= sum_{u in B} w[u] / s_d. A stage k of
+    Let w[u] = min_d work[u][d] and s_d = max_u w[u] / work[u][d] (<= 1: d's speed against the
+    fastest, on the unit it does best), so any block B on d takes compute >= sum_{u in B} w[u] / s_d. A stage k of
     pipeline i on d has T - sync_s >= T_i >= m_i t_k >= m_i compute_k, so the reference work
     m_i sum_{u in B_k} w[u] it does per step is at most s_d (T - sync_s). Summed over all stages
     (each device holds at most one), every micro-batch's whole model: m sum_u w[u] <=
@@ -120,7 +120,7 @@ def fractional_bound(t: Tables) -> float:
     w = t.work.min(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(t.work > 0, w[:, None] / t.work, 1.0)
-    s = ratio.min(axis=0)
+    s = ratio.max(axis=0)
     frac = t.microbatches * float(w.sum()) / float(s.sum()) if s.sum() > 0 else 0.0
     return max(frac, float(t.prefix[:, -1].min())) + t.sync_s - t.max_credit()
 

@@ -57,6 +57,7 @@ EXHAUSTIVE_SEARCHES = 3000  # most (device subset up to symmetry, m_i) chain sea
 EXHAUSTIVE_WORK = 1e8  # most vectorised elements of those searches' DPs (exact.exact_cost)
 REFINE_TOP = 1  # screened candidates per pipeline count that get the full chain search
 REFINE_WITHIN = 1.05  # ... when their screened T is within this factor of the best so far
+RUNNERS_UP = 6  # the least-T plans of several pipelines the planner also simulates
 SCREEN_SEARCHES = 24  # per pipeline count, the screen stops after this many chain searches
 _INF = math.inf
 
@@ -96,19 +97,29 @@ class _Best:
     step_s: float
     chains: list | None = None  # None: the single-pipeline plan
     shares: list[int] | None = None
+    # the RUNNERS_UP least-T offers (T, chains, shares), the best among them: what the planner
+    # also simulates (skyjax.plan.as_run), since the least T is not always the fastest run
+    runners: list = dataclasses.field(default_factory=list)
 
     def offer(self, step_s: float, priced: Sequence[Priced], shares: Sequence[int]) -> None:
+        chains = [p.chain for p in priced]
+        if len(self.runners) < RUNNERS_UP or step_s < self.runners[-1][0]:
+            key = (chains, list(shares))
+            if all((c, s) != key for _, c, s in self.runners):
+                self.runners = sorted(self.runners + [(step_s, chains, list(shares))],
+                                      key=lambda r: r[0])[:RUNNERS_UP]
         if step_s < self.step_s * (1 - 1e-12):
-            self.step_s, self.chains, self.shares = step_s, [p.chain for p in priced], list(
-                shares)
+            self.step_s, self.chains, self.shares = step_s, chains, list(shares)
 
 
 def search(profile: Profile, schedule: str, microbatches: int, max_pipelines: int,
            single: Plan | None, *, strategy: str = "optimal",
-           force_heuristic: bool = False, cutoff: float = _INF) -> Plan:
+           force_heuristic: bool = False, cutoff: float = _INF,
+           runners_up: list[Plan] | None = None) -> Plan:
     """The least-T plan of 1..max_pipelines pipelines (module doc). ``single``: the planner's
     single-pipeline plan (None if nothing fits one pipeline); ``cutoff``: several pipelines
-    only below it (else ``single``, or InfeasibleError)."""
+    only below it (else ``single``, or InfeasibleError). ``runners_up``: a list that receives
+    the plans of the ``RUNNERS_UP`` least T offered below ``single``'s (the best included)."""
     t = tables(profile, schedule, microbatches)
     cache = ChainCache(profile, schedule, t, force_heuristic)
     gprefix = grad_prefix(profile)
@@ -124,6 +135,13 @@ def search(profile: Profile, schedule: str, microbatches: int, max_pipelines: in
         exhaustive &= _exhaustive(cache, top, gprefix, best)
     if not exhaustive:
         _by_candidates(cache, top + 1, max_pipelines, gprefix, best)
+    for _, chains, shares in best.runners if runners_up is not None else ():
+        order = sorted(range(len(chains)), key=lambda i: min(d for d, _, _ in chains[i]))
+        try:
+            runners_up.append(build_plan(profile, schedule, [chains[i] for i in order],
+                                         [shares[i] for i in order], strategy, False, None))
+        except InfeasibleError:
+            pass
     if best.chains is None and single is None:
         raise InfeasibleError("no feasible plan: no split of the devices into at most "
                               f"{max_pipelines} pipelines fits memory and links")

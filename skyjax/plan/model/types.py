@@ -99,6 +99,9 @@ class Plan:
     exchange_groups: list[list[int]] | None = None
     # per unit the representatives of its owners' groups, in summing order (with groups)
     exchange_reps: list[list[int]] | None = None
+    # the cost model's T of this plan (skyjax.plan.pricing.cost), where step_time_s is the step
+    # as it runs (skyjax.plan.as_run, the simulator's step); None: step_time_s is T itself
+    model_s: float | None = None
 
     @property
     def num_pipelines(self) -> int:
@@ -141,6 +144,8 @@ class Plan:
             out["device_names"] = list(self.device_names)
         if self.extra_s:
             out["extra_s"] = self.extra_s
+        if self.model_s is not None:
+            out["model_s"] = self.model_s
         if self.shares:
             out["shares"] = list(self.shares)
             out["allreduce_s"] = self.allreduce_s
@@ -184,4 +189,5 @@ class Plan:
                    [[int(x) for x in g] for g in d["exchange_groups"]]
                    if d.get("exchange_groups") else None,
                    [[int(x) for x in r] for r in d["exchange_reps"]]
-                   if d.get("exchange_reps") else None)
+                   if d.get("exchange_reps") else None,
+                   float(d["model_s"]) if d.get("model_s") is not None else None)

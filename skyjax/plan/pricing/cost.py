@@ -22,6 +22,7 @@ import numpy as np
 from skyjax.names import SCHEDULES, ZERO_BUBBLE
 from skyjax.plan.model.extension import ExtraCost
 from skyjax.plan.model.types import InfeasibleError, Plan, Stage
+from skyjax.plan.pricing.passes import backward_s, codec_tables, weight_s
 from skyjax.profile.format import Profile
 
 _INF = math.inf
@@ -59,6 +60,10 @@ class Tables:
     bwd_prefix: np.ndarray | None = None
     weight_prefix: np.ndarray | None = None
     credit_factor: float = 0.0
+    # zero bubble: the searches' depth, the most stages a plan they search may have, its stages
+    # charged at that many stages' in-flight count (0: every device, the most any plan keeps;
+    # :meth:`search_depths`)
+    depth: int = 0
 
     @property
     def num_units(self) -> int:
@@ -69,13 +74,59 @@ class Tables:
         return self.work.shape[1]
 
     def inflight(self, stages_from_end: int | np.ndarray) -> int | np.ndarray:
-        """Micro-batches whose activations a stage keeps (p - k = stages_from_end)."""
+        """Micro-batches whose activations a stage keeps (p - k = stages_from_end), as the
+        searches charge it: under zero bubble the same on every stage, that of a plan of
+        ``depth`` stages (every device where 0: an upper bound for any plan)."""
         if self.schedule == "gpipe":
             return self.microbatches
-        if self.schedule in ZERO_BUBBLE:  # the same on every stage, at most one per device
-            return min(self.microbatches,
-                       self.num_devices * (2 if self.schedule == "zb-h2" else 1))
+        if self.schedule in ZERO_BUBBLE:
+            return self.zb_inflight(self.depth or self.num_devices)
         return np.minimum(self.microbatches, stages_from_end)
+
+    def zb_inflight(self, stages: int) -> int:
+        """A zero-bubble plan of ``stages`` stages: micro-batches in flight on each of them,
+        min(m, p) (ZB-H1) or min(m, 2p) (ZB-H2)
+        (:func:`skyjax.plan.model.schedules.inflight_limit`)."""
+        return min(self.microbatches, stages * (2 if self.schedule == "zb-h2" else 1))
+
+    @property
+    def most_stages(self) -> int:
+        """The most stages any plan has: min(D, U)."""
+        return min(self.num_devices, self.num_units)
+
+    def search_depths(self) -> list[int]:
+        """The depths the searches run at (``depth``; one search, 0, except under zero bubble):
+        a plan of p stages keeps ``zb_inflight(p)`` on every stage, so each depth P is searched
+        over plans of at most P stages charged at P's count, and every plan fits at its own p.
+        A depth is left out where the next one admits the same blocks on every device (its
+        plans are the next one's too); the deepest, ``most_stages``, admits every plan."""
+        if self.schedule not in ZERO_BUBBLE:
+            return [0]
+        top = self.most_stages
+        out, seen = [top], self._admitted(top)
+        for depth in range(top - 1, 0, -1):
+            got = self._admitted(depth)
+            if not all(np.array_equal(a, b) for a, b in zip(got, seen)):
+                out.append(depth)
+            seen = got
+        return out[::-1]
+
+    def _admitted(self, depth: int) -> list[np.ndarray]:
+        """Per distinct device memory, the least start of a block ending at each unit boundary
+        that fits it at ``depth``'s in-flight count."""
+        q = self.state_prefix + self.zb_inflight(depth) * self.act_prefix
+        return [np.searchsorted(q, q - cap, "left") for cap in np.unique(self.memory)]
+
+    def restrict(self, keep: Sequence[int]) -> "Tables":
+        """These tables on the devices ``keep`` only (device i of the result is keep[i])."""
+        k = np.asarray(keep, int)
+        cut = {name: getattr(self, name)[k] for name in (
+            "prefix", "fixed", "in_msg", "update_prefix", "update_call", "alone", "memory")}
+        cut.update(work=self.work[:, k], latency=self.latency[np.ix_(k, k)],
+                   bandwidth=self.bandwidth[np.ix_(k, k)], codec_rate=self.codec_rate[:, k])
+        if self.bwd_prefix is not None:
+            cut.update(bwd_prefix=self.bwd_prefix[k], weight_prefix=self.weight_prefix[k])
+        return dataclasses.replace(self, **cut)
 
     @property
     def least_inflight(self) -> int:
@@ -98,10 +149,11 @@ class Tables:
         return float(min(bwd, self.credit_factor * w))
 
     def inflight_at(self, p: int, k: int) -> int:
-        """``inflight`` of stage k of a plan of p stages (zero bubble: of its p, not of every
-        device; :func:`skyjax.plan.model.schedules.inflight_limit`)."""
+        """Micro-batches stage k of a plan of p stages keeps in flight: what its memory is
+        charged at (zero bubble: ``zb_inflight(p)``, of its own p stages;
+        :func:`skyjax.plan.model.schedules.inflight_limit`)."""
         if self.schedule in ZERO_BUBBLE:
-            return min(self.microbatches, p * (2 if self.schedule == "zb-h2" else 1))
+            return self.zb_inflight(p)
         return int(self.inflight(p - k))
 
     def credit(self, d: int, a: int | np.ndarray, b: int | np.ndarray) -> np.ndarray:
@@ -185,7 +237,7 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
         raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
     if int(microbatches) != microbatches or microbatches < 1:
         raise ValueError(f"microbatches: expected a positive integer, got {microbatches!r}")
-    work = np.asarray(profile.forward_s, float) + np.asarray(profile.backward_s, float)
+    work = np.asarray(profile.forward_s, float) + backward_s(profile, schedule)
     prefix = np.concatenate([np.zeros((work.shape[1], 1)), np.cumsum(work.T, axis=1)], axis=1)
     upd = np.asarray(profile.update_s, float)
     units = profile.units
@@ -212,40 +264,15 @@ def tables(profile: Profile, schedule: str = "1f1b", microbatches: int = 8) -> T
         codec_bytes=cbytes, codec_rate=crate, **_zero_bubble(profile, schedule, microbatches))
 
 
-def weight_s(profile: Profile) -> np.ndarray:
-    """[U, D] the W part of each unit's backward: the profile's ``backward_weight_s`` where it
-    has it, else half of ``backward_s`` (the FLOP model's 1:1 split)."""
-    got = profile.backward_weight_s
-    bwd = np.asarray(profile.backward_s, float)
-    return np.minimum(np.asarray(got, float), bwd) if got is not None else bwd / 2
-
-
 def _zero_bubble(profile: Profile, schedule: str, microbatches: int) -> dict:
     if schedule not in ZERO_BUBBLE:
         return {}
     def pre(x):
         return np.concatenate([np.zeros((x.shape[1], 1)), np.cumsum(x.T, axis=1)], axis=1)
 
-    return dict(bwd_prefix=pre(np.asarray(profile.backward_s, float)), weight_prefix=pre(weight_s(profile)),
+    return dict(bwd_prefix=pre(backward_s(profile, schedule)),
+                weight_prefix=pre(weight_s(profile)),
                 credit_factor=float(min(2 if schedule == "zb-h1" else 3, microbatches)))
-
-
-def codec_tables(profile: Profile) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
-    """The hand-off codecs ``profile.relax`` allows, with their bytes [C, U] and rates [C, D]
-    (``none`` first: the uncoded bytes, no codec time). A codec the bound allows but the profile
-    has not measured is an error naming it."""
-    out_bytes = [float(u["output_bytes"]) for u in profile.units]
-    names, rows, rates = ["none"], [out_bytes], [np.zeros(profile.num_devices)]
-    for name in profile.relax.handoff_codecs[1:]:
-        if name not in profile.codecs:
-            raise ValueError(f"relax.handoff_bits={profile.relax.handoff_bits} allows the {name} "
-                             f"codec but the profile has not measured it (profile.codecs has "
-                             f"{sorted(profile.codecs) or 'none'}): profile again with this "
-                             f"bound")
-        names.append(name)
-        rows.append(np.asarray(profile.codecs[name]["output_bytes"], float))
-        rates.append(np.asarray(profile.codecs[name]["seconds_per_byte"], float))
-    return tuple(names), np.array(rows), np.array(rates)
 
 
 def stage_costs(t: Tables, assignment: Assignment) -> list[Stage]:

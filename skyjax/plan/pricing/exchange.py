@@ -215,6 +215,27 @@ def _int8_rate(profile: Profile) -> np.ndarray:
                      "bound")
 
 
+def unpriced_modes(profile: Profile) -> tuple[str, ...]:
+    """The averaging modes ``profile.relax`` allows that the planner leaves out: the int8 ones
+    where the profile lacks the int8 codec's timings and the bound names a mode past them (a
+    DiLoCo one: it allows every mode up to it); none otherwise (a bound that names an int8
+    mode needs its timings: :func:`_int8_rate` says so)."""
+    named = profile.relax.averaging
+    if "int8" in profile.codecs or named.startswith("int8"):
+        return ()
+    return tuple(m for m in profile.relax.averagings if m.startswith("int8"))
+
+
+def unpriced_note(profile: Profile) -> str | None:
+    """One line naming the modes :func:`unpriced_modes` leaves out and why; None if none."""
+    skipped = unpriced_modes(profile)
+    if not skipped:
+        return None
+    return (f"note: relax.averaging={profile.relax.averaging} also allows "
+            f"{' and '.join(skipped)}, left out: the profile lacks the int8 codec's timings "
+            f"(profile.codecs.int8; profile with this bound to price them)")
+
+
 def relaxed_exchange(chains: Chains, gprefix: np.ndarray, profile: Profile,
                      modes: Sequence[str] | None = None
                      ) -> tuple[float, str, list[list[int]] | None]:
@@ -231,10 +252,15 @@ def relaxed_exchange(chains: Chains, gprefix: np.ndarray, profile: Profile,
     * ``diloco``: the direct exact exchange of the pseudo-gradients once every ``outer_every``
       steps, AR / H per step.
 
+    The int8 modes are left out where the profile cannot price them and the bound names a mode
+    past them (:func:`unpriced_modes`).
+
     The per-class modes are priced only where they differ from both exact and their
     all-pipelines mode (:func:`_offered`)."""
     lat, bw = profile.latency_s, profile.bandwidth_Bps
     modes = profile.relax.averagings if modes is None else tuple(modes)
+    skipped = unpriced_modes(profile)
+    modes = tuple(m for m in modes if m not in skipped) or modes
     direct = routing_s(routing(chains, None), gprefix, lat, bw)[0]
     if len(chains) < 2:
         return direct, "exact", None

@@ -51,13 +51,30 @@ def stage_latency_s(plan: Plan, profile: Profile) -> list[float]:
 
 
 def stage_weight_s(plan: Plan, profile: Profile) -> list[float]:
-    """Per stage the W pass of a zero-bubble schedule (the W part of its units' backward,
-    :func:`skyjax.plan.pricing.cost.weight_s`), which its backward action then leaves out; zeros
-    under other schedules."""
+    """Per stage the W pass of a zero-bubble schedule (its units' W,
+    :func:`skyjax.plan.pricing.passes.weight_s`), beside its B action (:func:`stage_input_s`);
+    zeros under other schedules."""
     from skyjax.names import ZERO_BUBBLE
-    from skyjax.plan.pricing.cost import weight_s
+    from skyjax.plan.pricing.passes import weight_s
 
     if plan.schedule not in ZERO_BUBBLE:
         return [0.0] * len(plan.stages)
     w = weight_s(profile)
     return [float(w[s.units[0]:s.units[1], s.device].sum()) for s in plan.stages]
+
+
+def stage_input_s(plan: Plan, profile: Profile, bwd: list[float],
+                  weight: list[float]) -> list[float]:
+    """Per stage the B action of a zero-bubble schedule, from its backward action ``bwd``
+    (:func:`stage_actions_s`) and W pass ``weight`` (:func:`stage_weight_s`): the backward
+    action with its units' whole backward replaced by their measured B
+    (:func:`skyjax.plan.pricing.passes.input_s`) where the profile has ``backward_input_s``;
+    else the backward action less W (the backward action itself under other schedules)."""
+    from skyjax.names import ZERO_BUBBLE
+    from skyjax.plan.pricing.passes import input_s, split_measured
+
+    if plan.schedule not in ZERO_BUBBLE or not split_measured(profile):
+        return [b - w for b, w in zip(bwd, weight)]
+    got = input_s(profile)
+    return [b - float(profile.backward_s[s.units[0]:s.units[1], s.device].sum())
+            + float(got[s.units[0]:s.units[1], s.device].sum()) for b, s in zip(bwd, plan.stages)]

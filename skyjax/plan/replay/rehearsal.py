@@ -16,9 +16,10 @@ import dataclasses
 
 import numpy as np
 
+from skyjax.plan.pricing.buckets import piece_bytes
 from skyjax.plan.pricing.exchange import BETWEEN, message_bytes, routing
 from skyjax.plan.data_parallel.pipelines import INT8_WIRE, grad_prefix
-from skyjax.plan.pricing.stage_times import stage_actions_s, stage_weight_s
+from skyjax.plan.pricing.stage_times import stage_actions_s, stage_input_s, stage_weight_s
 from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 
@@ -34,6 +35,9 @@ class StageTimes:
     update_s: float
     sync_s: float
     weight_s: float = 0.0  # zero bubble: the W pass (backward_s is then the B pass alone)
+    # per unit of the stage its backward seconds: how a bucketed last backward shares backward_s
+    # among its buckets (runtime.replicas.backward_by_buckets; the simulator's unit_ready_s)
+    unit_backward_s: tuple[float, ...] | None = None
 
 
 @dataclasses.dataclass
@@ -66,7 +70,9 @@ def scale_profile(profile: Profile, k: float) -> Profile:
         message_s=profile.message_s * k, sync_s=float(profile.sync_s) * k,
         input_s=None if profile.input_s is None else profile.input_s * k, codecs=codecs,
         backward_weight_s=(None if profile.backward_weight_s is None
-                           else profile.backward_weight_s * k))
+                           else profile.backward_weight_s * k),
+        backward_input_s=(None if profile.backward_input_s is None
+                          else profile.backward_input_s * k))
 
 
 def scale_plan(plan: Plan, k: float) -> Plan:
@@ -83,6 +89,7 @@ def scale_plan(plan: Plan, k: float) -> Plan:
         plan, stages=stages, step_time_s=plan.step_time_s * k, bottleneck_s=plan.bottleneck_s * k,
         lower_bound_s=None if plan.lower_bound_s is None else plan.lower_bound_s * k,
         extra_s=plan.extra_s * k, allreduce_s=plan.allreduce_s * k,
+        model_s=None if plan.model_s is None else plan.model_s * k,
         pipeline_step_s=None if plan.pipeline_step_s is None
         else [t * k for t in plan.pipeline_step_s])
 
@@ -97,8 +104,10 @@ def rehearsal_times(plan: Plan, profile: Profile) -> RehearsalTimes:
         sub = plan.pipeline(i)
         fwd, bwd, _ = stage_actions_s(sub, profile)
         w = stage_weight_s(sub, profile)
+        b = stage_input_s(sub, profile, bwd, w)
         for k, (g, s) in enumerate(zip(plan.stage_ids(i), sub.stages)):
-            times[g] = StageTimes(fwd[k], bwd[k] - w[k], float(s.update_s), sync, w[k])
+            times[g] = StageTimes(fwd[k], b[k], float(s.update_s), sync, w[k], tuple(
+                float(x) for x in profile.backward_s[s.units[0]:s.units[1], s.device]))
             if k + 1 < len(sub.stages):
                 d, e = s.device, sub.stages[k + 1].device
                 end = s.units[1] - 1
@@ -116,7 +125,9 @@ def rehearsal_times(plan: Plan, profile: Profile) -> RehearsalTimes:
                     None if direct else plan.exchange_reps)
     # int8: every message coded; int8-across: the partial sums between groups (phase 2)
     across = {(m.src, m.dst) for m in route.messages if m.phase == BETWEEN}
-    for (d, e), sizes in message_bytes(route, gprefix).items():
+    # the exact exchange sends its messages in pieces by bucket (pricing.buckets)
+    split = piece_bytes if plan.averaging == "exact" else message_bytes
+    for (d, e), sizes in split(route, gprefix).items():
         # pipelines.exchange_s's messages; a pair with two (in a group: partial sums one way,
         # totals back in a later phase) declares their mean, so the pair's total is the model's;
         # diloco-across's outer step repeats the pairs' messages of phases 2 and 3

@@ -33,7 +33,9 @@ from typing import Sequence
 
 from skyjax.plan.model.schedules import Action, actions, inflight_peaks, plan_lists
 from skyjax.plan.model.extension import ExtraCost
-from skyjax.plan.pricing.stage_times import stage_actions_s, stage_latency_s, stage_weight_s
+from skyjax.plan.replay.exchange_run import bucketed, exchange_of, exchange_step, unit_ready_s
+from skyjax.plan.pricing.stage_times import (stage_actions_s, stage_input_s, stage_latency_s,
+                                             stage_weight_s)
 from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.spans import Span, link_events, stage_events, trace_json
@@ -160,7 +162,8 @@ def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True,
     fwd, bwd, link = stage_actions_s(plan, profile)
     w = stage_weight_s(plan, profile)
     names = [profile.devices[s.device]["name"] for s in plan.stages]
-    out = simulate(fwd, [b - x for b, x in zip(bwd, w)], link, plan.schedule, plan.microbatches,
+    out = simulate(fwd, stage_input_s(plan, profile, bwd, w), link, plan.schedule,
+                   plan.microbatches,
                    overlap_comm=overlap_comm, names=names,
                    update_s=[s.update_s for s in plan.stages], sync_s=float(profile.sync_s),
                    weight_s=w, lists=plan_lists(plan), latency_s=stage_latency_s(plan, profile))
@@ -175,31 +178,38 @@ def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True,
 
 
 def _simulate_pipelines(plan: Plan, profile: Profile, overlap_comm: bool) -> SimResult:
-    """Each pipeline simulated on its own with its m_i micro-batches (no sync_s); the step is the
-    slowest pipeline's, then the gradient exchange as the cost model prices it
-    (``plan.allreduce_s``, not replayed), then sync_s. Stages (busy, idle, peaks, trace rows)
-    are in the plan's flat order, and micro-batches carry their global index."""
+    """Each pipeline simulated on its own with its m_i micro-batches (no sync_s); then each
+    device's gradient exchange from the end of its own last action, as the runtime runs it
+    (:mod:`skyjax.plan.replay.exchange_run`), then sync_s. Stages (busy, idle, peaks, trace
+    rows) are in the plan's flat order, micro-batches carry their global index, and the
+    exchange's phases are drawn on their devices' rows."""
     runs, ids = [], []
     for i in range(plan.num_pipelines):
         sub = plan.pipeline(i)
         fwd, bwd, link = stage_actions_s(sub, profile)
         w = stage_weight_s(sub, profile)
-        runs.append((simulate(fwd, [b - x for b, x in zip(bwd, w)], link, plan.schedule,
+        runs.append((simulate(fwd, stage_input_s(sub, profile, bwd, w), link, plan.schedule,
                               sub.microbatches, overlap_comm=overlap_comm,
                               update_s=[s.update_s for s in sub.stages], weight_s=w,
                               lists=plan_lists(plan, i),
                               latency_s=stage_latency_s(sub, profile)),
                      link, plan.first_microbatch(i)))
         ids.append(plan.stage_ids(i))
-    step = max(r.step_time_s for r, _, _ in runs) + plan.allreduce_s + float(profile.sync_s)
     n = len(plan.stages)
     busy, peaks = [0.0] * n, [0] * n
     spans: list[Span] = []
     events: list[dict] = []
     names = [profile.devices[s.device]["name"] for s in plan.stages]
+    ready: dict[int, float] = {}
+    last_b: dict[int, tuple[float, float]] = {}  # device -> its last backward's (start, end)
     for (r, link, first), own in zip(runs, ids):
         for k, g in enumerate(own):
             busy[g], peaks[g] = r.busy_s[k], r.peak_inflight[k]
+            ready[plan.stages[g].device] = r.step_time_s if not r.spans else max(
+                (s.end for s in r.spans if s.stage == k), default=0.0)
+            b = [s for s in r.spans if s.stage == k and s.kind == "B"]
+            if b:
+                last_b[plan.stages[g].device] = (b[-1].start, b[-1].end)
         mine = [Span(own[s.stage], s.kind, s.microbatch + first, s.start, s.end)
                 for s in r.spans]
         spans += mine
@@ -209,6 +219,12 @@ def _simulate_pipelines(plan: Plan, profile: Profile, overlap_comm: bool) -> Sim
                 if e["ph"] == "M" and any(x["ph"] == "M" for x in events):
                     continue
                 events.append(dict(e, tid=own[e["tid"]]) if "tid" in e else e)
+    stage_of = {s.device: g for g, s in enumerate(plan.stages)}
+    early = (unit_ready_s(plan, profile, last_b)
+             if bucketed(plan) and len(last_b) == len(plan.stages) else None)
+    done, exchange = exchange_step(exchange_of(plan), ready, profile, stage_of, early)
+    step = max(done, max(r.step_time_s for r, _, _ in runs)) + float(profile.sync_s)
+    spans += exchange
     events = stage_events(spans, pid=0, name="stages", stage_names=names, origin=0.0) + events
     return SimResult(step_time_s=step, busy_s=busy, idle_s=[step - b for b in busy],
                      peak_inflight=peaks, trace=trace_json(events), spans=spans,

@@ -113,6 +113,8 @@ class ClassDP:
         best: tuple[float, tuple[int, ...], int] | None = None
         for v in self.vectors:
             s = sum(v)
+            if t.depth and s > t.depth:  # zero bubble's depth: plans of at most depth stages
+                continue
             infl = t.inflight(s)
             for c in range(c_n):
                 if v[c] == 0:
