@@ -90,10 +90,10 @@ def run(links: str) -> list[tuple]:
     rows = []
     for schedule, m in [("gpipe", 1), ("gpipe", 8), ("gpipe", 32), ("1f1b", 8), ("1f1b", 32)]:
         t = plan_lib.tables(prof, schedule, m)
-        even = plan_lib.plan(prof, "even", schedule, m)
+        even = plan_lib.searched_plan(prof, "even", schedule, m)
         bal = plan_lib.evaluate(prof, balanced_assignment(t), schedule, m, "balanced")
         t0 = time.perf_counter()
-        opt = plan_lib.plan(prof, "optimal", schedule, m, certify=True)
+        opt = plan_lib.searched_plan(prof, "optimal", schedule, m, certify=True)
         dt = time.perf_counter() - t0
         rows.append((schedule, m, even, bal, opt, dt))
     return rows, slow

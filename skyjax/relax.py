@@ -19,6 +19,18 @@ per link and chooses within (docs/design.md, "Relaxation on slow links").
   DiLoCo's 0.7 and 0.9 are for thousands of outer steps; over the tens of a short fine-tuning
   run momentum 0.9 overshoots and the demo does not learn, where 0.5 does
   (``experiments/relax_bench.py``): hence 0.7 and 0.5 here.
+* The relaxed averagings' wire (``outer_compression``, a bound of its own): ``none`` sends what
+  each mode sends; ``topk4`` / ``topk2`` send int8's gradients, DiLoCo's outer deltas and the
+  ``-across`` modes' partial sums between groups as the top ``outer_topk`` of each chunk in 4 or
+  2 bits, with error feedback per replica (:mod:`skyjax.compress`,
+  :mod:`skyjax.runtime.compressed`; SparseLoCo, CocktailSGD).
+
+Beside that order, a bound per axis (docs/design.md, "Relaxation on slow links";
+:mod:`skyjax.runtime.decentralized`): ``peers`` (``ring`` or ``exponential``, the one-peer
+exponential graph; ``none``: not allowed) allows ``decentral``, each pipeline's replica
+averaging with one peer per step, and with ``peer_bits`` 8 also ``decentral-int8``, int8
+differences to the peer with error feedback; ``async_steps`` = k >= 1 allows ``async``, the
+exact average applied k steps late (its staleness), the exchange beside the next k steps.
 
 The planner takes a relaxed plan only where its predicted step is at least ``min_gain`` below
 the exact plan's: a relaxation changes the math, and the cost model does not price what it may
@@ -32,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from skyjax.names import AVERAGING, CODEC_BITS, CODECS
+from skyjax.names import AVERAGING, CODEC_BITS, CODECS, OUTER_COMPRESSIONS, PEER_SCHEDULES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +57,11 @@ class Relaxation:
     outer_lr: float = 0.7
     outer_momentum: float = 0.5
     min_gain: float = 0.05  # the least fraction of the step a relaxed plan must save
+    peers: str = "none"  # decentral's peer schedule (skyjax.plan.pricing.peers); none: off
+    peer_bits: int = 32  # 8: decentral-int8 allowed too
+    async_steps: int = 0  # async's staleness k (0: not allowed)
+    outer_compression: str = "none"  # OUTER_COMPRESSIONS: the relaxed averagings' wire
+    outer_topk: float = 1 / 64  # the fraction of each chunk it keeps
 
     def __post_init__(self):
         if self.handoff_bits not in CODEC_BITS.values():
@@ -56,6 +73,17 @@ class Relaxation:
         if not 0 <= self.min_gain < 1:
             raise ValueError(f"relax.min_gain: expected a fraction in [0, 1), got "
                              f"{self.min_gain!r}")
+        if self.outer_compression not in OUTER_COMPRESSIONS:
+            raise ValueError(f"relax.outer_compression: expected one of {OUTER_COMPRESSIONS}, "
+                             f"got {self.outer_compression!r}")
+        if not 0 < self.outer_topk <= 1:
+            raise ValueError(f"relax.outer_topk: expected a fraction in (0, 1], got "
+                             f"{self.outer_topk!r}")
+        if self.peers not in PEER_SCHEDULES or self.peer_bits not in (32, 8) \
+                or int(self.async_steps) != self.async_steps or self.async_steps < 0:
+            raise ValueError(f"relax: peers in {PEER_SCHEDULES}, peer_bits 32 or 8, async_steps "
+                             f">= 0 expected, got {self.peers!r}, {self.peer_bits!r}, "
+                             f"{self.async_steps!r}")
         if self.averaging.startswith("diloco") and self.outer_every < 1:
             raise ValueError(f"relax.outer_every: expected a positive integer for diloco, got "
                              f"{self.outer_every!r}")
@@ -67,26 +95,39 @@ class Relaxation:
 
     @property
     def averagings(self) -> tuple[str, ...]:
-        """The averaging modes allowed (``exact`` first)."""
-        return AVERAGING[:AVERAGING.index(self.averaging) + 1]
+        """The averaging modes allowed (``exact`` first; the per-axis ones last)."""
+        return AVERAGING[:AVERAGING.index(self.averaging) + 1] + (
+            ("decentral",) * (self.peers != "none")
+            + ("decentral-int8",) * (self.peers != "none" and self.peer_bits == 8)
+            + ("async",) * (self.async_steps > 0))
 
     @property
     def measured_codecs(self) -> tuple[str, ...]:
         """The codecs the profiler must time for this bound: the hand-off codecs allowed, and
         int8 where the averaging may be int8 (across link groups or everywhere)."""
-        coded = any(a.startswith("int8") for a in self.averagings)
+        coded = any("int8" in a for a in self.averagings)
         names = set(self.handoff_codecs[1:]) | ({"int8"} if coded else set())
-        return tuple(c for c in CODECS if c in names)
+        outer = (self.outer_compression,) if self.compressed else ()
+        return tuple(c for c in CODECS if c in names) + outer
+
+    @property
+    def compressed(self) -> bool:
+        """Whether the relaxed averagings' exchange is in top-k (``outer_compression``)."""
+        return self.outer_compression != "none" and self.averaging != "exact"
 
     @property
     def is_exact(self) -> bool:
-        return self.handoff_bits == 32 and self.averaging == "exact"
+        return self.handoff_bits == 32 and self.averagings == ("exact",)
 
     @classmethod
     def from_config(cls, config) -> "Relaxation":
         r = config.relax
         return cls(int(r.handoff_bits), str(r.averaging), int(r.outer_every),
-                   float(r.outer_lr), float(r.outer_momentum), float(r.min_gain))
+                   float(r.outer_lr), float(r.outer_momentum), float(r.min_gain),
+                   str(r.get("outer_compression", "none")),
+                   float(r.get("outer_topk", 1 / 64)), peers=str(r.get("peers", "none")),
+                   peer_bits=int(r.get("peer_bits", 32)),
+                   async_steps=int(r.get("async_steps", 0)))
 
 
 EXACT = Relaxation()

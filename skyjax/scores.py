@@ -8,11 +8,15 @@ count. The definitions are scikit-learn's and SciPy's (``matthews_corrcoef``, ``
 a correlation that is undefined (a constant prediction or label) is 0.0, as scikit-learn's MCC
 returns, rather than NaN, so that summaries stay valid JSON.
 
+A language model's held-out figures are the mean token NLL and the perplexity
+(:func:`perplexity`).
+
 This module imports numpy only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -112,3 +116,23 @@ def summarize(results: Iterable[Sequence[np.ndarray]], metric: str) -> dict[str,
            "eval_examples": int(keep.sum())}
     out.update({f"eval_{k}": v for k, v in score(metric, pred[keep], label[keep]).items()})
     return out
+
+
+def perplexity(nll: np.ndarray, tokens: np.ndarray) -> dict[str, float]:
+    """A language model's held-out figures, token-weighted: ``eval_loss`` the mean negative
+    log-likelihood per target token (nats), ``eval_perplexity`` its exponential and
+    ``eval_tokens`` the number of target tokens. ``nll[i]`` is the summed NLL of entry ``i``'s
+    ``tokens[i]`` targets: an entry is a sequence (its NLL sum and target count) or one position
+    (its NLL and 1, or 0 where it has no target); entries of 0 targets are left out, whatever
+    their NLL. ``{}`` when there are no targets."""
+    nll, tokens = np.asarray(nll, np.float64).reshape(-1), np.asarray(tokens).reshape(-1)
+    keep = tokens > 0
+    count = float(np.sum(tokens[keep]))
+    if not count:
+        return {}
+    mean = float(np.sum(nll[keep]) / count)
+    try:
+        ppl = math.exp(mean)
+    except OverflowError:  # a mean NLL above ~709 nats
+        ppl = float("inf")
+    return {"eval_loss": mean, "eval_perplexity": ppl, "eval_tokens": int(count)}

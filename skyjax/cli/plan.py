@@ -29,7 +29,8 @@ import sys
 
 from skyjax import failures, workdir
 from skyjax.cli.flags import OneLineParser
-from skyjax.names import AVERAGING, SCHEDULE_CHOICES, STRATEGIES, WARMUPS
+from skyjax.names import (AVERAGING, OUTER_COMPRESSIONS, PEER_SCHEDULES, SCHEDULE_CHOICES,
+                          STRATEGIES, WARMUPS)
 from skyjax.plan.model.types import InfeasibleError
 from skyjax.relax import Relaxation
 from skyjax.report import plan_report
@@ -57,13 +58,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shared_host", choices=("auto", "on", "off"), default="auto",
                    help="the shared-host cost model (skyjax.hostmodel); auto: on where the "
                         "profile was measured under it (its devices record their host)")
-    p.add_argument("--handoff_bits", type=int, choices=(32, 16, 8, 4), default=32,
+    p.add_argument("--handoff_bits", type=int, choices=(32, 16, 8, 4, 2), default=32,
                    help="fewest bits per value a stage hand-off may carry (skyjax.relax; the "
                         "profile must have timed those codecs); 32: exact")
     p.add_argument("--averaging", choices=AVERAGING, default="exact",
                    help="the most relaxed averaging across pipelines allowed")
     p.add_argument("--outer_every", type=_positive_int, default=10,
                    help="diloco: inner steps per outer step")
+    p.add_argument("--outer_compression", choices=OUTER_COMPRESSIONS, default="none",
+                   help="the relaxed averagings' exchange in top-k plus 4 or 2 bits")
+    p.add_argument("--outer_topk", type=_positive_float, default=1 / 64,
+                   help="the fraction of each chunk --outer_compression keeps")
+    p.add_argument("--peers", choices=PEER_SCHEDULES, default="none",
+                   help="allow decentralized averaging, one peer per step on this schedule")
+    p.add_argument("--peer_bits", type=int, choices=(32, 8), default=32,
+                   help="8: allow decentralized averaging's int8 variant too")
+    p.add_argument("--async_steps", type=int, default=0, metavar="K",
+                   help="allow asynchronous averaging, applied K steps late (0: not allowed)")
     p.add_argument("--min_gain", type=float, default=0.05,
                    help="the least fraction of the step a relaxed plan must save")
     p.add_argument("--time_scale", type=_positive_float, default=None, metavar="K",
@@ -116,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.profile, args.strategy, args.schedule, args.microbatches,
                 max_pipelines=args.pipelines, certify=args.certify, shared_host=args.shared_host,
                 relax=Relaxation(args.handoff_bits, args.averaging, args.outer_every,
-                                 min_gain=args.min_gain),
+                                 min_gain=args.min_gain,
+                                 outer_compression=args.outer_compression,
+                                 outer_topk=args.outer_topk, peers=args.peers,
+                                 peer_bits=args.peer_bits, async_steps=args.async_steps),
                 warmup=args.warmup, time_scale=args.time_scale)
         except InfeasibleError as e:  # a ValueError too: first
             print(f"error: {e}", file=sys.stderr)

@@ -173,8 +173,20 @@ def _relax() -> ml_collections.ConfigDict:
     # thousands of outer steps; over tens of them it overshoots (experiments/relax_bench.py)
     r.outer_lr = 0.7
     r.outer_momentum = 0.5
+    # beside that bound (docs/design.md, "Relaxation on slow links"): decentralized averaging,
+    # each replica averaging with one peer per step: "none" | "ring" | "exponential" (the
+    # one-peer exponential graph); peer_bits 8 also allows its int8 variant (error feedback)
+    r.peers = "none"
+    r.peer_bits = 32
+    # asynchronous averaging: the exact average applied this many steps late (0: not allowed)
+    r.async_steps = 0
     # a relaxed plan is taken only where it predicts a step at least this fraction shorter
     r.min_gain = 0.05
+    # the relaxed averagings' exchange: "none" (as each mode sends it) | "topk4" | "topk2" (the
+    # top outer_topk of each chunk of 4096 values in 4 or 2 bits, error feedback per replica:
+    # skyjax/compress.py)
+    r.outer_compression = "none"
+    r.outer_topk = 1 / 64
     return r
 
 

@@ -142,7 +142,7 @@ def _check_relax(config: Any) -> None:
     """The relaxation's keys, and that the planner chooses it once (an optimal plan, no
     calibration, no shared host)."""
     r = config.relax
-    one_of("config.relax.handoff_bits", r.handoff_bits, (32, 16, 8, 4))
+    one_of("config.relax.handoff_bits", r.handoff_bits, (32, 16, 8, 4, 2))
     one_of("config.relax.averaging", r.averaging, names.AVERAGING)
     at_least("config.relax.outer_every", r.outer_every, 1)
     if not r.outer_lr > 0:
@@ -151,7 +151,14 @@ def _check_relax(config: Any) -> None:
         fail(f"config.relax.outer_momentum={r.outer_momentum}: expected a value in [0, 1)")
     if not 0 <= r.min_gain < 1:
         fail(f"config.relax.min_gain={r.min_gain}: expected a fraction in [0, 1)")
-    relaxed = r.handoff_bits != 32 or r.averaging != "exact"
+    one_of("config.relax.outer_compression", r.outer_compression, names.OUTER_COMPRESSIONS)
+    if not 0 < r.outer_topk <= 1:
+        fail(f"config.relax.outer_topk={r.outer_topk}: expected a fraction in (0, 1]")
+    one_of("config.relax.peers", r.peers, names.PEER_SCHEDULES)
+    one_of("config.relax.peer_bits", r.peer_bits, (32, 8))
+    at_least("config.relax.async_steps", r.async_steps, 0)
+    relaxed = (r.handoff_bits != 32 or r.averaging != "exact" or r.peers != "none"
+               or r.async_steps > 0)
     a = config.allocation
     if relaxed and (a.strategy != "optimal" or a.calibrate_steps or config.cluster.shared_host):
         fail(f"config.relax (handoff_bits={r.handoff_bits}, averaging={r.averaging!r}) needs "

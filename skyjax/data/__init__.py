@@ -20,6 +20,10 @@ Importing this package imports neither TensorFlow nor transformers nor JAX.
 * ``tables``: your own ``.csv`` / ``.tsv`` / ``.jsonl`` files or Hugging Face ``datasets``;
 * ``readers``: their rows read into memory (:func:`.readers.rows`, also prediction's reader);
 * ``text``: what every text source shares: tokenizer, encoding, epoch order, batches;
+* ``lm_sources``: a language model's documents: ``.txt`` files or folders, JSONL / CSV ``text``
+  columns, Hugging Face ``datasets``;
+* ``lm_text``: those documents tokenised, packed into sequences with end-of-text separators
+  (``segment_ids`` on request) and batched for a causal language model;
 * ``prefetch``: batches built ahead by a background thread (``Prefetcher``, ``StepBatches``);
 * ``glue_build``: a GLUE task downloaded and written for TFDS (``array_record``);
 * ``prepare``: ``python -m skyjax.data.prepare``, only naming :mod:`skyjax.cli.prepare`.

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
-from skyjax.models import hf_config
+from skyjax.models import decoder_hf, decoder_units, hf_config
+from skyjax.models.decoder import FAMILIES, DecoderConfig
 from skyjax.models.hf_loading import TensorMap, from_pretrained, map_checkpoint, read_subtree
 from skyjax.models.modeling import BertConfig, BertForSequenceClassification, base_key, init_block
 from skyjax.models.units import Unit, model_params, units
@@ -46,12 +47,28 @@ def _numerics(model: Any, compute_dtype: str) -> dict[str, str]:
     return {"compute_dtype": compute_dtype, "attention": str(getattr(model, "attention", "exact"))}
 
 
-def model_config(model: Any, compute_dtype: str = "float32") -> BertConfig:
+def decoder_family(model: Any) -> str | None:
+    """``"llama"`` or ``"gpt2"`` when ``config.model`` is a decoder (its pretrained
+    ``config.json``'s ``model_type``, else ``config.model.model_type``), None for BERT."""
+    if getattr(model, "pretrained", ""):
+        kind = hf_config.read(model.pretrained, model_types=("bert",) + FAMILIES).get("model_type")
+    else:
+        kind = getattr(model, "model_type", "bert")
+    return kind if kind in FAMILIES else None
+
+
+def model_config(model: Any, compute_dtype: str = "float32") -> BertConfig | DecoderConfig:
     """The shape from ``config.model``: the pretrained directory's ``config.json`` (with
     ``model.num_labels``) when ``model.pretrained`` names one, else the ``BertConfig`` fields of
     ``config.model`` itself (the schema names them as Hugging Face does); computing in
-    ``compute_dtype`` with ``config.model.attention``."""
+    ``compute_dtype`` with ``config.model.attention``. A decoder (:func:`decoder_family`) reads
+    its fields as its family's ``config.json`` keys."""
     numerics = _numerics(model, compute_dtype)
+    if family := decoder_family(model):
+        if getattr(model, "pretrained", ""):
+            return decoder_hf.read_config(model.pretrained, **numerics)
+        fields = {k: model[k] for k in model.keys() if k not in numerics}
+        return DecoderConfig.from_hf(fields, family=family, **numerics)
     if getattr(model, "pretrained", ""):
         return BertConfig.from_hf(hf_config.read(model.pretrained),
                                   num_labels=int(model.num_labels), **numerics)
@@ -64,6 +81,11 @@ def build_model(model: Any, seed: int, compute_dtype: str = "float32"
     """The whole model, materialised: random init of ``config.model`` seeded by ``seed``
     (``config.train.seed``), or the Hugging Face checkpoint ``model.pretrained`` (a missing
     classifier initialised from ``seed``). For references and single-device baselines."""
+    if decoder_family(model):
+        if model.pretrained:
+            return decoder_hf.from_pretrained(model.pretrained, seed=seed,
+                                              **_numerics(model, compute_dtype))
+        return decoder_units.DecoderForCausalLM(model_config(model, compute_dtype), nnx.Rngs(seed))
     if model.pretrained:
         return from_pretrained(model.pretrained, num_labels=model.num_labels, seed=seed,
                                **_numerics(model, compute_dtype))
@@ -74,6 +96,9 @@ def abstract_chain(model: Any, seed: int, granularity: str, compute_dtype: str =
                    ) -> list[Unit]:
     """The unit chain with ``ShapeDtypeStruct`` parameters: no parameter memory is allocated."""
     cfg = model_config(model, compute_dtype)
+    if isinstance(cfg, DecoderConfig):
+        abstract = nnx.eval_shape(lambda: decoder_units.DecoderForCausalLM(cfg, nnx.Rngs(seed)))
+        return decoder_units.units(abstract, granularity)
     abstract = nnx.eval_shape(lambda: BertForSequenceClassification(cfg, nnx.Rngs(seed)))
     return units(abstract, granularity)
 
@@ -105,7 +130,12 @@ class UnitInitializer:
         self.seed = seed
         self._blocks: dict[int, nnx.Module] = {}
         self.tensors: TensorMap | None = None
-        if model.pretrained:
+        if model.pretrained and isinstance(self.config, DecoderConfig):
+            cfg = self.config
+            abstract = nnx.eval_shape(lambda: decoder_units.DecoderForCausalLM(cfg, nnx.Rngs(seed)))
+            self.tensors = decoder_hf.map_decoder_checkpoint(model.pretrained, cfg,
+                                                             model_params(abstract))
+        elif model.pretrained:
             cfg = self.config
             abstract = nnx.eval_shape(lambda: BertForSequenceClassification(cfg, nnx.Rngs(seed)))
             self.tensors = map_checkpoint(model.pretrained, model_params(abstract))
@@ -115,7 +145,9 @@ class UnitInitializer:
 
     def _random(self, block: int, rest: tuple[str, ...]) -> dict:
         if block not in self._blocks:
-            self._blocks[block] = init_block(self.config, base_key(self.seed), block)
+            init = (decoder_units.init_block if isinstance(self.config, DecoderConfig)
+                    else init_block)
+            self._blocks[block] = init(self.config, base_key(self.seed), block)
         module = self._blocks[block]
         for name in rest:
             module = getattr(module, name)

@@ -16,8 +16,10 @@ class PretrainedConfigError(ValueError):
     """A pretrained directory whose ``config.json`` is missing, unreadable or not BERT's."""
 
 
-def read(pretrained: str, key: str = "config.model.pretrained") -> dict[str, Any]:
-    """The checked ``config.json`` of ``pretrained`` (``key``: the config key naming it)."""
+def read(pretrained: str, key: str = "config.model.pretrained",
+         model_types: tuple[str, ...] = ("bert",)) -> dict[str, Any]:
+    """The checked ``config.json`` of ``pretrained`` (``key``: the config key naming it), of one
+    of ``model_types`` (a decoder's reader passes ``decoder.FAMILIES``)."""
     file = os.path.join(pretrained, "config.json")
     if not os.path.isdir(pretrained):
         raise PretrainedConfigError(f"{key}={pretrained!r}: directory not found")
@@ -35,9 +37,13 @@ def read(pretrained: str, key: str = "config.model.pretrained") -> dict[str, Any
     if not isinstance(hf, dict):
         raise PretrainedConfigError(f"{file}: expected a JSON object, got "
                                     f"{type(hf).__name__}")
-    if hf.get("model_type", "bert") != "bert":
+    if hf.get("model_type", "bert") not in model_types:
+        expected = " or ".join(map(repr, model_types))
+        why = " (skyjax trains BERT)" if model_types == ("bert",) else ""
         raise PretrainedConfigError(f"{file}: model_type={hf['model_type']!r}, expected "
-                                    f"'bert' (skyjax trains BERT)")
+                                    f"{expected}{why}")
+    if hf.get("model_type", "bert") != "bert":
+        return hf  # a decoder's config.json: DecoderConfig.from_hf checks its fields
     for name in SHAPE_KEYS:
         v = hf.get(name)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):

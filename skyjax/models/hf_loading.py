@@ -155,19 +155,23 @@ class TensorMap:
     missing: list[tuple]
 
 
-def map_checkpoint(path: str, template: dict) -> TensorMap:
+def map_checkpoint(path: str, template: dict, to_path=hf_to_path, ignored=_IGNORED,
+                   optional=lambda p: p[:2] == ("head", "classifier"),
+                   model_name: str = "BertForSequenceClassification") -> TensorMap:
     """Matches every tensor of the checkpoint under ``path`` to the model's parameter tree
     ``template`` (arrays or ``ShapeDtypeStruct``s) by name and shape, reading headers only, so a
     bad checkpoint fails before anything is read or compiled. Unknown, duplicate or missing
-    tensors and shape mismatches raise ``CheckpointError`` naming the tensor."""
+    tensors and shape mismatches raise ``CheckpointError`` naming the tensor. BERT's names by
+    default; a decoder passes its own ``to_path``, ``ignored`` tensors and ``optional`` paths
+    (those the checkpoint may lack)."""
     ckpt = SafetensorsCheckpoint(path)
     sources: dict[tuple, tuple[str, bool]] = {}
     for name, shape in ckpt.shapes.items():
-        if any(p.search(name) for p in _IGNORED):
+        if any(p.search(name) for p in ignored):
             continue
-        mapped = hf_to_path(name)
+        mapped = to_path(name)
         if mapped is None:
-            raise CheckpointError(f"tensor {name}: unknown to BertForSequenceClassification "
+            raise CheckpointError(f"tensor {name}: unknown to {model_name} "
                                   f"({ckpt.file_of[name]})")
         target, transpose = mapped
         if target in sources:
@@ -183,7 +187,7 @@ def map_checkpoint(path: str, template: dict) -> TensorMap:
                                   f"{expected}")
         sources[target] = (name, transpose)
     missing = [p for p in _paths(template) if p not in sources]
-    classifier = [p for p in missing if p[:2] == ("head", "classifier")]
+    classifier = [p for p in missing if optional(p)]
     others = [p for p in missing if p not in classifier]
     if others:
         raise CheckpointError(f"{path}: missing tensor for {'.'.join(map(str, others[0]))} "

@@ -222,7 +222,9 @@ def attend(head_dim: int, rate: float, train: bool, scores: jax.Array, attention
     instead of keeping its float32 exponentials and the dropped-out probabilities in the compute
     dtype as well."""
     scores = scores / math.sqrt(head_dim)
-    bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(scores.dtype).min)
+    # a key mask [b, keys], or a [b, queries, keys] one (a decoder's causal mask)
+    keep = attention_mask[:, None, None, :] if attention_mask.ndim == 2 else attention_mask[:, None]
+    bias = jnp.where(keep > 0, 0.0, jnp.finfo(scores.dtype).min)
     probs = jax.nn.softmax(scores + bias.astype(scores.dtype), axis=-1).astype(v.dtype)
     probs = dropout(probs, rate, key, train)
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v)

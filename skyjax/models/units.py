@@ -41,6 +41,9 @@ class Unit:
     params: Params
     apply: Callable[[Params, Carry, jax.Array | None, bool], Carry]
     compute_dtype: str = "float32"  # the dtype it computes in (module doc)
+    # tensors this unit shares with another unit (a decoder's tied embedding): each
+    # (path inside ``params``, the other unit's name, path inside that unit's params)
+    tied: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = ()
 
 
 def in_compute_dtype(params: Params, dtype: str) -> Params:

@@ -1,5 +1,6 @@
-"""A profile from a FLOP model: BERT's units priced by their FLOPs on a device of a given speed,
-for clusters nobody has profiled yet (a device kind at its peak, or the paper's nodes).
+"""A profile from a FLOP model: BERT's units (or a decoder's, :func:`decoder_units`) priced by
+their FLOPs on a device of a given speed, for clusters nobody has profiled yet (a device kind at
+its peak, or the paper's nodes).
 
 Per unit: forward FLOPs (matmuls, attention scores and the element-wise work), parameters,
 the activations kept for backward and the output carry, for a BERT of the given shape at layer
@@ -79,6 +80,67 @@ def bert_units(s: BertShape, granularity: str = "layer", bytes_per_value: int = 
             parts = [_merged(f"layer{i}", parts)]
         units += parts
     return units + head
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderShape:
+    """A decoder language model's shape (``family`` ``"llama"``: RMSNorm, rotary, SwiGLU;
+    ``"gpt2"``: LayerNorm, learned positions, GELU, biases) and the micro-batch it is priced at
+    (Llama-2-7B's shape, 1 x 2048, by default). ``kv_heads`` 0: as many as ``heads``;
+    ``head_dim`` 0: ``hidden // heads``; ``bias``: biases on the attention and MLP projections
+    (GPT-2's always)."""
+
+    family: str = "llama"
+    layers: int = 32
+    hidden: int = 4096
+    heads: int = 32
+    kv_heads: int = 0
+    head_dim: int = 0
+    ffn: int = 11008
+    seq: int = 2048
+    batch: int = 1
+    vocab: int = 32000
+    positions: int = 2048
+    tied: bool = False
+    bias: bool = False
+
+
+def decoder_units(s: DecoderShape, granularity: str = "layer", bytes_per_value: int = 4
+                  ) -> list[dict]:
+    """A decoder's units as :func:`bert_units` gives BERT's: embeddings, per layer ``attention``
+    and ``mlp`` (merged at ``"layer"`` granularity), head (final norm, LM head; its ``out`` the
+    float32 logits). A tied head holds its own copy of the token embedding: counted in its
+    ``params`` and named by ``tied_params`` (the tensor the first and last stages share)."""
+    gpt2 = s.family == "gpt2"
+    tok, h, f, v = s.batch * s.seq, s.hidden, s.ffn, bytes_per_value
+    d = s.head_dim or h // s.heads
+    qd, kvd = s.heads * d, (s.kv_heads or s.heads) * d
+    bias = gpt2 or s.bias
+    norm = 2 * h if gpt2 else h  # LayerNorm's scale and bias, RMSNorm's weight
+    scores = s.batch * s.heads * s.seq * s.seq
+    embeddings = dict(name="embeddings", flops=2 * tok * h,
+                      params=(s.vocab + (s.positions if gpt2 else 0)) * h,
+                      act=tok * h * v if gpt2 else 0, out=tok * h * v)
+    head = dict(name="head", flops=2 * tok * h * s.vocab + 6 * tok * h,
+                params=norm + s.vocab * h, act=2 * tok * h * v + tok * s.vocab * 4,
+                out=tok * s.vocab * 4, tied_params=s.vocab * h if s.tied else 0)
+    rope = 0 if gpt2 else 6 * tok * (qd + kvd)
+    units = [embeddings]
+    for i in range(s.layers):
+        attention = dict(
+            name=f"layer{i}.attention",
+            flops=tok * (2 * h * (qd + 2 * kvd) + 2 * qd * h + 6 * h) + 4 * scores * d
+            + 5 * scores + rope,
+            params=norm + h * (qd + 2 * kvd) + qd * h + ((qd + 2 * kvd + h) if bias else 0),
+            act=(2 * tok * h + tok * (qd + 2 * kvd) + tok * qd) * v + 4 * scores,
+            out=tok * h * v)
+        mats = 2 if gpt2 else 3  # c_fc, c_proj; gate, up, down
+        mlp = dict(name=f"layer{i}.mlp", flops=tok * (2 * mats * h * f + 8 * f + 6 * h),
+                   params=norm + mats * h * f + ((f * (mats - 1) + h) if bias else 0),
+                   act=(2 * tok * h + (mats - 1) * tok * f) * v, out=tok * h * v)
+        parts = [attention, mlp]
+        units += [_merged(f"layer{i}", parts)] if granularity == "layer" else parts
+    return units + [head]
 
 
 # bytes on the wire per value of each hand-off codec (skyjax.codecs: blocks of 64 values with

@@ -110,7 +110,10 @@ class _StateTrees:
 
 def state_class(mode: str) -> type | None:
     """The class a stage of a plan with averaging ``mode`` holds, by its ``name`` (None: exact,
-    no state)."""
+    no state; ``mode+compression``: :mod:`skyjax.runtime.compressed`)."""
+    if "+" in mode:
+        from skyjax.runtime import compressed
+        return compressed.state_class(mode)
     return {c.name: c for c in _StateTrees.__subclasses__()}.get(mode)
 
 
@@ -305,6 +308,8 @@ class AveragingSpec:
     outer_momentum: float
     shares: tuple[int, ...]
     groups: tuple[int, ...] | None = None
+    compression: str = "none"  # relax.outer_compression (skyjax.runtime.compressed)
+    topk: float = 0.0  # its fraction kept
 
 
 def averaging_spec(plan: Any) -> AveragingSpec | None:
@@ -315,13 +320,17 @@ def averaging_spec(plan: Any) -> AveragingSpec | None:
         raise ValueError(f"plan.averaging: unknown mode {plan.averaging!r}")
     groups = tuple(replica_groups(plan)) if plan.averaging == "diloco-across" else None
     return AveragingSpec(plan.averaging, plan.outer_every, plan.outer_lr, plan.outer_momentum,
-                         tuple(plan.pipeline_shares()), groups)
+                         tuple(plan.pipeline_shares()), groups, plan.outer_compression,
+                         plan.outer_topk)
 
 
 def make_averaging(spec: AveragingSpec | None, stage: Any) -> Any:
     """A stage's averaging state for ``spec`` (made with the stage); None for exact."""
     if spec is None:
         return None
+    if spec.compression != "none":
+        from skyjax.runtime import compressed
+        return compressed.make(spec, stage)
     if spec.mode == "int8":
         return Int8Averaging(stage)
     if spec.mode == "diloco":

@@ -102,6 +102,10 @@ class Plan:
     # the cost model's T of this plan (skyjax.plan.pricing.cost), where step_time_s is the step
     # as it runs (skyjax.plan.as_run, the simulator's step); None: step_time_s is T itself
     model_s: float | None = None
+    # the averaging's exchange in top-k plus 4 or 2 bits with error feedback (relax.
+    # outer_compression, skyjax.compress; "none": as the mode sends it) and its fraction kept
+    outer_compression: str = "none"
+    outer_topk: float = 0.0
 
     @property
     def num_pipelines(self) -> int:
@@ -160,6 +164,9 @@ class Plan:
                 if self.outer_every:
                     out.update(outer_every=self.outer_every, outer_lr=self.outer_lr,
                                outer_momentum=self.outer_momentum)
+                if self.outer_compression != "none":
+                    out.update(outer_compression=self.outer_compression,
+                               outer_topk=self.outer_topk)
         return out
 
     @property
@@ -190,4 +197,5 @@ class Plan:
                    if d.get("exchange_groups") else None,
                    [[int(x) for x in r] for r in d["exchange_reps"]]
                    if d.get("exchange_reps") else None,
-                   float(d["model_s"]) if d.get("model_s") is not None else None)
+                   float(d["model_s"]) if d.get("model_s") is not None else None,
+                   str(d.get("outer_compression", "none")), float(d.get("outer_topk", 0.0)))
