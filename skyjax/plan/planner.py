@@ -143,10 +143,12 @@ def _plan_as_run(profile: Profile, strategy: str, schedule: str, microbatches: i
             return as_run.certified(dataclasses.replace(best, strategy=searched.strategy),
                                     bound, exhaustive=True)
     candidates = [searched] + runners
-    # where T charges comm the run hides (T above the simulated step by more than
-    # HIDDEN_COMM), also what the searches find once latency is hidden
-    hidden = searched.step_time_s > (1 + HIDDEN_COMM) * as_run.run_step(searched, profile, extra)
-    if hidden and np.any(np.asarray(profile.latency_s) > 0):
+    # where T may charge latency the run hides (a link's round trip on every micro-batch, at
+    # least HIDDEN_COMM of T), also what the searches find once latency is hidden
+    lat = np.asarray(profile.latency_s)[np.asarray(profile.bandwidth_Bps) > 0]
+    hidden = 2 * float(lat.max(initial=0.0)) * (microbatches - 1) \
+        > HIDDEN_COMM * searched.step_time_s
+    if hidden:
         free = dataclasses.replace(profile, latency_s=np.zeros_like(profile.latency_s))
         more: list[Plan] = []
         try:
@@ -183,7 +185,7 @@ def _pipelines_cap(profile: Profile, strategy: str, microbatches: int, max_pipel
     return int(max_pipelines)
 
 
-HIDDEN_COMM = 0.02  # T this far above the run: search again with links' latency free
+HIDDEN_COMM = 0.02  # a round trip per micro-batch this share of T: search latency free too
 AUTO_PIPELINES = 16  # max_pipelines=0 (auto): up to min(this, devices, micro-batches)
 
 
