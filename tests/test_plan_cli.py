@@ -152,7 +152,8 @@ def test_shared_host_model_on_when_the_profile_was_measured_under_it(tmp_path, c
 
 def test_certify_tightens_the_bound_never_the_plan(tmp_path, capsys):
     """``--certify`` computes the cost model's lower-bound certificates: the same plan, its
-    bound (on the simulated step) still below its step. The certificates bound T of one
+    bound (on the simulated step) still below its step, and one line on stderr with the cost
+    model's plan, its T and the certified bound on T. The certificates bound T of one
     pipeline's plans: on the paper's case the searched plan's T is within 1 % of them."""
     path = tmp_path / "paper.json"
     save_profile(paper_profile(), str(path))
@@ -162,7 +163,9 @@ def test_certify_tightens_the_bound_never_the_plan(tmp_path, capsys):
             assert plan_cli.main(["--profile", str(path), "--schedule", "gpipe",
                                   "--microbatches", "32", "--json", "--pipelines", pipes,
                                   *flags]) == 0
-            out[pipes, flags] = json.loads(capsys.readouterr().out)
+            got = capsys.readouterr()
+            out[pipes, flags] = json.loads(got.out)
+            assert ("certificates: the cost model's plan has T" in got.err) == bool(flags)
         plain, certified = out[pipes, ()], out[pipes, ("--certify",)]
         assert plain["stages"] == certified["stages"]
         assert certified["exact"] or certified["lower_bound_s"] <= certified["step_time_s"]

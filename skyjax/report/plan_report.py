@@ -51,11 +51,26 @@ def plan_file(path: str, strategy: str, schedule: str, microbatches: int, *,
     note = unpriced_note(dataclasses.replace(profile, relax=relax))
     if note and max_pipelines != 1 and strategy != "even":  # modes the plan could not take
         print(note, file=sys.stderr)
+    if certify and strategy != "even":  # the certificates bound the cost model's T
+        print(certificate_line(planner.searched_plan(
+            profile, strategy, schedule, microbatches, certify=True, extra=extra,
+            max_pipelines=max_pipelines, relax=relax)), file=sys.stderr)
     if time_scale is not None:  # a rehearsal's time base: the same plan, every time x K
         from skyjax.plan.replay.rehearsal import scale_plan, scale_profile
 
         plan, profile = scale_plan(plan, time_scale), scale_profile(profile, time_scale)
     return plan, profile, extra
+
+
+def certificate_line(searched: Plan) -> str:
+    """One line: the cost model's own plan, its T and the certified lower bound on T."""
+    if searched.exact:
+        return (f"certificates: the cost model's plan has T {fmt_time(searched.step_time_s)}, "
+                f"proven optimal under T")
+    bound = searched.lower_bound_s or 0.0
+    gap = searched.step_time_s / bound - 1 if bound > 0 else math.inf
+    return (f"certificates: the cost model's plan has T {fmt_time(searched.step_time_s)}, "
+            f"certified lower bound on T {fmt_time(bound)} (gap {100 * gap:.1f} %)")
 
 
 def write_files(plan: Plan, profile: Profile, extra: ExtraCost | None, out: str | None,
@@ -163,6 +178,13 @@ def _averaging(plan: Plan) -> str:
         return (f"{'exact all-reduce in each region + ' if where else ''}DiLoCo outer step"
                 f"{where} every {plan.outer_every} steps (lr {plan.outer_lr:g}, "
                 f"momentum {plan.outer_momentum:g}), amortised")
+    if plan.averaging.startswith("decentral"):
+        coded = ", int8 differences (error feedback)" if plan.averaging.endswith("int8") else ""
+        return f"decentralized averaging, one peer per step ({plan.peer_schedule}{coded})"
+    if plan.averaging == "async":
+        return (f"asynchronous averaging, applied {plan.staleness} step"
+                f"{'s' if plan.staleness != 1 else ''} late (staleness {plan.staleness}), "
+                f"beyond the compute")
     return "gradient all-reduce"
 
 
