@@ -34,7 +34,7 @@ EXIT_INTERRUPTED = 130
 # Hand-off codecs (skyjax.codecs), with their bits per value on the wire, and the values per
 # scale of the blockwise ones; averaging modes across pipelines, least to most relaxed
 # (skyjax.relax; "-across": exact inside a link group, relaxed between groups).
-# "sparse": the top 1/8 of each block by magnitude, int8 values and uint8 indices (2.5 bits per
+# "sparse": the top half of each block by magnitude, 4-bit values and a bitmask (3.5 bits per
 # value, allowed from handoff_bits 2)
 CODECS = ("none", "bf16", "int8", "int4", "sparse")
 CODEC_BITS = {"none": 32, "bf16": 16, "int8": 8, "int4": 4, "sparse": 2}
@@ -44,10 +44,9 @@ CODEC_BLOCK = 64
 OUTER_COMPRESSIONS = ("none", "topk4", "topk2")
 AVERAGING = ("exact", "int8-across", "int8", "diloco-across", "diloco")
 # Averaging between pipeline replicas beside the ordered bound (skyjax.relax, a bound per axis):
-# "decentral" (each replica averages with one peer per step, config.relax.peers),
-# "decentral-int8" (the same in int8 differences with error feedback, relax.peer_bits 8) and
-# "async" (the exact average applied relax.async_steps steps late); the peer schedules
-PEER_MODES = ("decentral", "decentral-int8", "async")
+# "decentral" (each replica averages with one peer per step, config.relax.peers) and "async"
+# (the exact average applied relax.async_steps steps late); the peer schedules
+PEER_MODES = ("decentral", "async")
 PEER_SCHEDULES = ("none", "ring", "exponential")
 
 # config.train.compute_dtype once resolved ("auto" is resolved per platform,

@@ -28,8 +28,7 @@ per link and chooses within (docs/design.md, "Relaxation on slow links").
 Beside that order, a bound per axis (docs/design.md, "Relaxation on slow links";
 :mod:`skyjax.runtime.decentralized`): ``peers`` (``ring`` or ``exponential``, the one-peer
 exponential graph; ``none``: not allowed) allows ``decentral``, each pipeline's replica
-averaging with one peer per step, and with ``peer_bits`` 8 also ``decentral-int8``, int8
-differences to the peer with error feedback; ``async_steps`` = k >= 1 allows ``async``, the
+averaging with one peer per step; ``async_steps`` = k >= 1 allows ``async``, the
 exact average applied k steps late (its staleness), the exchange beside the next k steps.
 
 The planner takes a relaxed plan only where its predicted step is at least ``min_gain`` below
@@ -45,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 
 from skyjax.names import AVERAGING, CODEC_BITS, CODECS, OUTER_COMPRESSIONS, PEER_SCHEDULES
+from skyjax.topk_wire import FRACTION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +58,9 @@ class Relaxation:
     outer_momentum: float = 0.5
     min_gain: float = 0.05  # the least fraction of the step a relaxed plan must save
     peers: str = "none"  # decentral's peer schedule (skyjax.plan.pricing.peers); none: off
-    peer_bits: int = 32  # 8: decentral-int8 allowed too
     async_steps: int = 0  # async's staleness k (0: not allowed)
     outer_compression: str = "none"  # OUTER_COMPRESSIONS: the relaxed averagings' wire
-    outer_topk: float = 1 / 64  # the fraction of each chunk it keeps
+    outer_topk: float = FRACTION  # the fraction of each chunk it keeps
 
     def __post_init__(self):
         if self.handoff_bits not in CODEC_BITS.values():
@@ -79,11 +78,10 @@ class Relaxation:
         if not 0 < self.outer_topk <= 1:
             raise ValueError(f"relax.outer_topk: expected a fraction in (0, 1], got "
                              f"{self.outer_topk!r}")
-        if self.peers not in PEER_SCHEDULES or self.peer_bits not in (32, 8) \
-                or int(self.async_steps) != self.async_steps or self.async_steps < 0:
-            raise ValueError(f"relax: peers in {PEER_SCHEDULES}, peer_bits 32 or 8, async_steps "
-                             f">= 0 expected, got {self.peers!r}, {self.peer_bits!r}, "
-                             f"{self.async_steps!r}")
+        if self.peers not in PEER_SCHEDULES or int(self.async_steps) != self.async_steps \
+                or self.async_steps < 0:
+            raise ValueError(f"relax: peers in {PEER_SCHEDULES} and async_steps >= 0 expected, "
+                             f"got {self.peers!r}, {self.async_steps!r}")
         if self.averaging.startswith("diloco") and self.outer_every < 1:
             raise ValueError(f"relax.outer_every: expected a positive integer for diloco, got "
                              f"{self.outer_every!r}")
@@ -97,15 +95,13 @@ class Relaxation:
     def averagings(self) -> tuple[str, ...]:
         """The averaging modes allowed (``exact`` first; the per-axis ones last)."""
         return AVERAGING[:AVERAGING.index(self.averaging) + 1] + (
-            ("decentral",) * (self.peers != "none")
-            + ("decentral-int8",) * (self.peers != "none" and self.peer_bits == 8)
-            + ("async",) * (self.async_steps > 0))
+            ("decentral",) * (self.peers != "none") + ("async",) * (self.async_steps > 0))
 
     @property
     def measured_codecs(self) -> tuple[str, ...]:
         """The codecs the profiler must time for this bound: the hand-off codecs allowed, and
         int8 where the averaging may be int8 (across link groups or everywhere)."""
-        coded = any("int8" in a for a in self.averagings)
+        coded = any(a.startswith("int8") for a in self.averagings)
         names = set(self.handoff_codecs[1:]) | ({"int8"} if coded else set())
         outer = (self.outer_compression,) if self.compressed else ()
         return tuple(c for c in CODECS if c in names) + outer
@@ -124,9 +120,9 @@ class Relaxation:
         r = config.relax
         return cls(int(r.handoff_bits), str(r.averaging), int(r.outer_every),
                    float(r.outer_lr), float(r.outer_momentum), float(r.min_gain),
-                   str(r.get("outer_compression", "none")),
-                   float(r.get("outer_topk", 1 / 64)), peers=str(r.get("peers", "none")),
-                   peer_bits=int(r.get("peer_bits", 32)),
+                   outer_compression=str(r.get("outer_compression", "none")),
+                   outer_topk=float(r.get("outer_topk", FRACTION)),
+                   peers=str(r.get("peers", "none")),
                    async_steps=int(r.get("async_steps", 0)))
 
 

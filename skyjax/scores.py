@@ -21,8 +21,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-METRICS = ("accuracy", "matthews", "f1", "pearson_spearman")
+METRICS = ("accuracy", "matthews", "f1", "pearson_spearman", "perplexity")
 REGRESSION_METRICS = ("pearson_spearman",)
+LM_METRICS = ("perplexity",)  # a causal language model's (its only one)
 
 
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
@@ -83,6 +84,8 @@ def check_metric(metric: str, num_labels: int, key: str = "config.data.metric") 
     (a correlation needs a regression head, ``num_labels == 1``, and the others a classifier)."""
     if metric not in METRICS:
         raise ValueError(f"{key}={metric!r} is not one of {', '.join(map(repr, METRICS))}")
+    if metric in LM_METRICS:
+        return  # a language model's; config.data's checks hold it to one
     if (metric in REGRESSION_METRICS) != (num_labels == 1):
         raise ValueError(f"{key}={metric!r} does not fit config.model.num_labels={num_labels} "
                          "(pearson_spearman needs a regression head, num_labels=1; the other "
@@ -104,7 +107,10 @@ def score(metric: str, predictions: np.ndarray, labels: np.ndarray) -> dict[str,
 def summarize(results: Iterable[Sequence[np.ndarray]], metric: str) -> dict[str, float]:
     """``eval_loss``, ``eval_examples`` and ``eval_<figure>`` for every figure of ``metric``,
     from per-batch ``(loss, prediction, label, weight)`` arrays (one entry per example; rows of
-    weight 0 pad the last batch and are left out). ``{}`` when there were no examples."""
+    weight 0 pad the last batch and are left out). ``{}`` when there were no examples.
+    ``perplexity`` (a language model): per sequence ``(NLL sum, correct next tokens, target
+    tokens, weight)`` (:func:`skyjax.metrics.eval_outputs`), scored by :func:`perplexity` and the
+    token accuracy."""
     parts = [tuple(np.asarray(a).reshape(-1) for a in r) for r in results]
     if not parts:
         return {}
@@ -112,6 +118,12 @@ def summarize(results: Iterable[Sequence[np.ndarray]], metric: str) -> dict[str,
     keep = weight > 0
     if not keep.any():
         return {}
+    if metric in LM_METRICS:  # per sequence (NLL sum, correct next tokens, targets, weight)
+        out = perplexity(loss[keep], label[keep])
+        if out:
+            out.update(eval_examples=int(keep.sum()),
+                       eval_accuracy=float(np.sum(pred[keep]) / np.sum(label[keep])))
+        return out
     out = {"eval_loss": float(np.sum(loss[keep] * weight[keep]) / np.sum(weight[keep])),
            "eval_examples": int(keep.sum())}
     out.update({f"eval_{k}": v for k, v in score(metric, pred[keep], label[keep]).items()})

@@ -68,9 +68,9 @@ def check_profile_path(config: Any) -> None:
                          f"{profile.num_devices} devices; config.cluster.num_devices="
                          f"{config.cluster.num_devices}")
     m, dtype = config.model, config.train.compute_dtype
-    record = profile_format.model_record(
-        hf_config.read(m.pretrained) if m.pretrained else m, attention=m.attention,
-        compute_dtype=dtype, granularity=config.allocation.granularity)
+    shape = hf_config.read(m.pretrained, model_types=hf_config.MODEL_TYPES) if m.pretrained else m
+    record = profile_format.model_record(shape, attention=m.attention, compute_dtype=dtype,
+                                         granularity=config.allocation.granularity)
     if dtype == "auto":  # resolved from the devices, once JAX starts (train.profile_phase)
         del record["compute_dtype"]
     profile_format.check_measured_for(profile, record, profile_format.run_microbatch(config),

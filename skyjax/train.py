@@ -41,6 +41,7 @@ from skyjax.profile.format import Profile, load_profile
 from skyjax.profile.options import Options
 from skyjax.relax import Relaxation
 from skyjax.runtime import memory
+from skyjax.runtime.decentralized import average_now
 from skyjax.runtime.executors import make_executor, make_transport, own_units
 from skyjax.runtime.recovery import Recovery
 from skyjax.runtime.rehearsal import Rehearsal
@@ -380,8 +381,11 @@ def last_checkpoint(saver: checkpoint.CheckpointManager | None, start_step: int)
 def evaluate_splits(executor, eval_sets: dict[str, list[Batch]], step: int,
                     out: outputs.Outputs, metric: str = "accuracy") -> dict[str, dict]:
     """Every validation split through the pipeline, scored by ``metric``
-    (``skyjax.scores``); one metrics.jsonl line per split."""
+    (``skyjax.scores``); one metrics.jsonl line per split. A peer mode's replicas are made one
+    model first (``runtime.decentralized.average_now``)."""
     results = {}
+    if eval_sets:
+        average_now(executor, step - 1)
     for split, batches in eval_sets.items():
         results[split] = executor.evaluate(batches, metric)
         logging.info("eval %s at step %d: %s", split, step, results[split])

@@ -116,6 +116,35 @@ def test_a_stopped_and_resumed_relaxed_run_equals_the_uninterrupted_one(
         ex.close()
 
 
+TOPK = {"outer_compression": "topk2", "outer_topk": 1 / 16}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,outer,pipelines,shares,groups", [
+    ("diloco", {**OUTER, **TOPK}, TWO, [2, 2], None),
+    ("int8-across", TOPK, THREE, [1, 1, 2], REGIONS)])
+def test_a_resumed_run_with_top_k_residuals_equals_the_uninterrupted_one(
+        tmp_path, chain, mode, outer, pipelines, shares, groups):
+    """``relax.outer_compression``: the top-k residuals (each pipeline's own, or at the
+    representatives) are saved under the mode ``<mode>+topk2`` and restored, so a run resumed
+    mid-period gives the uninterrupted run's losses within 1e-5."""
+    plan = _plan(pipelines, shares, mode, groups, **outer)
+    ex = _executor(chain, plan)
+    want = _train(ex, 0, STEPS)
+    ex.close()
+    head, written = _stopped(tmp_path, chain, plan)
+    np.testing.assert_array_equal(head, want[:STOP])
+    meta = find_resume(str(tmp_path)).meta
+    assert meta["averaging"] == {"mode": f"{mode}+topk2", "pipelines": len(shares)}
+    residuals = [n for n in written if "/residual/" in n]
+    assert residuals and any(np.asarray(written[n]).any() for n in residuals)
+    ex, restored = _resumed(tmp_path, chain, plan)
+    assert "residual" in restored
+    tail = _train(ex, STOP, STEPS)
+    ex.close()
+    np.testing.assert_allclose(tail, want[STOP:], atol=1e-5, rtol=0)
+
+
 @pytest.mark.slow
 def test_another_pipeline_count_or_averaging_keeps_what_still_holds(tmp_path, chain, caplog):
     """int8 residuals are each pipeline's own: under three pipelines they start at zero, with

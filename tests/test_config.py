@@ -308,8 +308,9 @@ def test_config_to_model_config():
     config = demo("--config.model.hidden_act=relu", "--config.model.num_hidden_layers=2")
     bert_config = model_config(config.model)
     assert bert_config.hidden_act == "relu" and bert_config.num_hidden_layers == 2
+    decoder_keys = {"model_type", "num_key_value_heads", "tie_word_embeddings", "rope_theta"}
     for key, value in config.model.items():
-        if key != "pretrained":
+        if key != "pretrained" and key not in decoder_keys:
             assert getattr(bert_config, key) == value, key
 
 
@@ -318,3 +319,24 @@ def test_the_warmup_key_takes_1f1b_or_auto():
     validate_config(demo("--config.pipeline.warmup=auto"))
     with pytest.raises(ValueError, match="config.pipeline.warmup='deep'"):
         validate_config(demo("--config.pipeline.warmup=deep"))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["--config.data.name=synthetic"], "config.data.name='synthetic': a gpt2 language model "
+                                       "trains on text"),
+    (["--config.data.metric=accuracy"], "a gpt2 language model is scored by perplexity"),
+    (["--config.model.model_type=gpt3"], "config.model.model_type='gpt3'"),
+    (["--config.model.num_key_value_heads=3"], "num_key_value_heads=3 does not divide"),
+    (["--config.data.eval_fraction=1.0"], r"config.data.eval_fraction=1.0 must be in \[0, 1\)"),
+    (["--config.data.txt_documents=line"], "config.data.txt_documents"),
+    (["--config.data.seq_len=80"], "config.data.seq_len=80 is above the model's 64 positions"),
+])
+def test_a_language_models_config_is_refused_by_key(overrides, message):
+    config = load(os.path.join(REPO, "configs", "gpt2_text.py"), *overrides)
+    with pytest.raises(ValueError, match=message):
+        validate_config(config)
+
+
+def test_a_language_model_metric_is_refused_for_bert():
+    with pytest.raises(ValueError, match="config.data.metric='perplexity' is a language model's"):
+        validate_config(demo("--config.data.metric=perplexity"))

@@ -93,8 +93,8 @@ MAIN_CASES = [  # (name, args, the line's expected text)
     ("NaN profile", ["--config.profile.path={nan_profile.json}"], "forward_s"),
     ("profile of fewer devices", ["--config.profile.path={three_devices_profile.json}"],
      "has 3 devices; config.cluster.num_devices=4"),
-    ("gpt2 config.json", ["--config.model.pretrained={gpt2/config.json}/.."],
-     "model_type='gpt2', expected 'bert'"),
+    ("gpt2 config.json on the synthetic task", ["--config.model.pretrained={gpt2/config.json}/.."],
+     "config.data.name='synthetic': a gpt2 language model trains on text"),
     ("truncated config.json", ["--config.model.pretrained={truncated_config/config.json}/.."],
      "config.json: not valid JSON"),
 ]

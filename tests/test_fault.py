@@ -127,3 +127,36 @@ def test_the_guide_recovery_command_restarts_on_the_survivors(tmp_path):
     assert {ln[:4] for ln in lines} == {f"[p{k}]" for k in range(n)}, lines
     assert not [ln for ln in lines if "nan" in ln], lines
     assert all(("loss " in ln) == ln.startswith("[p0]") for ln in lines), lines
+
+
+def test_a_decoder_with_tied_weights_loses_a_pipeline_not_the_run(tmp_path):
+    """configs/gpt2_text.py (its tied embedding on each pipeline's first and last stage) as two
+    pipelines over 3 processes; a process of the pipeline without process 0 is SIGKILLed: the
+    survivors finish on the other pipeline with the uninterrupted one-device run's loss."""
+    import numpy as np
+
+    from skyjax import plan as plan_lib
+    from skyjax.profile.format import save_profile
+
+    base = ["--config", os.path.join(REPO, "configs", "gpt2_text.py"),
+            "--config.train.steps=10", "--config.train.log_every=1",
+            "--config.data.eval_examples=0", "--config.allocation.calibrate_steps=0",
+            "--config.profile.repeats=1"]
+    reference = main_summary(str(tmp_path / "ref"), base + [
+        "--config.cluster.num_devices=1", "--config.cluster.slowdowns=()"])["final_loss"]
+    profile = make_profile(np.full((6, 3), 1e-3))  # 6 units: 4 layers
+    save_profile(profile, str(tmp_path / "profile.json"))
+    plan = plan_lib.plan(profile, "optimal", "1f1b", 4, max_pipelines=2)
+    assert plan.num_pipelines == 2, plan
+    other = next(i for i in range(2) if 0 not in [plan.stages[k].device
+                                                  for k in plan.stage_ids(i)])
+    victim = plan.stages[plan.stage_ids(other)[0]].device
+    r = kill_one_pipeline(str(tmp_path / "run"), base + [
+        "--config.cluster.mode=distributed", "--config.cluster.num_devices=3",
+        "--config.cluster.slowdowns=(1, 1, 1)", "--config.cluster.peer_timeout_s=10",
+        "--config.allocation.max_pipelines=2",
+        f"--config.profile.path={tmp_path / 'profile.json'}"], 3, victim, kill_after_step=4,
+        timeout_s=240)
+    summary = r["summary"]
+    assert r["killed_at_step"] < 10 and len(summary["recoveries"]) == 1, r["killed_at_step"]
+    assert abs(summary["final_loss"] - reference) <= 1e-5, (summary["final_loss"], reference)

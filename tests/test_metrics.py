@@ -48,3 +48,25 @@ def test_eval_outputs_are_per_example():
     loss, pred, _, _ = metrics.eval_outputs(value, target, np.ones(3, np.float32))
     np.testing.assert_allclose(pred, value[:, 0])
     np.testing.assert_allclose(loss, (value[:, 0] - target) ** 2, rtol=1e-6)
+
+
+def test_a_language_model_is_trained_with_next_token_cross_entropy_ignoring_minus_100():
+    """Logits [batch, seq, vocab] against shifted labels: PyTorch's cross-entropy with
+    ignore_index=-100 (Hugging Face's causal-LM loss), mean over the target tokens; eval gives
+    per sequence (NLL sum, correct tokens, targets, weight)."""
+    logits = RNG.normal(size=(3, 5, 7)).astype(np.float32)
+    labels = RNG.integers(0, 7, (3, 5)).astype(np.int32)
+    labels[0, 2:] = -100
+    labels[2, 0] = -100
+    loss, accuracy = metrics.classification_loss(logits, labels)
+    flat = torch.tensor(logits).reshape(-1, 7), torch.tensor(labels).reshape(-1).long()
+    want = torch.nn.functional.cross_entropy(*flat, ignore_index=-100)
+    assert float(loss) == pytest.approx(float(want), rel=1e-6)
+    target = labels != -100
+    assert float(accuracy) == pytest.approx(np.mean((logits.argmax(-1) == labels)[target]))
+    nll, hit, count, weight = metrics.eval_outputs(logits, labels, np.array([1, 1, 0], np.float32))
+    per_token = torch.nn.functional.cross_entropy(*flat, ignore_index=-100, reduction="none")
+    np.testing.assert_allclose(nll, per_token.numpy().reshape(3, 5).sum(-1), rtol=1e-6)
+    np.testing.assert_array_equal(count, target.sum(-1))
+    np.testing.assert_array_equal(hit, ((logits.argmax(-1) == labels) & target).sum(-1))
+    np.testing.assert_array_equal(weight, [1, 1, 0])

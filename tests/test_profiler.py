@@ -565,3 +565,26 @@ def test_zero_bubble_runs_time_the_split_backward():
     assert older.backward_input_s is None
     np.testing.assert_allclose(weight_s(older), np.minimum(prof.backward_weight_s,
                                                            prof.backward_s))
+
+
+def test_a_decoders_skeleton_stands_for_its_layers_and_names_its_tied_bytes():
+    """A GPT-2 shape given alone (python -m skyjax.profile): one layer's attention and MLP
+    units stand for every layer; the micro-batch's labels are next tokens, one per position;
+    the first and last unit hold the tied embedding (profile.json tied_bytes)."""
+    from skyjax.models.decoder import DecoderConfig
+    from skyjax.profile import chain as chain_lib
+    from skyjax.profile.units import tied_nbytes
+
+    cfg = DecoderConfig(family="gpt2", vocab_size=64, hidden_size=16, num_hidden_layers=3,
+                        num_attention_heads=2, max_position_embeddings=16,
+                        tie_word_embeddings=True, hidden_act="gelu_new")
+    spec = chain_lib.skeleton_chain(cfg, "sublayer")
+    assert spec.names == ["embeddings"] + [f"layer_{i}.{k}" for i in range(3)
+                                           for k in ("attention", "mlp")] + ["head"]
+    assert spec.rep == [0, 1, 2, 1, 2, 1, 2, 3]
+    assert [tied_nbytes(spec.chain[r]) for r in (0, 1, 3)] == [64 * 16 * 4, 0, 64 * 16 * 4]
+    carry, labels = chain_lib.sample_microbatch(cfg, 2, 8)
+    assert labels.shape == (2, 8) and carry["input_ids"].shape == (2, 8)
+    # GPT-2's n_inner None: the model record holds the size it computes with (4 x hidden)
+    record = chain_lib.Workload(cfg, (2, 8), "layer", {"name": "adamw", "clip": True}).record()
+    assert record["intermediate_size"] == 64 and record["hidden_size"] == 16

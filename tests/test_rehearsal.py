@@ -384,3 +384,43 @@ def test_a_rehearsal_predicted_to_run_for_days_is_refused_in_one_line(tmp_path):
                         r"scale\)", line), line
     assert not os.path.exists(workdir / "plan.json")
 
+
+
+@pytest.mark.slow
+def test_a_decoder_with_tied_weights_rehearses_with_the_same_math(tmp_path):
+    """configs/gpt2_text.py rehearsed on a declared 4-device profile whose first and last units
+    carry the tied embedding's bytes (profile.json tied_bytes): the tied message travels on the
+    declared link, the losses are the one-device run's, and the median step is the simulator's
+    (which prices that message) within 25 %."""
+    import importlib.util
+
+    from skyjax import train
+    from tests.helpers import make_profile
+
+    spec = importlib.util.spec_from_file_location(
+        "gpt2_text", os.path.join(REPO, "configs", "gpt2_text.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    profile = make_profile(np.full((6, 4), 1e-2), latency=np.full((4, 4), 2e-3),
+                           bandwidth=np.full((4, 4), 1e8))
+    for u in (0, 5):
+        profile.units[u]["tied_bytes"] = 512 * 64 * 4
+    path = str(tmp_path / "declared.json")
+    save_profile(profile, path)
+    config = module.get_config()
+    config.rehearse.profile = path
+    config.cluster.slowdowns = ()
+    config.allocation.calibrate_steps = 0
+    config.allocation.max_pipelines = 1  # one pipeline: its first and last stage swap
+    config.train.steps, config.train.log_every, config.data.eval_examples = 8, 1, 0
+    summary = train.train_and_evaluate(config, str(tmp_path / "rehearsal"))
+    r = summary["rehearsal"]
+    assert r["devices_used"] >= 2 and r["pipelines"] == 1 and abs(r["error"]) < 0.25, r
+    plain = module.get_config()
+    plain.cluster.num_devices, plain.cluster.slowdowns = 1, ()
+    plain.allocation.calibrate_steps = 0
+    plain.train.steps, plain.train.log_every, plain.data.eval_examples = 8, 1, 0
+    plain.profile.repeats = 1
+    train.train_and_evaluate(plain, str(tmp_path / "one"))
+    np.testing.assert_allclose(_losses(str(tmp_path / "rehearsal")),
+                               _losses(str(tmp_path / "one")), rtol=0, atol=1e-5)

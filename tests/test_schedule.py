@@ -111,3 +111,30 @@ def test_simulate_plan_matches_cost_model():
         assert r.step_time_s == pytest.approx(p.step_time_s, rel=1e-9)
         p1 = plan_lib.plan(prof, "optimal", "1f1b", m)
         assert simulate.simulate_plan(p1, prof).step_time_s <= p1.step_time_s * (1 + 1e-9)
+
+
+def test_the_tied_weights_message_is_priced_on_the_first_and_last_stages_link():
+    """A decoder's tied embedding (profile.json ``tied_bytes`` on its first and last unit): the
+    first and last stage swap its gradient after their last action, latency + bytes / bandwidth
+    on their link; one stage sends nothing, and a profile without it is priced as before."""
+    from tests.helpers import make_profile
+
+    latency = np.full((3, 3), 0.01)
+    bandwidth = np.full((3, 3), 1e6)
+    prof = make_profile(np.full((4, 3), 1e-3), latency=latency, bandwidth=bandwidth)
+    stages = [plan_lib.Stage(0, (0, 2), 0.0, 0.0, 0), plan_lib.Stage(1, (2, 4), 0.0, 0.0, 0)]
+    plan = plan_lib.Plan("manual", "1f1b", 4, stages, step_time_s=0.0, bottleneck_s=0.0,
+                         exact=False)
+    before = simulate.simulate_plan(plan, prof).step_time_s
+    for u in (0, 3):
+        prof.units[u]["tied_bytes"] = 20_000  # 0.02 s on the link
+    sim = simulate.simulate_plan(plan, prof)
+    ends = [max(s.end for s in sim.spans if s.stage == k) for k in (0, 1)]
+    tied = 0.01 + 20_000 / 1e6
+    assert sim.step_time_s == pytest.approx(max(before, max(ends[0], ends[1] + tied),
+                                                max(ends[1], ends[0] + tied)))
+    assert sim.step_time_s > before
+    one = plan_lib.Plan("manual", "1f1b", 4, [plan_lib.Stage(0, (0, 4), 0.0, 0.0, 0)],
+                        step_time_s=0.0, bottleneck_s=0.0, exact=False)
+    assert simulate.simulate_plan(one, prof).step_time_s == pytest.approx(
+        simulate.simulate_plan(one, make_profile(np.full((4, 3), 1e-3))).step_time_s)

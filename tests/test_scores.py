@@ -82,3 +82,16 @@ def test_a_metric_must_fit_the_head():
         scores.check_metric("f1", 1)
     with pytest.raises(ValueError, match=r"config.data.metric='auc' is not one of"):
         scores.check_metric("auc", 2)
+
+
+def test_a_language_models_summary_is_token_weighted_perplexity():
+    """Per sequence (NLL sum, correct tokens, targets, weight): padding rows left out, the loss
+    per target token, its exponential, the token accuracy."""
+    results = [(np.array([6.0, 2.0]), np.array([1, 2]), np.array([3, 1]), np.ones(2)),
+               (np.array([4.0, 50.0]), np.array([0, 9]), np.array([4, 9]), np.array([1.0, 0]))]
+    out = scores.summarize(results, "perplexity")
+    assert out["eval_loss"] == pytest.approx(12.0 / 8)
+    assert out["eval_perplexity"] == pytest.approx(np.exp(1.5))
+    assert out["eval_tokens"] == 8 and out["eval_examples"] == 3
+    assert out["eval_accuracy"] == pytest.approx(3 / 8)
+    scores.check_metric("perplexity", 3)  # a language model's; config.data's checks hold it

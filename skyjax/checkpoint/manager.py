@@ -27,7 +27,7 @@ import numpy as np
 from absl import logging
 
 from skyjax.checkpoint import layout, store
-from skyjax.checkpoint.names import state_entries
+from skyjax.checkpoint.names import saved_name, state_entries, tied_names
 from skyjax.guard import NonFiniteError
 from skyjax.models.hf_loading import CheckpointError  # also a save that cannot be committed
 
@@ -43,11 +43,12 @@ def unit_like(unit: Any, optimizer: Any) -> tuple[Any, Any]:
 def expected_tensors(chain: Sequence[Any], optimizer: Any) -> dict[str, tuple]:
     """``{tensor name: ((shape, dtype name), unit name)}`` of every unit's state: what a
     checkpoint of this model and optimizer holds."""
-    out = {}
+    out, tied = {}, tied_names(chain)
     for unit in chain:
         for name, leaf in state_entries(unit.path, *unit_like(unit, optimizer)):
-            out[name] = ((tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name),
-                         unit.name)
+            if saved_name(name, tied) == name:  # a tied tensor's second copy is not saved
+                out[name] = ((tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name),
+                             unit.name)
     return out
 
 
@@ -114,8 +115,10 @@ class CheckpointManager:
         try:
             host, more = jax.device_get(({u: unit_states[u] for u in sorted(unit_states)},
                                          list(extra)))
+            tied = tied_names(self.chain)  # a tied tensor once: its first copy
             entries = [e for u, (p, o) in host.items()
-                       for e in state_entries(self.chain[u].path, p, o)] + more
+                       for e in state_entries(self.chain[u].path, p, o)
+                       if saved_name(e[0], tied) == e[0]] + more
             bad = store.non_finite(entries)
             if bad is not None:
                 raise NonFiniteError(f"tensor {bad[0]} holds {bad[1]} NaN or infinite values "

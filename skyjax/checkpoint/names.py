@@ -63,6 +63,32 @@ def state_entries(unit_path: tuple[str, ...], params: Any, opt_state: Any
     return out
 
 
+def tied_names(chain: Iterable[Any]) -> dict[str, str]:
+    """``{param path of a tied tensor's second copy: param path of its first}`` (a decoder's
+    LM head copy of the token embedding, ``Unit.tied``): the second copy is not saved, and is
+    read back from the first (:func:`saved_name`)."""
+    units = list(chain)
+    paths = {u.name: tuple(u.path) for u in units}
+    out = {}
+    for i, unit in enumerate(units):
+        for path, other, other_path in getattr(unit, "tied", ()):
+            if [u.name for u in units].index(other) < i:
+                out[key_path(tuple(unit.path) + tuple(path))] = key_path(paths[other] +
+                                                                         tuple(other_path))
+    return out
+
+
+def saved_name(name: str, tied: dict[str, str]) -> str:
+    """The name under which tensor ``name`` is saved: its own, or, for a tied tensor's second
+    copy (``params/<path>``, ``opt/<state>/<path>``), the first copy's."""
+    for second, first in tied.items():
+        if name == f"params/{second}":
+            return f"params/{first}"
+        if name.startswith("opt/") and name.endswith(SEP + second):
+            return name[:-len(second)] + first
+    return name
+
+
 def rebuild(unit_path: tuple[str, ...], like: tuple[Any, Any],
             read: Callable[[str, Any], np.ndarray], unit_source: Callable[[str], str]
             ) -> tuple[Any, Any]:

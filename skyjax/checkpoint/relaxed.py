@@ -8,7 +8,7 @@ Tensor names, beside a unit's ``params/``, ``opt/`` and ``unit/`` names (``names
 * ``relax/<state>/<param path>``: pipeline 0's state, and a state equal on every replica
   (``SHARED``: DiLoCo's anchor and momentum), written once;
 * ``pipelines/<i>/relax/<state>/<param path>``: pipeline i's own state (i >= 1; the int8
-  residuals, one per pipeline);
+  residuals and the top-k residuals of ``relax.outer_compression``, one per pipeline);
 * ``pipelines/<i>/params/...``, ``pipelines/<i>/opt/...``, ``pipelines/<i>/unit/...``: pipeline
   i's replica (i >= 1) where replicas may differ (``REPLICAS_DIFFER``).
 
@@ -35,7 +35,8 @@ from absl import logging
 from skyjax.checkpoint import store
 from skyjax.checkpoint.manager import unit_like
 from skyjax.checkpoint.names import key_path, rebuild, state_entries
-from skyjax.runtime.averaging import local_stages, state_class
+from skyjax.runtime.averaging import local_stages
+from skyjax.runtime.compressed import mode_name, state_class
 from skyjax.runtime.placement import placements
 
 RELAX, PIPELINES = "relax", "pipelines"
@@ -53,7 +54,11 @@ def _tree_entries(prefix: str, name: str, unit_path: Sequence[str], tree: Any) -
 
 
 def _mode(plan: Any) -> str:
-    return plan.averaging if plan.num_pipelines > 1 else "exact"
+    """The plan's averaging state's name (``mode+compression`` where its exchange is in top-k:
+    the residual is then part of it)."""
+    if plan.num_pipelines < 2:
+        return "exact"
+    return mode_name(plan.averaging, getattr(plan, "outer_compression", "none"))
 
 
 def meta(plan: Any) -> dict:

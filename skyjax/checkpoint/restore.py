@@ -28,7 +28,7 @@ from absl import logging
 
 from skyjax.checkpoint import layout, store
 from skyjax.checkpoint.manager import UnitState, unit_like
-from skyjax.checkpoint.names import key_path, rebuild, state_entries
+from skyjax.checkpoint.names import key_path, rebuild, saved_name, state_entries, tied_names
 
 
 class CheckpointMismatch(ValueError):
@@ -144,11 +144,11 @@ def check_compatible(resume: Resume, run: dict, chain: Sequence[Any], optimizer:
                                      f"{key}={value!r}; use another --workdir (or remove "
                                      f"{layout.CHECKPOINTS}/) to start afresh")
     saved = resume.meta["tensors"]
-    used = set()
+    used, tied = set(), tied_names(chain)
     for unit in chain:
         source = unit_source(resume, tuple(unit.path))
         for name, leaf in state_entries(unit.path, *unit_like(unit, optimizer)):
-            name = source(name) if name.startswith("unit/") else name
+            name = source(name) if name.startswith("unit/") else saved_name(name, tied)
             used.add(name)
             want = [list(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name]
             if name not in saved:
@@ -192,6 +192,10 @@ def restore_units(resume: Resume, chain: Sequence[Any], units: Iterable[int],
         raise CheckpointMismatch(f"checkpoint {resume.path} cannot be read: "
                                  f"{type(e).__name__}: {e}") from e
 
-    read = checked_reader(index, resume.path)
+    checked, tied = checked_reader(index, resume.path), tied_names(chain)
+
+    def read(name: str, like: Any) -> np.ndarray:  # a tied tensor's second copy: the first
+        return checked(saved_name(name, tied), like)
+
     return {u: rebuild(tuple(chain[u].path), unit_like(chain[u], optimizer), read,
                        unit_source(resume, tuple(chain[u].path))) for u in units}

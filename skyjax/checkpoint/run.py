@@ -117,6 +117,10 @@ def make_manager(config: Any, workdir: str, chain: Sequence[Any],
 def after_step(manager: CheckpointManager | None, step: int, executor: Any) -> None:
     """Saves after ``step`` (0-based) when due: the state after ``step + 1`` steps."""
     if manager is not None and manager.due(step + 1):
+        # a peer mode's replicas differ: "average now" makes them one model first
+        from skyjax.runtime.decentralized import average_now
+
+        average_now(executor, step)
         plan = executor.plan
         manager.save(step + 1, executor.unit_states(), extra_meta=relaxed.meta(plan),
                      extra=relaxed.entries(executor, manager.chain),

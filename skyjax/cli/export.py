@@ -40,8 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     with failures.one_line_errors("skyjax.export", args.debug):
         from skyjax.export import hf_format, trained
 
+        from skyjax.export import lm
+
         try:
-            lines = hf_format.export_run(args.workdir, args.out, args.step, args.replica)
+            if lm.is_lm_run(args.workdir):  # a decoder language model (one replica)
+                lines = lm.export_run(args.workdir, args.out, args.step)
+            else:
+                lines = hf_format.export_run(args.workdir, args.out, args.step, args.replica)
         except trained.ReplicaChoiceError as e:
             p.error(str(e))  # a usage error: one line, status 2
         for line in lines:

@@ -33,6 +33,7 @@ from skyjax.names import (AVERAGING, OUTER_COMPRESSIONS, PEER_SCHEDULES, SCHEDUL
                           STRATEGIES, WARMUPS)
 from skyjax.plan.model.types import InfeasibleError
 from skyjax.relax import Relaxation
+from skyjax.topk_wire import FRACTION
 from skyjax.report import plan_report
 
 DESCRIPTION = "``python -m skyjax.plan``: plan a pipeline from a profile file (no devices needed)."
@@ -67,12 +68,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="diloco: inner steps per outer step")
     p.add_argument("--outer_compression", choices=OUTER_COMPRESSIONS, default="none",
                    help="the relaxed averagings' exchange in top-k plus 4 or 2 bits")
-    p.add_argument("--outer_topk", type=_positive_float, default=1 / 64,
+    p.add_argument("--outer_topk", type=_positive_float, default=FRACTION,
                    help="the fraction of each chunk --outer_compression keeps")
     p.add_argument("--peers", choices=PEER_SCHEDULES, default="none",
                    help="allow decentralized averaging, one peer per step on this schedule")
-    p.add_argument("--peer_bits", type=int, choices=(32, 8), default=32,
-                   help="8: allow decentralized averaging's int8 variant too")
     p.add_argument("--async_steps", type=int, default=0, metavar="K",
                    help="allow asynchronous averaging, applied K steps late (0: not allowed)")
     p.add_argument("--min_gain", type=float, default=0.05,
@@ -130,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                                  min_gain=args.min_gain,
                                  outer_compression=args.outer_compression,
                                  outer_topk=args.outer_topk, peers=args.peers,
-                                 peer_bits=args.peer_bits, async_steps=args.async_steps),
+                                 async_steps=args.async_steps),
                 warmup=args.warmup, time_scale=args.time_scale)
         except InfeasibleError as e:  # a ValueError too: first
             print(f"error: {e}", file=sys.stderr)

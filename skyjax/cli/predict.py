@@ -34,7 +34,11 @@ def parser() -> OneLineParser:
     data.add_argument("--data", help="a .csv, .tsv or .jsonl file of rows to predict")
     data.add_argument("--glue", nargs="?", const="", metavar="TASK",
                       help="GLUE's test splits (default: the run's task, e.g. glue/mnli)")
-    p.add_argument("--out", required=True, help="--data: the TSV to write; --glue: a new directory")
+    data.add_argument("--generate", metavar="PROMPT",
+                      help="a language model: print the greedy continuation of PROMPT")
+    p.add_argument("--out", help="--data: the TSV to write; --glue: a new directory")
+    p.add_argument("--max_new_tokens", type=int, default=32,
+                   help="--generate: the most tokens to add")
     p.add_argument("--step", type=int, default=None, help="--workdir: the checkpoint's step")
     add_replica_flag(p, "--workdir: predict with")
     p.add_argument("--text_columns", default="",
@@ -55,6 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     with failures.one_line_errors("skyjax.predict", args.debug):
         from skyjax.export.trained import ReplicaChoiceError
 
+        if args.generate is not None:  # a language model's continuation, printed
+            from skyjax.export import lm
+
+            model, tokenizer = lm.load(args.workdir, args.model, args.step)
+            print(args.generate + lm.generate(model, tokenizer, args.generate,
+                                              args.max_new_tokens), flush=True)
+            return 0
+        if not args.out:
+            p.error("--out is required with --data or --glue")
         try:
             written = write_predictions(
                 args.out, workdir=args.workdir, model_dir=args.model, data=args.data,

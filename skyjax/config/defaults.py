@@ -48,7 +48,31 @@ def _model() -> ml_collections.ConfigDict:
     # XLA elsewhere), which in training leaves out attention_probs_dropout_prob (opt-in: it
     # changes the math when that rate is > 0)
     m.attention = "auto"
+    # The family: "bert" (sequence classification) | "gpt2" | "llama" (causal language models,
+    # docs/design.md "Decoder models"); a pretrained config.json's model_type takes precedence.
+    # A decoder reads the fields above under its family's config.json names (num_labels,
+    # type_vocab_size, pad_token_id and layer_norm_eps unused); decoder_model() sets its defaults.
+    m.model_type = "bert"
+    m.num_key_value_heads = 0  # Llama: grouped-query attention's key/value heads; 0 = no grouping
+    m.tie_word_embeddings = False  # decoders: the LM head is the token embedding
+    m.rope_theta = 10000.0  # Llama: the rotary positions' base
     return m
+
+
+# Per decoder family: the config.model values its Hugging Face config defaults to.
+DECODER_DEFAULTS = {"gpt2": dict(hidden_act="gelu_new", tie_word_embeddings=True),
+                    "llama": dict(hidden_act="silu", tie_word_embeddings=False)}
+
+
+def decoder_model(config: ml_collections.ConfigDict, family: str) -> ml_collections.ConfigDict:
+    """``config`` with ``config.model`` a ``family`` decoder ("gpt2" or "llama") of that family's
+    defaults (:data:`DECODER_DEFAULTS`) and ``config.data.metric`` perplexity; the shape fields
+    are the config's to set."""
+    config.model.model_type = family
+    for key, value in DECODER_DEFAULTS[family].items():
+        config.model[key] = value
+    config.data.metric = "perplexity"
+    return config
 
 
 def _data() -> ml_collections.ConfigDict:
@@ -80,6 +104,14 @@ def _data() -> ml_collections.ConfigDict:
     d.hf_subset = ""  # hf:NAME: the dataset's configuration (e.g. "cola" of "nyu-mll/glue")
     d.train_split = "train"  # hf: the training split
     d.eval_splits = ("validation",)  # hf: the held-out splits
+    # A language model's text (skyjax/data/lm_text.py): a .txt file or folder, or .jsonl / .csv /
+    # hf: with this column; each .txt file one document ("file") or one per blank-line-separated
+    # paragraph ("paragraph"); this fraction of the documents held out as "validation" (0 = none,
+    # or eval_files); attention kept within each packed document (segment ids)
+    d.text_column = "text"
+    d.txt_documents = "file"
+    d.eval_fraction = 0.0
+    d.document_mask = False
     d.synthetic = ml_collections.ConfigDict()
     d.synthetic.max_markers = 4  # most marker tokens in one segment
     d.synthetic.min_segment_len = 4  # shortest segment A or B (tokens, without specials)
@@ -175,9 +207,8 @@ def _relax() -> ml_collections.ConfigDict:
     r.outer_momentum = 0.5
     # beside that bound (docs/design.md, "Relaxation on slow links"): decentralized averaging,
     # each replica averaging with one peer per step: "none" | "ring" | "exponential" (the
-    # one-peer exponential graph); peer_bits 8 also allows its int8 variant (error feedback)
+    # one-peer exponential graph)
     r.peers = "none"
-    r.peer_bits = 32
     # asynchronous averaging: the exact average applied this many steps late (0: not allowed)
     r.async_steps = 0
     # a relaxed plan is taken only where it predicts a step at least this fraction shorter
@@ -186,7 +217,7 @@ def _relax() -> ml_collections.ConfigDict:
     # top outer_topk of each chunk of 4096 values in 4 or 2 bits, error feedback per replica:
     # skyjax/compress.py)
     r.outer_compression = "none"
-    r.outer_topk = 1 / 64
+    r.outer_topk = 1 / 8  # the fraction of each chunk kept (skyjax/topk_wire.py, FRACTION)
     return r
 
 

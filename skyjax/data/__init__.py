@@ -6,7 +6,10 @@ rows that only pad the last batch).
 GLUE task (``"glue/mnli"``, ``"glue/cola"``, ... :data:`.glue.TASKS`) read from TensorFlow
 Datasets (:mod:`.glue`), or your own data (:mod:`.tables`): a ``.csv``, ``.tsv`` or ``.jsonl``
 file, or ``hf:DIR`` / ``hf:NAME`` for Hugging Face ``datasets``; text is tokenised with a BERT
-tokenizer (:mod:`.text`). Labels are int32 class ids, or float32 values for a regression
+tokenizer (:mod:`.text`). A causal language model (:func:`is_causal_lm`) reads documents
+instead (:mod:`.lm_text`: ``input_ids``, next-token ``labels`` and ``attention_mask``
+``[batch, seq_len]``, ``segment_ids`` with ``config.data.document_mask``), scored by perplexity.
+Labels are int32 class ids, or float32 values for a regression
 (``config.model.num_labels`` 1). Every training batch is a pure
 function of ``(config.train.seed, step)``, so each process derives the same batch order, and a run
 resumes at any step without replaying the data. Errors in the data config (tokenizer, dataset not
@@ -35,12 +38,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from skyjax.data import glue, synthetic, tables
+from skyjax.data import glue, lm_text, synthetic, tables
 from skyjax.data.prefetch import Prefetcher, StepBatches
 from skyjax.data.text import DataError
 
 Batch = dict[str, np.ndarray]
 SYNTHETIC_EVAL_SPLIT = "eval"
+
+
+def is_causal_lm(config: Any) -> bool:
+    """Whether ``config.model`` is a decoder language model (GPT-2, Llama): its data is text
+    packed into sequences (:mod:`.lm_text`)."""
+    from skyjax.models import hf_config  # JSON only
+
+    try:
+        return hf_config.model_type(config.model) in hf_config.DECODER_TYPES
+    except hf_config.PretrainedConfigError as e:
+        raise DataError(str(e)) from None
 
 
 def model_vocab_size(config: Any) -> int:
@@ -103,6 +117,8 @@ def metric(config: Any) -> str:
     the GLUE task's own, else accuracy (classification) or pearson_spearman (regression)."""
     if config.data.metric:
         return config.data.metric
+    if is_causal_lm(config):
+        return "perplexity"
     t = task(config)
     return "accuracy" if t is None else t.metric
 
@@ -110,7 +126,7 @@ def metric(config: Any) -> str:
 def label_names(config: Any) -> list[str] | None:
     """String labels in id order of your own data (None: integer ids, a regression, GLUE or
     synthetic); part of the run's identity, which checkpoints record."""
-    if kind(config.data.name) not in ("files", "hf"):
+    if is_causal_lm(config) or kind(config.data.name) not in ("files", "hf"):
         return None
     names = tables.load(config).names
     return None if names is None else list(names)
@@ -137,6 +153,8 @@ def train_batches(config: Any, start_step: int = 0) -> Prefetcher:
     first ``next``; ``close()`` on the returned iterator stops it (dropping the iterator does
     too). GLUE's tokenizer and dataset are opened here (errors are raised by this call). The
     training loop takes them through :class:`StepBatches`."""
+    if is_causal_lm(config):
+        return lm_text.train_batches(config, start_step)
     name = "synthetic" if _is_synthetic(config) else config.data.name
     return Prefetcher(_train_make(config), start=start_step, depth=config.data.prefetch,
                       name=f"skyjax-data-{name}")
@@ -159,7 +177,10 @@ def eval_splits(config: Any) -> dict[str, list[Batch]]:
     ...}``; GLUE its validation splits (MNLI ``validation_matched``, ``validation_mismatched``;
     the others ``validation``). Each has ``config.data.eval_examples`` examples (capped at the
     split's size; -1 = the whole split, not synthetic) in batches of ``config.data.batch_size``; the
-    last batch is padded, with ``weights`` 0 on the padding. ``eval_examples`` 0: ``{}``."""
+    last batch is padded, with ``weights`` 0 on the padding. ``eval_examples`` 0: ``{}``. A
+    language model's: :func:`.lm_text.eval_split_batches` (sequences, per split)."""
+    if is_causal_lm(config):
+        return lm_text.eval_split_batches(config)
     if _is_synthetic(config):
         return {SYNTHETIC_EVAL_SPLIT: _synthetic_eval(config)} if config.data.eval_examples else {}
     if kind(config.data.name) == "glue":
@@ -170,6 +191,8 @@ def eval_splits(config: Any) -> dict[str, list[Batch]]:
 def eval_batches(config: Any) -> list[Batch]:
     """The first held-out split's batches (see :func:`eval_splits`); ``[]`` when
     ``config.data.eval_examples`` is 0."""
+    if is_causal_lm(config):
+        return next(iter(lm_text.eval_split_batches(config).values()), [])
     if _is_synthetic(config):
         return _synthetic_eval(config)
     first = task(config).eval_splits[:1]

@@ -150,7 +150,8 @@ def block_causal_mask(segment_ids: np.ndarray, attention_mask: np.ndarray) -> np
     seg = np.asarray(segment_ids)
     length = seg.shape[-1]
     causal = np.tril(np.ones((length, length), bool))[None]
-    return causal & (seg[:, :, None] == seg[:, None, :]) & (np.asarray(attention_mask)[:, None, :] > 0)
+    keys = np.asarray(attention_mask)[:, None, :] > 0
+    return causal & (seg[:, :, None] == seg[:, None, :]) & keys
 
 
 def document_positions(segment_ids: np.ndarray) -> np.ndarray:
@@ -188,10 +189,14 @@ def hold_out(documents: list[lm_sources.Document], fraction: float, where: str
             [d for i, d in enumerate(documents) if i in held])
 
 
-def documents(config: Any) -> tuple[list[lm_sources.Document], dict[str, list[lm_sources.Document]]]:
+Documents = list[lm_sources.Document]
+
+
+def documents(config: Any) -> tuple[Documents, dict[str, Documents]]:
     """``(training documents, {held-out split: documents})`` of the config's source."""
     name = config.data.name
-    column, fraction = _get(config, "text_column", "text"), float(_get(config, "eval_fraction", 0.0))
+    column = _get(config, "text_column", "text")
+    fraction = float(_get(config, "eval_fraction", 0.0))
     eval_files = tuple(_get(config, "eval_files", ()))
     if eval_files and fraction:
         raise DataError("config.data.eval_files and config.data.eval_fraction are both set: "

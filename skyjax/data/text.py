@@ -76,11 +76,11 @@ def model_shape(config: Any) -> tuple[int, int, int, str]:
     m = config.model
     if m.pretrained:
         try:
-            hf = hf_config.read(m.pretrained)
+            hf = hf_config.read(m.pretrained, model_types=hf_config.MODEL_TYPES)
         except hf_config.PretrainedConfigError as e:
             raise DataError(str(e)) from None
         where = f"config.model.pretrained={m.pretrained!r} (config.json)"
-        return (int(hf.get("vocab_size", 30522)), int(hf.get("max_position_embeddings", 512)),
+        return (int(hf.get("vocab_size", 30522)), hf_config.max_positions(hf),
                 int(hf.get("type_vocab_size", 2)), where)
     return (m.vocab_size, m.max_position_embeddings, m.type_vocab_size, "config.model")
 

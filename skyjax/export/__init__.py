@@ -7,5 +7,6 @@ rows or GLUE's test sets (``python -m skyjax.predict``), on one device.
   and a run exported as one;
 * ``inference``: rows of a file tokenised as in training, the model's predictions, the TSV;
 * ``glue_submission``: GLUE's test splits as the files the GLUE server takes;
-* ``predict``: a model loaded from a run or a directory, its predictions written.
+* ``predict``: a model loaded from a run or a directory, its predictions written;
+* ``lm``: a decoder language model's export (``AutoModelForCausalLM``) and greedy continuation.
 """

@@ -114,7 +114,8 @@ class DecoderConfig:
                                                        "hidden_dropout_prob",
                                                        "embedding_dropout_prob",
                                                        "attention_probs_dropout_prob")}
-            out.update(rms_norm_eps=self.norm_eps, attention_dropout=self.attention_probs_dropout_prob,
+            out.update(rms_norm_eps=self.norm_eps,
+                       attention_dropout=self.attention_probs_dropout_prob,
                        num_key_value_heads=self.kv_heads, head_dim=self.head_size,
                        intermediate_size=self.ffn_size,
                        rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta})
@@ -175,7 +176,9 @@ def dense(cfg: DecoderConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs)
 
 def embed(cfg: DecoderConfig, n: int, rngs: nnx.Rngs) -> nnx.Embed:
     init = jax.nn.initializers.normal(cfg.initializer_range)
-    return nnx.Embed(n, cfg.hidden_size, embedding_init=init, rngs=rngs)
+    # looked up in the compute dtype (flax's Embed would return its parameter dtype)
+    return nnx.Embed(n, cfg.hidden_size, embedding_init=init, dtype=jnp.dtype(cfg.compute_dtype),
+                     rngs=rngs)
 
 
 class RMSNorm(nnx.Module):
@@ -211,10 +214,15 @@ def rotary(cfg: DecoderConfig, x: jax.Array) -> jax.Array:
 
 
 def causal_mask(attention_mask: jax.Array) -> jax.Array:
-    """``[b, queries, keys]``: 1 where a query may attend a key (not after it, not padding)."""
+    """``[b, queries, keys]``: 1 where a query may attend a key (not after it, not padding).
+    A mask of documents' segment ids + 1 (0 on padding; packed text with
+    ``config.data.document_mask``) also keeps a query within its document; with a 0/1 mask
+    that is no condition (a padding query, 0, sees every earlier token, as before)."""
     s = attention_mask.shape[-1]
     lower = jnp.tril(jnp.ones((s, s), jnp.int32))
-    return (attention_mask[:, None, :] > 0).astype(jnp.int32) * lower[None]
+    keys, queries = attention_mask[:, None, :], attention_mask[:, :, None]
+    allowed = (keys > 0) & ((keys == queries) | (queries == 0))
+    return allowed.astype(jnp.int32) * lower[None]
 
 
 def causal_attention(cfg: DecoderConfig, q: jax.Array, k: jax.Array, v: jax.Array,

@@ -1,6 +1,6 @@
-"""A decoder's Hugging Face names, both ways: loading a ``LlamaForCausalLM`` / ``GPT2LMHeadModel``
-directory (``config.json`` + safetensors) into :class:`~skyjax.models.decoder_units.DecoderForCausalLM`,
-and the parameters back under HF's names (:func:`to_hf_state_dict`) for an export.
+"""A decoder's Hugging Face names, both ways: loading a ``LlamaForCausalLM`` /
+``GPT2LMHeadModel`` directory (``config.json`` + safetensors) into
+:class:`~skyjax.models.decoder_units.DecoderForCausalLM`, and the parameters back under HF's names (:func:`to_hf_state_dict`) for an export.
 
 One table per config (:func:`hf_names`: HF name -> (path in ``model_params``, transpose)) serves
 both directions. Linear weights are PyTorch's ``[out, in]`` (transposed); GPT-2's ``Conv1D``

@@ -12,8 +12,25 @@ SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_h
               "intermediate_size", "max_position_embeddings", "type_vocab_size")
 
 
+DECODER_TYPES = ("llama", "gpt2")  # decoder.FAMILIES, named here without JAX
+MODEL_TYPES = ("bert",) + DECODER_TYPES
+
+
 class PretrainedConfigError(ValueError):
     """A pretrained directory whose ``config.json`` is missing, unreadable or not BERT's."""
+
+
+def model_type(model: Any) -> str:
+    """``"bert"``, ``"llama"`` or ``"gpt2"``: the pretrained ``config.json``'s ``model_type``
+    when ``config.model.pretrained`` names one, else ``config.model.model_type``."""
+    if getattr(model, "pretrained", ""):
+        return str(read(model.pretrained, model_types=MODEL_TYPES).get("model_type", "bert"))
+    return str(getattr(model, "model_type", "bert") or "bert")
+
+
+def max_positions(hf: dict[str, Any]) -> int:
+    """A ``config.json``'s longest sequence (GPT-2 names it ``n_positions``)."""
+    return int(hf.get("max_position_embeddings", hf.get("n_positions", 512)))
 
 
 def read(pretrained: str, key: str = "config.model.pretrained",

@@ -254,8 +254,9 @@ def every_warmup(plan: Plan) -> Iterator[list[list[int]]]:
 
 def every_plan(profile: Profile, schedule: str, microbatches: int, max_pipelines: int,
                strategy: str = "optimal", warm: bool = True) -> Iterator[Plan]:
-    """Every plan that fits (cost-model pricing, ``build_plan``'s choice of averaging and
-    routes), with every warm-up choice under 1F1B (``warm``): what brute force simulates."""
+    """Every plan that fits (cost-model pricing, routes as ``build_plan`` chooses them), in
+    every averaging mode allowed that fits, with every warm-up choice under 1F1B (``warm``):
+    what brute force simulates."""
     cache: dict[int, Tables] = {}
 
     def t_of(m: int) -> Tables:
@@ -263,26 +264,45 @@ def every_plan(profile: Profile, schedule: str, microbatches: int, max_pipelines
             cache[m] = tables(profile, schedule, m)
         return cache[m]
 
+    modes = profile.relax.averagings if len(profile.relax.averagings) > 1 else (None,)
     for pipes, shares in every_assignment(profile.num_devices, profile.num_units, microbatches,
                                           max_pipelines):
+        for plan in _each_mode(profile, t_of, schedule, pipes, shares, strategy, modes):
+            yield plan
+            if schedule == "1f1b" and warm:
+                yield from _deeper(t_of, plan)
+
+
+def _each_mode(profile: Profile, t_of: Callable[[int], Tables], schedule: str, pipes: list,
+               shares: Sequence[int], strategy: str, modes: Sequence[str | None]
+               ) -> Iterator[Plan]:
+    """The plan of ``pipes`` and ``shares`` in each averaging mode allowed that fits (one plan
+    per mode it runs; one pipeline: the one plan), so that the simulator prices every mode."""
+    seen = set()
+    for mode in modes if len(pipes) > 1 else (None,):
         try:
             if len(pipes) == 1:
-                plan = evaluate_tables(profile, t_of(microbatches), pipes[0], strategy, False,
+                plan = evaluate_tables(profile, t_of(shares[0]), pipes[0], strategy, False,
                                        None)
             else:
-                plan = build_plan(profile, schedule, pipes, shares, strategy, False, None)
+                plan = build_plan(profile, schedule, pipes, shares, strategy, False, None,
+                                  averaging=mode)
         except InfeasibleError:
             continue
-        if math.isinf(plan.step_time_s):
+        if math.isinf(plan.step_time_s) or plan.averaging in seen:
             continue
+        seen.add(plan.averaging)
         yield plan
-        if schedule == "1f1b" and warm:
-            for warm in every_warmup(plan):
-                if any(w > o for row, i in zip(warm, range(plan.num_pipelines)) for w, o in
-                       zip(row, warmups(len(plan.stage_ids(i)), plan.pipeline_shares()[i]))):
-                    deeper = with_warmups(t_of, plan, warm)
-                    if deeper is not None:
-                        yield deeper
+
+
+def _deeper(t_of: Callable[[int], Tables], plan: Plan) -> Iterator[Plan]:
+    """``plan`` with each deeper choice of 1F1B warm-ups that fits."""
+    for warm in every_warmup(plan):
+        if any(w > o for row, i in zip(warm, range(plan.num_pipelines)) for w, o in
+               zip(row, warmups(len(plan.stage_ids(i)), plan.pipeline_shares()[i]))):
+            deeper = with_warmups(t_of, plan, warm)
+            if deeper is not None:
+                yield deeper
 
 
 def simulated_optimum(profile: Profile, schedule: str, microbatches: int, max_pipelines: int,

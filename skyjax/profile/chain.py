@@ -52,7 +52,10 @@ class Workload:
     def record(self) -> dict:
         """profile.json's ``model`` record of this workload (:func:`format.model_record`), so that
         a run given the profile can check it was measured for its model."""
-        return model_record(dataclasses.asdict(self.model), attention=self.model.attention,
+        shape = dataclasses.asdict(self.model)
+        if shape.get("intermediate_size", 0) is None:  # a decoder's default (GPT-2's n_inner)
+            shape["intermediate_size"] = self.model.ffn_size
+        return model_record(shape, attention=self.model.attention,
                             compute_dtype=self.dtype, granularity=self.granularity)
 
 
@@ -97,14 +100,24 @@ def full_chain(chain: list[bert.Unit]) -> ChainSpec:
                      [tree_nbytes(u.params) for u in chain])
 
 
-def skeleton_chain(model: bert.BertConfig, granularity: str, seed: int = 0) -> ChainSpec:
-    """A one-layer model's units standing for the ``model.num_hidden_layers`` identical layers."""
+def model_units(model: Any, granularity: str, seed: int = 0) -> list[bert.Unit]:
+    """The units of the model of shape ``model`` (a ``BertConfig``, or a decoder's
+    ``DecoderConfig``), materialised."""
     from flax import nnx
 
+    if hasattr(model, "num_labels"):
+        return bert.units(bert.BertForSequenceClassification(model, rngs=nnx.Rngs(seed)),
+                          granularity)
+    from skyjax.models import decoder_units
+
+    return decoder_units.units(decoder_units.DecoderForCausalLM(model, nnx.Rngs(seed)),
+                               granularity)
+
+
+def skeleton_chain(model: bert.BertConfig, granularity: str, seed: int = 0) -> ChainSpec:
+    """A one-layer model's units standing for the ``model.num_hidden_layers`` identical layers."""
     layers = model.num_hidden_layers
-    small = bert.BertForSequenceClassification(dataclasses.replace(model, num_hidden_layers=1),
-                                               rngs=nnx.Rngs(seed))
-    chain = bert.units(small, granularity)
+    chain = model_units(dataclasses.replace(model, num_hidden_layers=1), granularity, seed)
     per_layer = len(chain) - 2
     names, rep = [chain[0].name], [0]
     for i in range(layers):
@@ -125,17 +138,18 @@ def chain_spec(model: bert.BertConfig, granularity: str, chain: list[bert.Unit] 
         return full_chain(chain)
     if dedup_units:
         return skeleton_chain(model, granularity)
-    from flax import nnx
-
-    return full_chain(bert.units(bert.BertForSequenceClassification(model, rngs=nnx.Rngs(0)),
-                                 granularity))
+    return full_chain(model_units(model, granularity))
 
 
 def sample_microbatch(model: bert.BertConfig, size: int, seq_len: int, seed: int = 0
                       ) -> tuple[dict, np.ndarray]:
-    """A random micro-batch (first unit's carry, labels) of the profiled shape."""
+    """A random micro-batch (first unit's carry, labels) of the profiled shape; a decoder's
+    (no ``num_labels``) labels are next tokens, one per position."""
     rs = np.random.RandomState(seed)
     ids = rs.randint(1, model.vocab_size, size=(size, seq_len)).astype(np.int32)
+    if not hasattr(model, "num_labels"):
+        labels = rs.randint(0, model.vocab_size, size=(size, seq_len)).astype(np.int32)
+        return bert.initial_carry(ids, None, np.ones_like(ids)), labels
     types = np.zeros_like(ids)
     types[:, seq_len // 2:] = 1 if model.type_vocab_size > 1 else 0
     mask = np.ones_like(ids)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from skyjax.jsonio import write_json_atomic
-from skyjax.names import CODECS
+from skyjax.names import CODECS, OUTER_COMPRESSIONS
 from skyjax.relax import EXACT, Relaxation
 
 VERSION = 2
@@ -35,7 +35,8 @@ _TOP_KEYS = ("version", "microbatch", "units", "devices", "forward_s", "backward
              "backward_input_s")
 OVERHEAD_KEYS = ("forward_call_s", "backward_call_s", "update_call_s", "message_s", "input_s")
 _UNIT_FIELDS = ("state_bytes", "activation_bytes", "output_bytes")
-_OPTIONAL_UNIT_FIELDS = ("temp_bytes",)  # 0 where absent (profiles made before it existed)
+# 0 where absent (profiles made before it existed; a unit sharing no tensor)
+_OPTIONAL_UNIT_FIELDS = ("temp_bytes", "tied_bytes")
 _LINK_KEYS = ("latency_s", "bandwidth_Bps")
 # The model record: integers (the shape, Hugging Face's names) and strings (how it computes and
 # how it is cut into units). num_labels is left out: the head's size barely moves a time, and a
@@ -305,8 +306,9 @@ def _codecs(x: Any, n_u: int, n_d: int) -> dict:
         _fail("codecs", f"expected an object, got {type(x).__name__}")
     out = {}
     for name, c in x.items():
-        if name not in CODECS or name == "none":
-            _fail(f"codecs.{name}", f"unknown codec (expected one of {CODECS[1:]})")
+        if name not in CODECS + OUTER_COMPRESSIONS[1:] or name == "none":
+            _fail(f"codecs.{name}", f"unknown codec (expected one of "
+                                    f"{CODECS[1:] + OUTER_COMPRESSIONS[1:]})")
         if not isinstance(c, dict):
             _fail(f"codecs.{name}", f"expected an object, got {type(c).__name__}")
         out[name] = {

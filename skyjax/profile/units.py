@@ -135,6 +135,8 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
                "temp_bytes": temp_bytes(result.memory),
                "kind": spec.kinds[u], "param_bytes": pb, "optimizer_bytes": opt_cache[r],
                "measured_as": spec.chain[rep_i].name, "repeats": result.repeats}
+        if unit.tied:  # a tensor it shares with another unit (a decoder's tied embedding)
+            rec["tied_bytes"] = tied_nbytes(unit)
         if coded:  # moved to profile.codecs by measure.assemble
             rec["codec_bytes"] = {name: c["output_bytes"][r] for name, c in coded.items()}
         rec.update(result.memory)
@@ -167,3 +169,15 @@ def measure_units(spec: ChainSpec, sample: tuple[Any, np.ndarray], cluster: clus
             "backward_weight_s": None if split is None else split[1],
             "cpu_cores": [cores[k] if k >= 0 else float("nan") for k in cls],
             "wake": [after_idle[k] if k >= 0 else None for k in cls]}
+
+
+def tied_nbytes(unit) -> int:
+    """Bytes of the tensors ``unit`` shares with another unit (``Unit.tied``): what the tied
+    weights' exchange sends each step (profile.json's ``tied_bytes``)."""
+    total = 0
+    for path, _, _ in unit.tied:
+        leaf = unit.params
+        for key in path:
+            leaf = leaf[key]
+        total += int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+    return total

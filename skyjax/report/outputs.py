@@ -117,6 +117,9 @@ def make_summary(config: ml_collections.ConfigDict, plan: dict, result: dict,
         "eval_accuracy": first.get("eval_accuracy"),
         "eval_loss": first.get("eval_loss"),
         "eval_examples": first.get("eval_examples", 0),
+        # a language model's (skyjax.scores.perplexity): exp(eval_loss) and its target tokens
+        **({k: first[k] for k in ("eval_perplexity", "eval_tokens")} if "eval_perplexity" in first
+           else {}),
         # every figure of the metric (skyjax.scores): accuracy, matthews, f1, pearson, spearman
         "metric": result.get("metric", "accuracy"),
         "eval_scores": {k[len("eval_"):]: v for k, v in first.items()

@@ -28,6 +28,9 @@ does instead of summing its replicas exactly (``runtime.replicas.reduce_replicas
   send the sum back, and every owner takes the outer Nesterov step as ``diloco``. With one
   group both are the exact exchange, bit for bit.
 
+* ``decentral`` and ``async`` (the peer modes): :mod:`skyjax.runtime.decentralized`, which
+  ``state_class`` and ``make_averaging`` hand them to.
+
 Each exchange is recorded on the stage as spans of the step (``PipelineStage.record_span``):
 the direct exchanges of ``int8`` and ``diloco`` as phase 2 (every device a group of its own),
 the routed ones by ``runtime.exchange``, and an outer step's own update as
@@ -48,6 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from skyjax import codecs
+from skyjax.names import PEER_MODES
 from skyjax.plan.pricing.exchange import BACK, BETWEEN, IN_GROUP, pipeline_groups
 from skyjax.runtime.replicas import sum_replicas, swap_with_peers
 from skyjax.spans import EXCHANGE_PHASE, OUTER
@@ -110,11 +114,11 @@ class _StateTrees:
 
 def state_class(mode: str) -> type | None:
     """The class a stage of a plan with averaging ``mode`` holds, by its ``name`` (None: exact,
-    no state; ``mode+compression``: :mod:`skyjax.runtime.compressed`)."""
-    if "+" in mode:
-        from skyjax.runtime import compressed
-        return compressed.state_class(mode)
-    return {c.name: c for c in _StateTrees.__subclasses__()}.get(mode)
+    no state; ``mode+compression``: :func:`skyjax.runtime.compressed.state_class`)."""
+    if mode in PEER_MODES:
+        from skyjax.runtime import decentralized
+        return decentralized.state_class(mode)
+    return {getattr(c, "name", None): c for c in _StateTrees.__subclasses__()}.get(mode)
 
 
 def local_stages(executor: Any) -> list:
@@ -288,7 +292,7 @@ def norm_groups(plan: Any) -> list[int] | None:
     """Per pipeline the group whose stages clip by one norm; None: one global norm."""
     if plan.num_pipelines < 2:
         return None
-    if plan.averaging == "diloco":
+    if plan.averaging == "diloco" or plan.averaging in PEER_MODES:
         return list(range(plan.num_pipelines))
     if plan.averaging == "diloco-across":
         groups = replica_groups(plan)
@@ -310,6 +314,8 @@ class AveragingSpec:
     groups: tuple[int, ...] | None = None
     compression: str = "none"  # relax.outer_compression (skyjax.runtime.compressed)
     topk: float = 0.0  # its fraction kept
+    peer_schedule: str = ""  # decentral's (skyjax.runtime.decentralized)
+    staleness: int = 0  # async's k
 
 
 def averaging_spec(plan: Any) -> AveragingSpec | None:
@@ -321,16 +327,16 @@ def averaging_spec(plan: Any) -> AveragingSpec | None:
     groups = tuple(replica_groups(plan)) if plan.averaging == "diloco-across" else None
     return AveragingSpec(plan.averaging, plan.outer_every, plan.outer_lr, plan.outer_momentum,
                          tuple(plan.pipeline_shares()), groups, plan.outer_compression,
-                         plan.outer_topk)
+                         plan.outer_topk, plan.peer_schedule, plan.staleness)
 
 
 def make_averaging(spec: AveragingSpec | None, stage: Any) -> Any:
     """A stage's averaging state for ``spec`` (made with the stage); None for exact."""
     if spec is None:
         return None
-    if spec.compression != "none":
-        from skyjax.runtime import compressed
-        return compressed.make(spec, stage)
+    if spec.mode in PEER_MODES:
+        from skyjax.runtime import decentralized
+        return decentralized.make(spec, stage)
     if spec.mode == "int8":
         return Int8Averaging(stage)
     if spec.mode == "diloco":

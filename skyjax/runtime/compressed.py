@@ -28,6 +28,7 @@ from typing import Any
 import jax
 
 from skyjax import compress
+from skyjax.runtime import averaging
 from skyjax.plan.pricing.exchange import BACK, BETWEEN
 from skyjax.runtime.averaging import (DIRECT, DilocoAcrossAveraging, DilocoAveraging,
                                       Int8AcrossAveraging, Int8Averaging, _outer_step,
@@ -148,13 +149,20 @@ CLASSES = {"int8": TopkInt8Averaging, "diloco": TopkDilocoAveraging,
 
 
 def state_class(name: str) -> type | None:
-    """The class of a compressed mode's name (``mode+compression``); None for another."""
+    """The class of a plan's averaging state by its name (:func:`mode_name`): a compressed
+    mode's here, another's :func:`skyjax.runtime.averaging.state_class`."""
     mode, _, compression = name.partition("+")
+    if not compression:
+        return averaging.state_class(mode)
     return CLASSES.get(mode) if compression in compress.BITS else None
 
 
-def make(spec: Any, stage: Any) -> Any:
-    """A stage's compressed averaging for ``spec`` (``spec.compression`` not ``none``)."""
+def make_averaging(spec: Any, stage: Any) -> Any:
+    """A stage's averaging state for ``spec`` (made with the stage): compressed where
+    ``spec.compression`` names a compression, else :func:`skyjax.runtime.averaging.
+    make_averaging`."""
+    if spec is None or spec.compression == "none":
+        return averaging.make_averaging(spec, stage)
     coder = TopkCoder(spec.compression, spec.topk)
     if spec.mode == "int8":
         return TopkInt8Averaging(stage, coder)

@@ -47,8 +47,9 @@ from skyjax.cluster.rehearsal import rehearsed_call
 from skyjax.optim import clip_scale, global_sq_norm
 from skyjax.plan.model.schedules import Action
 from skyjax.transport import tags
-from skyjax.runtime.averaging import make_averaging
-from skyjax.runtime.batches import Batch
+from skyjax.runtime import tied
+from skyjax.runtime.compressed import make_averaging
+from skyjax.runtime.batches import Batch, host_carry
 from skyjax.runtime.replicas import backward_by_buckets, norm_allreduce, reduce_replicas
 from skyjax.runtime.role import StageRole
 from skyjax.programs.stage import StageProgram, StageState, float_entries
@@ -69,13 +70,6 @@ class StageLink(Protocol):
     def recv(self, tag: int, like: Any, src: int) -> Any: ...
 
     def allreduce_sum(self, value: float, tag: int) -> float: ...
-
-
-def host_carry(batch: Batch) -> dict[str, np.ndarray]:
-    """``skyjax.models.bert.initial_carry`` of a host batch, built on the host (numpy): one
-    device transfer, not one dispatch per array."""
-    return {k: np.asarray(batch[k], np.int32)
-            for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
 PULL_AHEAD = 2  # receives posted ahead of the action that needs them (transports with prefetch)
@@ -124,6 +118,8 @@ class PipelineStage:
                                                    repr=False)
     # (time.time(), time.perf_counter()) at the current step's start: the spans' clock
     _epoch: tuple[float, float] = dataclasses.field(default=(0.0, 0.0), init=False, repr=False)
+    # the tied tensors it holds a copy of (runtime.tied.TiedSlot; a decoder's embedding)
+    tied: tuple = ()
 
     def __post_init__(self) -> None:
         self.averaging = make_averaging(self.role.averaging, self)
@@ -338,6 +334,7 @@ class PipelineStage:
         """What follows a step's actions: the exchange with the other pipelines, the update
         and, under DiLoCo, the outer step; returns :meth:`update`'s value."""
         reduce_replicas(self, step)
+        tied.exchange(self, step)  # tied copies: both uses' gradient summed (runtime.tied)
         local = self.update(step, max_grad_norm)
         if self.averaging is not None:
             self.averaging.after_update(self, step)
@@ -357,7 +354,8 @@ class PipelineStage:
         counts = max_grad_norm and self.pipeline == (
             0 if groups is None else list(groups).index(groups[self.pipeline]))
         # the step's one read of the gradients (clipping on): waits for its last backward
-        local = float(jax.device_get(global_sq_norm(self.state.grads))) if counts else 0.0
+        grads = tied.without_copies(self, self.state.grads) if self.tied else self.state.grads
+        local = float(jax.device_get(global_sq_norm(grads))) if counts else 0.0
         total = norm_allreduce(self.link, step, local, max_grad_norm, self.pipeline,
                                num_pipelines, groups)
         if self.role.rehearsal is not None:  # the step's synchronisation as the profile declares

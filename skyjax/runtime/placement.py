@@ -16,6 +16,7 @@ import optax
 
 from skyjax.models.bert import Unit, initial_carry
 from skyjax.plan import Plan
+from skyjax.runtime import tied
 from skyjax.runtime.averaging import averaging_spec
 from skyjax.runtime.batches import Batch
 from skyjax.runtime.exchange import stage_routes
@@ -148,5 +149,7 @@ def build_stage(chain: Sequence[Unit], role: StageRole, device: jax.Device, link
     else:
         state = program.init_state(jax.device_put([u.params for u in block], device,
                                                   may_alias=False))
-    return PipelineStage(role, program, state, device, link, shapes[place.start],
-                         shapes[place.end], replica_link, slowdown, sync_actions=sync_actions)
+    stage = PipelineStage(role, program, state, device, link, shapes[place.start],
+                          shapes[place.end], replica_link, slowdown, sync_actions=sync_actions)
+    stage.tied = tied.stage_slots(chain, place.start, place.end, role.index, role.num_stages)
+    return stage

@@ -15,7 +15,9 @@ tags                        messages                                     from
 ``0, 1, 2, ...``            training activations (F) and cotangents (B)  :func:`train_message`
                             of (step, micro-batch): 3 tags each; the
                             third of micro-batch 0: a step's replicated  :func:`replica_grads`
-                            gradients (several pipelines)
+                            gradients (several pipelines); between a     :func:`tied_grads`
+                            pipeline's first and last stage, its tied
+                            weights' gradients
 ``PROFILE_BASE`` (900 000)  profiler link probes (and its collectives),  ``PROFILE_BASE``; the
 and up                      before training                              profiler counts up
 ``-1`` down to              evaluation activations, one tag per eval     :func:`eval_message`
@@ -56,6 +58,13 @@ def replica_grads(step: int, microbatches: int) -> int:
     """The tag of step ``step``'s gradients sent to the stages of other pipelines that own the
     same units (one message per stage pair and step; ``microbatches``: the global count)."""
     return train_message(step, 0, REPLICAS, microbatches)
+
+
+def tied_grads(step: int, microbatches: int) -> int:
+    """The tag of step ``step``'s tied-weight gradient between the first and the last stage of
+    a pipeline (``runtime.tied``): :func:`replica_grads`' tag, which that pair of stages never
+    uses (they own no unit in common, so they exchange no replicated gradient)."""
+    return replica_grads(step, microbatches)
 
 
 def eval_message(index: int) -> int:

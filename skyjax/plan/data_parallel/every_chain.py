@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from skyjax.names import PEER_MODES
 from skyjax.plan.data_parallel.pipelines import INT8_WIRE, ChainCache, Priced, region_groups
 
 NODES = 100_000  # most partial chains the depth-first searches visit, all blocks together
@@ -49,6 +50,8 @@ class Floors:
         slow = 1.0 / prof.relax.outer_every if any(x.startswith("diloco") for x in modes) else 1
         wire = INT8_WIRE if any(x.startswith("int8") for x in modes) else 1.0
         self.lat_f, self.byte_f = slow, min(slow, wire)
+        if any(x in PEER_MODES for x in modes):  # a pair may not cross a cut; async hides it
+            self.lat_f = self.byte_f = 0.0
 
     def _cut(self, inside: np.ndarray, outside: np.ndarray, g: float, senders: int) -> float:
         top = float(self.bw[np.ix_(inside, outside)].max())

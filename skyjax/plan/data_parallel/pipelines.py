@@ -29,7 +29,9 @@ from skyjax.plan.pricing.classes import device_classes, labels
 from skyjax.plan.pricing.cost import Tables, check_assignment, check_fits, stage_costs, tables
 from skyjax.plan.pricing.exchange import (INT8_WIRE, pipeline_groups, region_groups,  # noqa: F401
                                   relaxed_exchange, routing, routing_s, same_math)
+from skyjax.names import PEER_MODES
 from skyjax.plan.model.types import InfeasibleError, Plan, Stage
+from skyjax.plan.pricing import peers, topk
 from skyjax.profile.format import Profile
 
 _INF = math.inf
@@ -46,16 +48,22 @@ def grad_prefix(profile: Profile) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(g)])
 
 
-def state_copies(mode: str) -> int:
+def state_copies(mode: str, pipelines: int = 2, relax=None) -> int:
     """Copies of a stage's gradients (float32, ``grad_bytes`` of its units) a stage keeps for an
     averaging mode (``runtime.averaging``): the int8 error-feedback residual 1, DiLoCo's anchor
-    and outer momentum 2, exact 0."""
-    return 1 if mode.startswith("int8") else 2 if mode.startswith("diloco") else 0
+    and outer momentum 2, exact 0; the peer modes' as ``pricing.peers.state_copies`` says (of
+    ``pipelines`` and ``relax``'s staleness and peer schedule)."""
+    if mode in PEER_MODES:
+        return peers.state_copies(mode, pipelines, relax.async_steps if relax else 1,
+                                  relax.peers if relax else "ring")
+    return (1 if mode.startswith("int8") else 2 if mode.startswith("diloco") else 0) + int(
+        mode.startswith("diloco") and relax is not None and relax.compressed)  # its residual
 
 
-def state_charge(mode: str, gprefix: np.ndarray, a: int, b: int) -> int:
+def state_charge(mode: str, gprefix: np.ndarray, a: int, b: int, pipelines: int = 2,
+                 relax=None) -> int:
     """Bytes of ``mode``'s state on a stage over units [a, b) (what its memory_k adds)."""
-    return int(round(state_copies(mode) * float(gprefix[b] - gprefix[a])))
+    return int(round(state_copies(mode, pipelines, relax) * float(gprefix[b] - gprefix[a])))
 
 
 def free_bytes(t: Tables, chain: Chain) -> tuple[float, ...]:
@@ -64,12 +72,36 @@ def free_bytes(t: Tables, chain: Chain) -> tuple[float, ...]:
 
 
 def fitting_modes(modes: Sequence[str], chains: Sequence[Chain],
-                  free: Sequence[Sequence[float] | None], gprefix: np.ndarray) -> tuple[str, ...]:
+                  free: Sequence[Sequence[float] | None], gprefix: np.ndarray,
+                  relax=None) -> tuple[str, ...]:
     """The modes of ``modes`` whose state fits on every stage (``free[i]``: ``free_bytes`` of
     chain i; None: not known, not checked): a relaxed mode that does not fit is not priced."""
-    return tuple(m for m in modes if not state_copies(m) or all(
-        f is None or all(state_charge(m, gprefix, a, b) <= x for (_, a, b), x in zip(c, f))
+    n = len(chains)
+    return tuple(m for m in modes if not state_copies(m, n, relax) or all(
+        f is None or all(state_charge(m, gprefix, a, b, n, relax) <= x
+                         for (_, a, b), x in zip(c, f))
         for c, f in zip(chains, free)))
+
+
+def priced_exchange(chains: Sequence[Chain], gprefix: np.ndarray, profile: Profile,
+                    modes: Sequence[str], compute_s: float
+                    ) -> tuple[float, str, list[list[int]] | None]:
+    """``relaxed_exchange`` over the ordered modes of ``modes``, and the peer modes priced by
+    :mod:`skyjax.plan.pricing.peers` (async beyond ``compute_s`` = max_i T_i + sync_s): the
+    least AR, its mode (ties to the earlier) and the exchange's groups."""
+    ordered = [m for m in modes if m not in PEER_MODES]
+    best = (relaxed_exchange(chains, gprefix, profile, ordered) if ordered or len(chains) < 2
+            else (math.inf, "", None))
+    if len(chains) < 2:
+        return best
+    lat, bw, relax = profile.latency_s, profile.bandwidth_Bps, profile.relax
+    for m in modes:
+        if m in PEER_MODES:
+            ar = (peers.async_s(chains, gprefix, lat, bw, relax.async_steps, compute_s)
+                  if m == "async" else peers.decentral_s(chains, gprefix, lat, bw, relax.peers))
+            if ar < best[0] or not best[1]:
+                best = (ar, m, None)
+    return best
 
 
 def exchange_s(chains: Sequence[Chain], gprefix: np.ndarray, latency: np.ndarray,
@@ -159,16 +191,19 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
     if averaging is not None:
         averaging = same_math(averaging, chains, profile)
     allowed = profile.relax.averagings if averaging is None else (averaging,)
-    modes = fitting_modes(allowed, chains, free, gprefix)
+    modes = fitting_modes(allowed, chains, free, gprefix, profile.relax)
     if not modes:  # a given relaxed mode (exact always fits)
         if check:
-            raise InfeasibleError(f"{averaging} averaging: its state ({state_copies(averaging)} "
+            raise InfeasibleError(f"{averaging} averaging: its state "
+                                  f"({state_copies(averaging, len(chains), profile.relax)} "
                                   f"copies of each stage's gradients) does not fit the memory "
                                   f"of every stage")
         modes = allowed
-    ar, averaging, groups = relaxed_exchange(chains, gprefix, profile, modes)
+    ar, averaging, groups = priced_exchange(chains, gprefix, profile, modes,
+                                            max(steps) + float(profile.sync_s))
     stages = [dataclasses.replace(s, memory_bytes=s.memory_bytes + state_charge(
-        averaging, gprefix, *s.units)) for s in stages]  # the mode's state, as priced
+        averaging, gprefix, *s.units, len(chains), profile.relax))
+        for s in stages]  # the mode's state, as priced
     if check and math.isinf(ar):
         raise InfeasibleError("gradient exchange: two stages that share units cannot reach "
                               "one another (bandwidth_Bps 0)")
@@ -182,7 +217,9 @@ def build_plan(profile: Profile, schedule: str, chains: Sequence[Chain], shares:
                 exchange_reps=None if groups is None else [
                     list(r) for _, r in sorted(routing(chains, groups,
                                                        np.diff(grad_prefix(profile))).rep.items())],
-                **(outer_step(profile.relax) if averaging.startswith("diloco") else {}))
+                **(outer_step(profile.relax) if averaging.startswith("diloco") else {}),
+                **peers.plan_fields(averaging, profile.relax),
+                **topk.plan_fields(profile.relax, averaging))
 
 
 def evaluate_pipelines(profile: Profile, assignments: Sequence[Chain], shares: Sequence[int],

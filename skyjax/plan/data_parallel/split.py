@@ -44,6 +44,7 @@ from skyjax.plan.data_parallel.every_chain import EveryChain
 from skyjax.plan.search.exact import exact_cost
 from skyjax.plan.data_parallel.candidates import (Estimator, candidate_splits, rates,
                                                   set_partitions, split_bound)
+from skyjax.names import PEER_MODES
 from skyjax.plan.data_parallel.pipelines import (INT8_WIRE, ChainCache, Priced, build_plan, evaluate_pipelines,
                                    fractional_bound, grad_prefix, region_groups,
                                    relaxed_exchange)
@@ -216,7 +217,8 @@ def _by_candidates(cache: ChainCache, low: int, high: int, gprefix: np.ndarray,
     rate = rates(t)
     relax = cache.profile.relax  # a relaxed exchange sends fewer bytes per step, at least:
     least = min([1.0] + [INT8_WIRE] * any(a.startswith("int8") for a in relax.averagings)
-                + [1.0 / relax.outer_every] * any(a.startswith("diloco") for a in relax.averagings))
+                + [1.0 / relax.outer_every] * any(a.startswith("diloco") for a in relax.averagings)
+                + [0.0] * any(a in PEER_MODES for a in relax.averagings))  # async may hide it
     group = np.empty(t.num_devices, dtype=np.int64)
     for g, members in enumerate(region_groups(cache.profile)):
         group[members] = g
@@ -270,12 +272,14 @@ def _screen(cache: ChainCache, splits: list, rate: np.ndarray, gprefix: np.ndarr
 def _exchange(priced: Sequence[Priced], gprefix: np.ndarray, profile: Profile) -> float:
     """AR of the pipelines in the plan's order (by least device, as ``search`` builds it): the
     routing, so its cost, depends on the pipelines' order."""
-    from skyjax.plan.data_parallel.pipelines import fitting_modes  # a mode only where its state fits
+    # a mode only where its state fits
+    from skyjax.plan.data_parallel.pipelines import fitting_modes, priced_exchange
 
     modes = fitting_modes(profile.relax.averagings, [p.chain for p in priced],
-                          [p.free for p in priced], gprefix)
+                          [p.free for p in priced], gprefix, profile.relax)
     chains = sorted((p.chain for p in priced), key=lambda c: min(d for d, _, _ in c))
-    return relaxed_exchange(chains, gprefix, profile, modes)[0]
+    return priced_exchange(chains, gprefix, profile, modes,
+                           max(p.step_s for p in priced) + float(profile.sync_s))[0]
 
 
 def _pow2(x: float) -> int:
@@ -358,4 +362,5 @@ def without_devices(profile: Profile, plan: Plan, lost: Sequence[int]) -> Plan |
     if out.num_pipelines > 1:
         out.outer_every = plan.outer_every  # the averaging: as priced (evaluate_pipelines)
         out.outer_lr, out.outer_momentum = plan.outer_lr, plan.outer_momentum
+        out.outer_compression, out.outer_topk = plan.outer_compression, plan.outer_topk
     return out

@@ -106,6 +106,10 @@ class Plan:
     # outer_compression, skyjax.compress; "none": as the mode sends it) and its fraction kept
     outer_compression: str = "none"
     outer_topk: float = 0.0
+    # the peer modes (skyjax.plan.pricing.peers): decentral's peer schedule ("ring" |
+    # "exponential") and the steps by which async's average lands late (its staleness)
+    peer_schedule: str = ""
+    staleness: int = 0
 
     @property
     def num_pipelines(self) -> int:
@@ -167,6 +171,10 @@ class Plan:
                 if self.outer_compression != "none":
                     out.update(outer_compression=self.outer_compression,
                                outer_topk=self.outer_topk)
+                if self.peer_schedule:
+                    out["peer_schedule"] = self.peer_schedule
+                if self.staleness:
+                    out["staleness"] = self.staleness
         return out
 
     @property
@@ -198,4 +206,6 @@ class Plan:
                    [[int(x) for x in r] for r in d["exchange_reps"]]
                    if d.get("exchange_reps") else None,
                    float(d["model_s"]) if d.get("model_s") is not None else None,
-                   str(d.get("outer_compression", "none")), float(d.get("outer_topk", 0.0)))
+                   str(d.get("outer_compression", "none")), float(d.get("outer_topk", 0.0)),
+                   peer_schedule=str(d.get("peer_schedule", "")),
+                   staleness=int(d.get("staleness", 0)))

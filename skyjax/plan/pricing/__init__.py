@@ -6,6 +6,8 @@ term the searches, bounds and replays charge.
 * ``classes``: interchangeable devices and link groups;
 * ``stage_times``: per-stage action times and link delays, what the replays run;
 * ``exchange``: the gradient exchange's routing through link groups, and its cost;
+* ``topk``: the top-k compression's bytes and coding on the exchange (``relax.outer_compression``);
+* ``peers``: decentralized averaging's peer schedule, and the peer modes' prices;
 * ``buckets``: the exchange behind the backward: buckets, the pieces messages travel in, when
   each bucket is ready.
 """

@@ -41,6 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from skyjax.names import CODEC_BLOCK
+from skyjax.plan.pricing import topk
 from skyjax.profile.format import Profile
 
 # The phases, numbered as in the module doc and docs/design.md ("Several pipelines")
@@ -221,7 +222,7 @@ def unpriced_modes(profile: Profile) -> tuple[str, ...]:
     DiLoCo one: it allows every mode up to it); none otherwise (a bound that names an int8
     mode needs its timings: :func:`_int8_rate` says so)."""
     named = profile.relax.averaging
-    if "int8" in profile.codecs or named.startswith("int8"):
+    if "int8" in profile.codecs or named.startswith("int8") or profile.relax.compressed:
         return ()
     return tuple(m for m in profile.relax.averagings if m.startswith("int8"))
 
@@ -250,7 +251,13 @@ def relaxed_exchange(chains: Chains, gprefix: np.ndarray, profile: Profile,
     * ``diloco-across`` (each pipeline inside one region, two regions or more): phases 1 and 3
       every step, plus phases 2 and 3 of the outer step's exchange / H;
     * ``diloco``: the direct exact exchange of the pseudo-gradients once every ``outer_every``
-      steps, AR / H per step.
+      steps, AR / H per step;
+    * ``decentral``, ``async`` (a bound per axis): left to :mod:`skyjax.plan.pricing.peers`
+      (``pipelines.priced_exchange`` takes the least of both).
+
+    With ``relax.outer_compression`` the coded messages of ``int8``, ``int8-across``, ``diloco``
+    (its outer step) and ``diloco-across`` (its phase 2) are priced in top-k instead
+    (:mod:`skyjax.plan.pricing.topk`: its bytes and coding time).
 
     The int8 modes are left out where the profile cannot price them and the bound names a mode
     past them (:func:`unpriced_modes`).
@@ -264,6 +271,7 @@ def relaxed_exchange(chains: Chains, gprefix: np.ndarray, profile: Profile,
     direct = routing_s(routing(chains, None), gprefix, lat, bw)[0]
     if len(chains) < 2:
         return direct, "exact", None
+    top = topk.relax_coder(profile, gprefix)  # outer_compression: the relaxed modes' wire
     groups = _used_groups(chains, profile)
     route = routing(chains, groups, np.diff(gprefix)) if groups else None
     offered = _offered(chains, groups, route)
@@ -276,18 +284,22 @@ def relaxed_exchange(chains: Chains, gprefix: np.ndarray, profile: Profile,
                 if grouped < direct:
                     ar, via = grouped, groups
         elif mode == "int8-across" and "int8-across" in offered:
-            ar, via = routing_s(route, gprefix, lat, bw, INT8_WIRE, _int8_rate(profile),
+            ar, via = routing_s(route, gprefix, lat, bw,
+                                *(top or (INT8_WIRE, _int8_rate(profile))),
                                 coded=(BETWEEN,))[0], groups
         elif mode == "int8":
-            ar, via = routing_s(routing(chains, None), gprefix, lat, bw, INT8_WIRE,
-                                _int8_rate(profile))[0], None
+            ar, via = routing_s(routing(chains, None), gprefix, lat, bw,
+                                *(top or (INT8_WIRE, _int8_rate(profile))))[0], None
         elif mode == "diloco-across" and "diloco-across" in offered:
             ar = (routing_s(route, gprefix, lat, bw, phases=(IN_GROUP, BACK))[0]
-                  + routing_s(route, gprefix, lat, bw, phases=(BETWEEN, BACK))[0]
+                  + routing_s(route, gprefix, lat, bw, *(top or (1.0, None)),
+                              phases=(BETWEEN, BACK), coded=(BETWEEN,))[0]
                   / profile.relax.outer_every)
             via = groups
         elif mode == "diloco":
-            ar, via = direct / profile.relax.outer_every, None
+            outer = direct if top is None else routing_s(routing(chains, None), gprefix, lat, bw,
+                                                         *top)[0]
+            ar, via = outer / profile.relax.outer_every, None
         else:
             continue
         if ar < best[0] or not best[1]:

@@ -18,19 +18,16 @@ Prices (the cost model's AR per step, :func:`decentral_s`, :func:`async_s`):
 
 * ``decentral``: at step t each owner sends its units' parameters (float32, ``grad_bytes``) to
   its peer's owners of them, one phase; AR_t = max_d sum over d's messages of (latency +
-  bytes / bandwidth); AR = the mean of AR_t over the period. ``decentral-int8``: the same with
-  the int8 codec's bytes (``INT8_WIRE``) and its coding time on the sender.
-* ``async``: the direct exact exchange of every replica's parameters (X = its AR) runs beside
-  the next k steps (k = ``async_steps``, its staleness): it lengthens the step only where it
-  outlasts them, and each step puts its bytes on every link: T = max(compute, X / k, B), B the
-  busiest directed link's bytes time per step; AR = T - compute (compute = max_i T_i + sync_s).
+  bytes / bandwidth); AR = the mean of AR_t over the period.
+* ``async``: the direct exact exchange of every replica's parameters (X = its AR), one every k
+  steps (k = ``async_steps``, its staleness), runs beside those k steps: it lengthens the step
+  only where it outlasts them, T = max(compute, X / k); AR = T - compute (compute = max_i T_i +
+  sync_s).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
-
 import numpy as np
 
 from skyjax.plan.pricing.exchange import BETWEEN, Chains, Message, Routing, routing, routing_s
@@ -105,34 +102,19 @@ def decentral_s(chains: Chains, gprefix: np.ndarray, latency: np.ndarray,
     return float(sum(steps) / len(steps))
 
 
-def busiest_link_s(r: Routing, gprefix: np.ndarray, bandwidth: np.ndarray) -> float:
-    """The most seconds of bytes any directed link carries in routing ``r``."""
-    per: dict[tuple[int, int], float] = {}
-    for m in r.messages:
-        g = float(sum(gprefix[u + 1] - gprefix[u] for u in m.units))
-        bw = float(bandwidth[m.src, m.dst])
-        per[m.src, m.dst] = per.get((m.src, m.dst), 0.0) + (g / bw if bw > 0 else math.inf)
-    return max(per.values(), default=0.0)
-
-
 def async_s(chains: Chains, gprefix: np.ndarray, latency: np.ndarray, bandwidth: np.ndarray,
             staleness: int, compute_s: float = 0.0) -> float:
     """``async``'s AR per step beyond ``compute_s`` (module doc)."""
-    r = routing(chains, None)
-    x = routing_s(r, gprefix, latency, bandwidth)[0]
-    return max(0.0, max(x / max(int(staleness), 1), busiest_link_s(r, gprefix, bandwidth))
-               - float(compute_s))
+    x = routing_s(routing(chains, None), gprefix, latency, bandwidth)[0]
+    return max(0.0, x / max(int(staleness), 1) - float(compute_s))
 
 
 def state_copies(mode: str, pipelines: int, staleness: int, schedule: str) -> int:
     """Copies of a stage's parameters (float32) a peer mode keeps: ``decentral`` none (its pair
-    average is the replica's own params); ``decentral-int8`` two per peer over the period (the
-    public copy the peer holds of this replica and the one this replica holds of the peer);
-    ``async`` k in-flight snapshots of its own and the k (n - 1) of its peers it receives."""
-    if mode == "decentral-int8":
-        return 2 * max(1, len(peers_ever(0, max(pipelines, 2), schedule or "ring")))
+    average is the replica's own params); ``async`` its snapshot in flight and the n - 1 of
+    its peers it receives (one exchange in flight at a time, whatever k)."""
     if mode == "async":
-        return max(int(staleness), 1) * max(int(pipelines), 2)
+        return max(int(pipelines), 2)
     return 0
 
 
@@ -141,5 +123,11 @@ def staleness_of(mode: str, relax) -> int:
     return int(relax.async_steps) if mode == "async" else 0
 
 
-def pipelines_of(chains: Sequence) -> int:
-    return len(chains)
+def plan_fields(mode: str, relax) -> dict:
+    """The Plan fields of a peer mode: ``peer_schedule`` (decentral) and ``staleness``, the
+    steps by which its average lands late (async's k; stated in the plan)."""
+    if mode == "decentral":
+        return {"peer_schedule": relax.peers}
+    if mode == "async":
+        return {"staleness": int(relax.async_steps)}
+    return {}

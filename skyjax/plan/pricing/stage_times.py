@@ -43,6 +43,32 @@ def stage_actions_s(plan: Plan, profile: Profile) -> tuple[list[float], list[flo
     return fwd, bwd, link
 
 
+def tied_message_s(plan: Plan, profile: Profile) -> float:
+    """The tied weights' exchange of one pipeline (``plan``'s stages; docs/design.md, "Tied
+    weights across stages"): its first and last stage each send the other the gradient of the
+    tensor both hold, ``tied_bytes`` of the chain's first (or last) unit, after their last
+    action: one message call each end and ``latency + tied_bytes / bandwidth`` on that pair's
+    link. 0 for one stage or a model without tied weights."""
+    st = plan.stages
+    ends = (profile.units[st[0].units[0]], profile.units[st[-1].units[1] - 1])
+    tied = max(float(u.get("tied_bytes", 0) or 0) for u in ends)
+    if len(st) < 2 or not tied:
+        return 0.0
+    d, e = st[0].device, st[-1].device
+    bw = float(profile.bandwidth_Bps[d, e])
+    return (float(profile.latency_s[d, e]) + 2 * float(profile.message_s[d])
+            + (tied / bw if bw > 0 else float("inf")))
+
+
+def with_tied_message(step_s: float, first_end: float, last_end: float, tied_s: float) -> float:
+    """A step's end before its synchronisation once the first and the last stage, whose actions
+    end at ``first_end`` and ``last_end``, have swapped the tied gradient (``tied_s`` each way;
+    each waits for the other's)."""
+    if not tied_s:
+        return step_s
+    return max(step_s, max(first_end, last_end + tied_s), max(last_end, first_end + tied_s))
+
+
 def stage_latency_s(plan: Plan, profile: Profile) -> list[float]:
     """Per link k -> k + 1 its latency: the part of its delay that does not hold the link (the
     rest, its bytes over the bandwidth, goes one message at a time per direction)."""

@@ -9,7 +9,9 @@ arrives a latency later). So a device starts its exchange when its own last back
 when the slowest pipeline's does, and a phase waits only for the messages it receives.
 
 The averaging modes (:mod:`skyjax.relax`) run the same routes: ``int8`` codes every message,
-``int8-across`` the partial sums between groups (phase 2); ``diloco-across`` runs phases 1 and 3
+``int8-across`` the partial sums between groups (phase 2), in top-k where the plan names an
+``outer_compression``, which also codes ``diloco``'s outer step and ``diloco-across``'s phase 2
+(``replay.coding``); ``diloco-across`` runs phases 1 and 3
 every step and, at its outer step, phases 2 and 3 after them; ``diloco`` exchanges nothing
 between outer steps and the direct exchange at them. A step of a mode with an outer step every
 H steps is priced as the mean: inner step + (outer step - inner step) / H.
@@ -30,8 +32,8 @@ import numpy as np
 from skyjax.plan.data_parallel.pipelines import grad_prefix
 from skyjax.plan.model.types import Plan
 from skyjax.plan.pricing.buckets import bucket_of, bucket_ready_s, early_units, pieces
-from skyjax.plan.pricing.exchange import (BACK, BETWEEN, IN_GROUP, INT8_WIRE, PHASES, Routing,
-                                          routing)
+from skyjax.plan.pricing.exchange import BACK, BETWEEN, IN_GROUP, PHASES, Routing, routing
+from skyjax.plan.replay.coding import coded_phases, wire_coder
 from skyjax.profile.format import Profile
 from skyjax.spans import EXCHANGE_PHASE, Span
 
@@ -46,6 +48,8 @@ class ExchangeRun:
     outer_step: tuple[tuple[int, ...], ...]
     coded: tuple[int, ...]
     outer_every: int
+    compression: str = "none"  # the coded phases in top-k (plan.outer_compression), else int8
+    topk: float = 0.0
 
 
 def bucketed(plan: Plan) -> bool:
@@ -80,13 +84,13 @@ def exchange_of(plan: Plan) -> ExchangeRun:
     direct = mode in ("int8", "diloco")
     route = routing(chains, None if direct else plan.exchange_groups,
                     given=None if direct else plan.exchange_reps)
-    coded = PHASES if mode == "int8" else (BETWEEN,) if mode == "int8-across" else ()
+    coded, wire = coded_phases(plan), (plan.outer_compression, plan.outer_topk)
     if mode == "diloco-across":
         return ExchangeRun(route, ((IN_GROUP, BACK),), ((IN_GROUP, BACK), (BETWEEN, BACK)),
-                           coded, plan.outer_every)
+                           coded, plan.outer_every, *wire)
     if mode == "diloco":
-        return ExchangeRun(route, (), (PHASES,), coded, plan.outer_every)
-    return ExchangeRun(route, (PHASES,), (), coded, 0)
+        return ExchangeRun(route, (), (PHASES,), coded, plan.outer_every, *wire)
+    return ExchangeRun(route, (PHASES,), (), coded, 0, *wire)
 
 
 def run_exchange(run: ExchangeRun, runs: Sequence[Sequence[int]], ready: dict[int, float],
@@ -98,8 +102,8 @@ def run_exchange(run: ExchangeRun, runs: Sequence[Sequence[int]], ready: dict[in
     device d; none without it). ``unit_ready``: the bucketed exchange (module doc)."""
     gprefix = grad_prefix(profile)
     lat, bw = np.asarray(profile.latency_s, float), np.asarray(profile.bandwidth_Bps, float)
-    rate = (np.asarray(profile.codecs["int8"]["seconds_per_byte"], float) if run.coded
-            else None)
+    wire, rate = (wire_coder(profile, run.compression, run.topk) if run.coded
+                  else (1.0, None))
     at = dict(ready)
     free: dict[tuple[int, int], float] = {}
     spans: list[Span] = []
@@ -109,7 +113,7 @@ def run_exchange(run: ExchangeRun, runs: Sequence[Sequence[int]], ready: dict[in
         """One message or piece on the link src -> dst, sent at ``when``: its arrival."""
         g = float(sum(gprefix[u + 1] - gprefix[u] for u in units))
         coded = phase in run.coded
-        hold = g * (INT8_WIRE if coded else 1.0) / float(bw[src, dst])
+        hold = g * (wire if coded else 1.0) / float(bw[src, dst])
         if coded:
             hold += float(rate[src]) * g
         depart = max(when, free.get((src, dst), 0.0))

@@ -18,9 +18,12 @@ import numpy as np
 
 from skyjax.plan.pricing.buckets import piece_bytes
 from skyjax.plan.pricing.exchange import BETWEEN, message_bytes, routing
-from skyjax.plan.data_parallel.pipelines import INT8_WIRE, grad_prefix
+from skyjax.plan.data_parallel.pipelines import grad_prefix
 from skyjax.plan.pricing.stage_times import stage_actions_s, stage_input_s, stage_weight_s
 from skyjax.plan.model.types import Plan
+from skyjax.plan.replay.coding import plan_coding
+from skyjax.plan.replay.peer_run import peer_coding
+from skyjax.names import PEER_MODES
 from skyjax.profile.format import Profile
 
 
@@ -115,12 +118,14 @@ def rehearsal_times(plan: Plan, profile: Profile) -> RehearsalTimes:
                           if s.codec != "none" else float(profile.units[end]["output_bytes"]))
                 wire[d, e] = wire[e, d] = nbytes  # activations one way, cotangents back
     gprefix = grad_prefix(profile)
-    coded = plan.averaging.startswith("int8")
-    rate = np.asarray(profile.codecs["int8"]["seconds_per_byte"], float) if coded else None
+    phases, ratio, rate = plan_coding(plan, profile)  # int8's, or top-k's (replay.coding)
+    if plan.averaging in PEER_MODES:  # the peer modes' own (replay.peer_run)
+        phases, ratio, rate = peer_coding(plan, profile)
     coding = np.zeros((n, n))
     chains = [[(s.device, *s.units) for s in plan.pipeline(i).stages]
               for i in range(plan.num_pipelines)]
-    direct = plan.averaging in ("int8", "diloco")  # the others route through the link groups
+    # the others route through the link groups
+    direct = plan.averaging in ("int8", "diloco") + PEER_MODES
     route = routing(chains, None if direct else plan.exchange_groups, np.diff(gprefix),
                     None if direct else plan.exchange_reps)
     # int8: every message coded; int8-across: the partial sums between groups (phase 2)
@@ -132,8 +137,8 @@ def rehearsal_times(plan: Plan, profile: Profile) -> RehearsalTimes:
         # totals back in a later phase) declares their mean, so the pair's total is the model's;
         # diloco-across's outer step repeats the pairs' messages of phases 2 and 3
         g = sum(sizes) / len(sizes)
-        on = coded and (plan.averaging == "int8" or (d, e) in across)
-        wire[d, e] = g * (INT8_WIRE if on else 1.0)
+        on = bool(phases) and (len(phases) > 1 or (d, e) in across)
+        wire[d, e] = g * (ratio if on else 1.0)
         coding[d, e] = float(rate[d]) * g if on else 0.0
     return RehearsalTimes([times[g] for g in range(len(plan.stages))], wire, coding,
                           np.asarray(profile.latency_s, float),

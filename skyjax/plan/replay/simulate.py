@@ -33,9 +33,11 @@ from typing import Sequence
 
 from skyjax.plan.model.schedules import Action, actions, inflight_peaks, plan_lists
 from skyjax.plan.model.extension import ExtraCost
+from skyjax.names import PEER_MODES
 from skyjax.plan.replay.exchange_run import bucketed, exchange_of, exchange_step, unit_ready_s
+from skyjax.plan.replay.peer_run import peer_step
 from skyjax.plan.pricing.stage_times import (stage_actions_s, stage_input_s, stage_latency_s,
-                                             stage_weight_s)
+                                             stage_weight_s, tied_message_s, with_tied_message)
 from skyjax.plan.model.types import Plan
 from skyjax.profile.format import Profile
 from skyjax.spans import Span, link_events, stage_events, trace_json
@@ -167,6 +169,13 @@ def simulate_plan(plan: Plan, profile: Profile, *, overlap_comm: bool = True,
                    overlap_comm=overlap_comm, names=names,
                    update_s=[s.update_s for s in plan.stages], sync_s=float(profile.sync_s),
                    weight_s=w, lists=plan_lists(plan), latency_s=stage_latency_s(plan, profile))
+    tied = tied_message_s(plan, profile)
+    if tied:  # the tied weights' gradients swapped by the first and last stage after their last
+        ends = [max((x.end for x in out.spans if x.stage == k), default=0.0)
+                for k in (0, len(plan.stages) - 1)]
+        sync = float(profile.sync_s)
+        out.step_time_s = with_tied_message(out.step_time_s - sync, *ends, tied) + sync
+        out.idle_s = [out.step_time_s - b for b in out.busy_s]
     effect = extra.effect(plan, profile) if extra is not None else None
     out.slowdown = [1.0] * len(plan.stages)
     if effect is not None:
@@ -222,8 +231,11 @@ def _simulate_pipelines(plan: Plan, profile: Profile, overlap_comm: bool) -> Sim
     stage_of = {s.device: g for g, s in enumerate(plan.stages)}
     early = (unit_ready_s(plan, profile, last_b)
              if bucketed(plan) and len(last_b) == len(plan.stages) else None)
-    done, exchange = exchange_step(exchange_of(plan), ready, profile, stage_of, early)
-    step = max(done, max(r.step_time_s for r, _, _ in runs)) + float(profile.sync_s)
+    done, exchange = (peer_step(plan, ready, profile, stage_of) if plan.averaging in PEER_MODES
+                      else exchange_step(exchange_of(plan), ready, profile, stage_of, early))
+    # then each pipeline's tied weights' message (an upper bound: after the last exchange)
+    tied = max(tied_message_s(plan.pipeline(i), profile) for i in range(plan.num_pipelines))
+    step = max(done, max(r.step_time_s for r, _, _ in runs)) + tied + float(profile.sync_s)
     spans += exchange
     events = stage_events(spans, pid=0, name="stages", stage_names=names, origin=0.0) + events
     return SimResult(step_time_s=step, busy_s=busy, idle_s=[step - b for b in busy],
