@@ -261,8 +261,9 @@ class PipelineStage:
         self._posted = 0
         self.exchange_sent = set()
         last_b = max((i for i, a in enumerate(actions) if a.kind == "B"), default=-1)
-        # the exact exchange (a relaxed averaging exchanges otherwise): by buckets
-        by_buckets = self.role.routes is not None and self.averaging is None and not split
+        # a stage with replicas: its last backward by buckets (the same programs, so the same
+        # bits, whatever the averaging; the exact exchange's pieces leave as they are final)
+        by_buckets = self.role.routes is not None and not split
         for i, action in enumerate(actions):
             mb = action.microbatch
             source = self._source(step, action)

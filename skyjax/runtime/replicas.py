@@ -66,7 +66,7 @@ def backward_by_buckets(stage: Any, step: int, residuals: Any, cotangent: Any,
         total += seconds
         d_carry = out if out is not None else d_carry
         stage.state.grads = grads
-        if stage.exchange_overlap:
+        if stage.exchange_overlap and stage.averaging is None:  # the exact exchange's pieces
             stage.role.routes.send_ready(stage, step, a + lo, a + hi, stage.exchange_sent)
     return d_carry, total
 
