@@ -56,6 +56,28 @@ def test_compose_places_kinds_in_regions_with_a_link_per_region_pair():
     assert {"int8", "bf16", "int4"} <= set(p.codecs)
 
 
+def test_compose_takes_a_decoder_from_its_flop_model():
+    """``model.family`` gpt2 / llama: FLOP kinds take the decoder's units (flops.decoder_units),
+    a tied head records the bytes its gradient exchange sends; a key of BERT's shape, or an
+    unknown family, is refused by name."""
+    from skyjax.profile.flops import DecoderShape, decoder_units
+
+    spec = two_regions()
+    spec["model"] = {"family": "gpt2", "layers": 4, "hidden": 256, "heads": 4, "ffn": 1024,
+                     "vocab": 1000, "positions": 128, "seq": 128, "batch": 2, "tied": True}
+    p = compose(spec)
+    shape = DecoderShape(**{k: v for k, v in spec["model"].items()})
+    units = decoder_units(shape)
+    assert [u["name"] for u in p.units] == [u["name"] for u in units] and p.num_units == 6
+    assert p.units[-1]["tied_bytes"] == 4 * 1000 * 256
+    assert "tied_bytes" not in p.units[0]
+    assert p.microbatch == {"size": 2, "seq_len": 128}
+    for model, words in (({"family": "gpt2", "labels": 3}, "cluster.model.labels"),
+                         ({"family": "t5"}, "cluster.model.family")):
+        with pytest.raises(ClusterError, match=words):
+            compose(dict(spec, model=model))
+
+
 def test_compose_takes_a_measured_kind_from_its_profile(tmp_path):
     measured = compose({"kinds": {"x": {"flops_per_s": 1e13, "memory_bytes": 1e9}},
                         "model": {"layers": 2}, "regions": {"lab": {"x": 1}},

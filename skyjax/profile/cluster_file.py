@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from skyjax.names import GRANULARITIES
-from skyjax.profile.flops import BertShape
+from skyjax.profile.flops import BertShape, DecoderShape
 
 # devices in a cluster: every device pair has a link, so the profile holds D x D matrices (1024
 # devices: 2 s, 23 MB of JSON; 4096: 27 s, 2.3 GB of memory, 357 MB of JSON)
@@ -42,8 +42,12 @@ BYTES_PER_VALUE = (2, 4)  # bfloat16, float32
 TOP_KEYS = ("kinds", "model", "regions", "links")
 MEASURED_KEYS = ("profile", "device")
 FLOP_KEYS = ("flops_per_s", "memory_bytes")
-SHAPE_KEYS = tuple(f.name for f in dataclasses.fields(BertShape))
-MODEL_KEYS = SHAPE_KEYS + ("granularity", "bytes_per_value")
+SHAPE_KEYS = tuple(dict.fromkeys(f.name for shape in (BertShape, DecoderShape)
+                                  for f in dataclasses.fields(shape) if f.type != "str"
+                                  and f.type != "bool"))
+# "family": a decoder (flops.DecoderShape: "llama" or "gpt2"); absent or "bert": BERT
+MODEL_KEYS = SHAPE_KEYS + ("family", "tied", "bias", "granularity", "bytes_per_value")
+FAMILIES = ("bert", "llama", "gpt2")
 LINKS_KEYS = ("inside", "between", "default")
 LINK_KEYS = ("latency_s", "bandwidth_Bps")
 PAIR_KEYS = ("regions",) + LINK_KEYS
@@ -208,10 +212,23 @@ def _kind(kind: Any, where: str) -> None:
 def _model(model: Any) -> None:
     _keys(_object(model, "cluster.model", "an object (flops.BertShape's fields)"), MODEL_KEYS,
           "cluster.model")
+    family = model.get("family", "bert")
+    if family not in FAMILIES:
+        raise ClusterError(f"cluster.model.family={_show(family)}: expected one of "
+                           f"{', '.join(FAMILIES)}")
+    own = {f.name for f in dataclasses.fields(BertShape if family == "bert" else DecoderShape)}
+    for key in MODEL_KEYS:
+        if key in model and key not in own | {"family", "granularity", "bytes_per_value"}:
+            raise ClusterError(f"cluster.model.{key}: not a field of the {family} model "
+                               f"(flops.{'BertShape' if family == 'bert' else 'DecoderShape'})")
+    for key in ("tied", "bias"):
+        if key in model and not isinstance(model[key], bool):
+            raise ClusterError(f"cluster.model.{key}={_show(model[key])}: expected true or false")
     for key in SHAPE_KEYS:
         if key in model:
+            lo = 0 if key in ("kv_heads", "head_dim") else 1
             hi = MAX_LAYERS if key == "layers" else MAX_SIZE
-            _integer(model[key], f"cluster.model.{key}", 1, hi, f"an integer in [1, {hi}]")
+            _integer(model[key], f"cluster.model.{key}", lo, hi, f"an integer in [{lo}, {hi}]")
     if "granularity" in model and model["granularity"] not in GRANULARITIES:
         raise ClusterError(f"cluster.model.granularity={_show(model['granularity'])}: expected "
                            f"one of {', '.join(GRANULARITIES)}")

@@ -11,7 +11,8 @@ nowhere. The cluster file (JSON):
 ```
 {"kinds": {"h100": {"profile": "h100.json"},                 # its device 0 ("device": i)
            "v100": {"flops_per_s": 3e13, "memory_bytes": 3.4e10}},
- "model": {"layers": 24, "granularity": "layer"},           # FLOP kinds only (flops.BertShape)
+ "model": {"layers": 24, "granularity": "layer"},           # FLOP kinds only (flops.BertShape;
+                                                            #  "family": "gpt2" | "llama": DecoderShape)
  "regions": {"us": {"h100": 8}, "eu": {"v100": 8}},          # in this order, kinds in order
  "links": {"inside": {"latency_s": 1e-5, "bandwidth_Bps": 1.25e10},
            "between": [{"regions": ["us", "eu"], "latency_s": 0.04, "bandwidth_Bps": 1.25e9}],
@@ -40,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from skyjax.profile.cluster_file import ClusterError, check, check_out, read_cluster
-from skyjax.profile.flops import BertShape, bert_units, flop_profile
+from skyjax.profile.flops import (BertShape, DecoderShape, bert_units, decoder_units,
+                                  flop_profile)
 from skyjax.profile.format import (OVERHEAD_KEYS, Profile, ProfileError, load_profile,
                                    save_profile)
 
@@ -133,8 +135,14 @@ def compose(spec: dict, base: str = ".") -> Profile:
         m = dict(spec.get("model", {}))
         granularity = str(m.pop("granularity", "layer"))
         bytes_per_value = int(m.pop("bytes_per_value", 4))
-        shape = BertShape(**m)
-        units = bert_units(shape, granularity, bytes_per_value)
+        family = str(m.get("family", "bert"))
+        if family == "bert":
+            m.pop("family", None)
+            shape = BertShape(**m)
+            units = bert_units(shape, granularity, bytes_per_value)
+        else:  # a decoder language model (flops.DecoderShape)
+            shape = DecoderShape(**m)
+            units = decoder_units(shape, granularity, bytes_per_value)
         if ref is not None and len(units) != ref[0].num_units:
             raise ClusterError(f"cluster.model gives {len(units)} units; {ref[2]} has "
                                f"{ref[0].num_units}: set cluster.model to the profiled model")

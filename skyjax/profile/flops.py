@@ -149,13 +149,15 @@ CODEC_BYTES_PER_VALUE = {"bf16": 2.0, "int8": 1 + 4 / 64, "int4": 0.5 + 4 / 64}
 
 
 def flop_profile(units: list[dict], devices: list[dict], latency_s: np.ndarray,
-                 bandwidth_Bps: np.ndarray, shape: BertShape = BertShape(),
+                 bandwidth_Bps: np.ndarray, shape: BertShape | DecoderShape = BertShape(),
                  overhead_s: float = 20e-6, bytes_per_value: int = 4,
                  coding_Bps: float = 2.5e11) -> Profile:
     """A profile of ``units`` (:func:`bert_units`) on ``devices``, each a record with
     ``flops_per_s`` and ``memory_bytes`` (other keys, e.g. ``name``, ``kind``, ``region``, are
     kept); links as given ([D, D]). The hand-off codecs' bytes follow their formats; their
-    coding costs one pass at ``coding_Bps`` per uncoded byte (a memory-bound kernel)."""
+    coding costs one pass at ``coding_Bps`` per uncoded byte (a memory-bound kernel). A unit
+    with ``tied_params`` (:func:`decoder_units`' tied head) records ``tied_bytes``: the fp32
+    gradient the first and last stages exchange each step."""
     flops = np.array([float(u["flops"]) for u in units])
     speed = np.array([float(d["flops_per_s"]) for d in devices])
     fwd = flops[:, None] / speed[None, :] + overhead_s
@@ -173,7 +175,9 @@ def flop_profile(units: list[dict], devices: list[dict], latency_s: np.ndarray,
         "version": 2, "microbatch": {"size": shape.batch, "seq_len": shape.seq},
         "codecs": codecs,
         "units": [dict(name=u["name"], state_bytes=16 * u["params"], param_bytes=4 * u["params"],
-                       activation_bytes=u["act"], output_bytes=u["out"]) for u in units],
+                       activation_bytes=u["act"], output_bytes=u["out"],
+                       **({"tied_bytes": 4 * u["tied_params"]} if u.get("tied_params") else {}))
+                  for u in units],
         "devices": records, "forward_s": fwd.tolist(), "backward_s": bwd.tolist(),
         "links": {"latency_s": np.asarray(latency_s, float).tolist(),
                   "bandwidth_Bps": np.asarray(bandwidth_Bps, float).tolist()}})
