@@ -61,20 +61,25 @@ def with_links(prof: Profile, cross_Bps: float, cross_latency_s: float) -> Profi
 
 def with_int8(prof: Profile, seconds_per_byte: float = 2e-11) -> Profile:
     """``prof`` with the bf16 and int8 codecs timed (their bytes; a GPU's coding rate), so
-    that a relaxed plan may use them on hand-offs and int8 on the exchange."""
+    that a relaxed plan may use them on hand-offs and int8 on the exchange, and the top-k
+    2-bit outer steps' coding (``relax.outer_compression``) at the same rate."""
     out = [float(u["output_bytes"]) for u in prof.units]
     rate = [seconds_per_byte] * prof.num_devices
     return dataclasses.replace(prof, codecs={
         "bf16": {"output_bytes": [b / 2 for b in out], "seconds_per_byte": rate},
-        "int8": {"output_bytes": [b * INT8_WIRE for b in out], "seconds_per_byte": rate}})
+        "int8": {"output_bytes": [b * INT8_WIRE for b in out], "seconds_per_byte": rate},
+        "topk2": {"output_bytes": [b * INT8_WIRE for b in out], "seconds_per_byte": rate}})
 
 
 RELAXED = Relaxation(handoff_bits=8, averaging="diloco", outer_every=10)
+# and the relaxed averagings' outer steps sent as top-k 2-bit with error feedback (skyjax.compress)
+COMPRESSED = dataclasses.replace(RELAXED, outer_compression="topk2")
 
 
 def table(prof: Profile, ms: list[int], pipelines: int, best_schedule: bool = True) -> list[str]:
     """Per m: the single pipeline, the plan of up to ``pipelines`` (0: auto) pipelines with
-    exact math, and with relaxations allowed (int8 hand-offs, averaging up to DiLoCo H = 10);
+    exact math, with relaxations allowed (int8 hand-offs, averaging up to DiLoCo H = 10), and
+    with their outer steps compressed (top-k 2-bit);
     ``best_schedule``: also the least step over every schedule (``schedule="auto"``). Steps are
     the plans' predictions, the simulated step as it runs; T is the cost model's."""
     rows = ["| m | plan | pipelines | devices | step (s) | T (s) | examples/s | vs one pipeline | "
@@ -85,13 +90,14 @@ def table(prof: Profile, ms: list[int], pipelines: int, best_schedule: bool = Tr
     for m in ms:
         one = plan_lib.plan(prof, "optimal", "1f1b", m)
         for name, kw in (("one pipeline", {}), ("exact", {"max_pipelines": pipelines}),
-                         ("relaxed", {"max_pipelines": pipelines, "relax": RELAXED})):
+                         ("relaxed", {"max_pipelines": pipelines, "relax": RELAXED}),
+                         ("compressed", {"max_pipelines": pipelines, "relax": COMPRESSED})):
             t0 = time.process_time()
             p = one if not kw else plan_lib.plan(prof, "optimal", "1f1b", m, **kw)
             took = time.process_time() - t0
             lb = run_bound(prof, "1f1b", m, min(16, m))
-            what = name if name != "relaxed" else (
-                f"relaxed ({p.averaging}, "
+            what = name if name in ("one pipeline", "exact") else (
+                f"{name} ({p.averaging}{', top-k 2-bit' if name == 'compressed' else ''}, "
                 f"{sum(s.codec != 'none' for s in p.stages)} int8 links)")
             best = "-"
             if kw and best_schedule:  # every schedule (GPipe, 1F1B, ZB-H1, ZB-H2), least step
@@ -149,9 +155,11 @@ if __name__ == "__main__":
     results_doc.run(main, [(
         None, "plan_pipelines", "One pipeline against several, at the paper's scale",
         "64 nodes in four regions of 16, BERT-large at 26 units: the best single "
-        "pipeline against up to 16 pipelines in data parallel, exact and with "
-        "relaxations allowed (int8 hand-offs, averaging up to DiLoCo with H = 10), for "
-        "two kinds of links between regions. Step: the plan's prediction, its simulated "
+        "pipeline against up to 16 pipelines in data parallel: exact, with "
+        "relaxations allowed (int8 hand-offs, averaging up to DiLoCo with H = 10), and "
+        "compressed (that bound with the outer steps sent as top-k 2-bit, 1/8 kept, with "
+        "error feedback: `relax.outer_compression`), for two kinds of links between "
+        "regions. Step: the plan's prediction, its simulated "
         "step as it runs (docs/design.md, \"The price: the step as it runs\"); T: the "
         "cost model's. Lower bound: `as_run.run_bound`, a proof over every plan's "
         "simulated step (each device busy all step on compute alone, no fill or drain, "

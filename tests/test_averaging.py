@@ -59,6 +59,9 @@ def test_coded_hand_offs_change_the_math_a_little_and_compile_once(exact):
     coded = [[(0, (0, 3), "int8"), (1, (3, 5), "none")], [(2, (0, 5), "none")]]
     losses, _, counts = run(relaxed_plan(coded, [2, 2]))
     assert 0 < np.abs(losses - exact).max() < 1e-3
+    # each program compiled once: a stage with replicas runs its last backward by buckets, one
+    # program per bucket (a unit each: 3, 2 and 5 units)
+    assert [c.pop("backward_bucket", 0) for c in counts] == [3, 2, 5]
     assert all(c == {"forward": 1, "backward": 1, "update": 1} for c in counts)
 
 

@@ -41,6 +41,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from skyjax.plan.data_parallel.every_chain import EveryChain
+from skyjax.plan.pricing.topk import wire_ratio
+from skyjax.topk_wire import bits_of
 from skyjax.plan.search.exact import exact_cost
 from skyjax.plan.data_parallel.candidates import (Estimator, candidate_splits, rates,
                                                   set_partitions, split_bound)
@@ -219,6 +221,10 @@ def _by_candidates(cache: ChainCache, low: int, high: int, gprefix: np.ndarray,
     least = min([1.0] + [INT8_WIRE] * any(a.startswith("int8") for a in relax.averagings)
                 + [1.0 / relax.outer_every] * any(a.startswith("diloco") for a in relax.averagings)
                 + [0.0] * any(a in PEER_MODES for a in relax.averagings))  # async may hide it
+    if relax.outer_compression != "none":  # the relaxed averagings' compressed wire
+        ratio = wire_ratio(gprefix, relax.outer_topk, bits_of(relax.outer_compression))
+        least = min(least, ratio / (relax.outer_every if any(
+            a.startswith("diloco") for a in relax.averagings) else 1))
     group = np.empty(t.num_devices, dtype=np.int64)
     for g, members in enumerate(region_groups(cache.profile)):
         group[members] = g
