@@ -8,11 +8,11 @@ the latency is paid once, in the fill and drain. ``window`` prices a plan's per-
 (``Stage.warmup``, :func:`skyjax.plan.model.schedules.warmups`) as T_win. With 1F1B's own
 warm-ups T_win <= T, so T stays the price that the searches minimise.
 
-``plan_auto`` (the planner, 1F1B, one pipeline, ``--warmup auto``): the plan the search found
-and the one it finds with every latency 0, each deepened, the lower price kept. ``deepen``
-gives each stage the fewest warm-up forwards that hide its round trip, within its memory and
-never more than the stage before it (``choose``). It keeps them only for a gain of at least
-``MIN_GAIN`` in T_win, since deeper warm-ups hold more activations; the plan's
+The planner (:mod:`skyjax.plan.as_run`) simulates ``choose``'s warm-ups beside 1F1B's own and
+keeps them where the simulated step says they pay. ``choose`` gives each stage the fewest
+warm-up forwards that hide its round trip, within its memory and never more than the stage
+before it; ``deepen`` (the window model alone, for its experiments) keeps them only for a gain
+of at least ``MIN_GAIN`` in T_win, since deeper warm-ups hold more activations; the plan's
 ``lower_bound_s`` is then the bound of the tables without links (``linkless``).
 """
 
@@ -23,10 +23,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from skyjax.plan.pricing.cost import Solution, Tables, evaluate_tables
+from skyjax.plan.pricing.cost import Tables
 from skyjax.plan.model.schedules import warmups
 from skyjax.plan.model.types import Plan
-from skyjax.profile.format import Profile
 
 MIN_GAIN = 0.01  # least relative gain of T_win for which a plan takes deeper warm-ups
 
@@ -118,37 +117,6 @@ def deepen(t: Tables, plan: Plan, bound_s: Callable[[], float]) -> Plan:
     return dataclasses.replace(plan, stages=stages, step_time_s=deep,
                                bottleneck_s=win.period(m, warm), exact=False,
                                lower_bound_s=min(float(bound_s()), deep))
-
-
-def plan_auto(profile: Profile, t: Tables, plan: Plan,
-              search: Callable[[Tables], Solution | None], bound_s: Callable[[], float]) -> Plan:
-    """``--warmup auto``'s plan: the searched ``plan`` deepened, or the plan ``search`` finds
-    with every link's latency 0 (the latency hidden, what is left of each stage and link is what
-    the steady state pays), priced on ``t`` and deepened, whichever has the lower price."""
-    out = deepen(t, plan, bound_s)
-    sol = search(latency_free(t))
-    if sol is None:
-        return out
-    other = deepen(t, evaluate_tables(profile, t, sol.assignment, plan.strategy, False, None),
-                   bound_s)
-    if other.step_time_s >= out.step_time_s:
-        return out
-    if other.lower_bound_s is None:  # not deepened: T, at least T_win, at least the bound
-        other.lower_bound_s = min(float(bound_s()), other.step_time_s)
-    return other
-
-
-def latency_free(t: Tables) -> Tables:
-    """``t`` with every link's latency 0."""
-    return dataclasses.replace(t, latency=np.zeros_like(t.latency))
-
-
-def step_time(t: Tables, plan: Plan) -> float:
-    """A one-pipeline 1F1B plan's price: T_win where a stage has a deeper warm-up, else T."""
-    if not any(s.warmup is not None for s in plan.stages):
-        return plan.step_time_s
-    warm = warmups(len(plan.stages), t.microbatches, [s.warmup for s in plan.stages])
-    return window(t, plan).step(t.microbatches, warm, t.step_extra(plan.stages[0].update_s))
 
 
 def linkless(t: Tables) -> Tables:
