@@ -44,10 +44,13 @@ CODEC_BLOCK = 64
 OUTER_COMPRESSIONS = ("none", "topk4", "topk2")
 AVERAGING = ("exact", "int8-across", "int8", "diloco-across", "diloco")
 # Averaging between pipeline replicas beside the ordered bound (skyjax.relax, a bound per axis):
-# "decentral" (each replica averages with one peer per step, config.relax.peers) and "async"
-# (the exact average applied relax.async_steps steps late); the peer schedules
-PEER_MODES = ("decentral", "async")
+# "decentral" (each replica averages with one peer per step, config.relax.peers),
+# "decentral-int8" (the same, its differences to the pair's last mean in int8,
+# config.relax.peer_bits 8) and "async" (the exact average applied relax.async_steps steps
+# late); the peer schedules; the bits a decentral message may take per value
+PEER_MODES = ("decentral", "decentral-int8", "async")
 PEER_SCHEDULES = ("none", "ring", "exponential")
+PEER_BITS = (32, 8)
 
 # config.train.compute_dtype once resolved ("auto" is resolved per platform,
 # skyjax.models.build.resolve_compute_dtype), and every value it takes

@@ -28,8 +28,11 @@ per link and chooses within (docs/design.md, "Relaxation on slow links").
 Beside that order, a bound per axis (docs/design.md, "Relaxation on slow links";
 :mod:`skyjax.runtime.decentralized`): ``peers`` (``ring`` or ``exponential``, the one-peer
 exponential graph; ``none``: not allowed) allows ``decentral``, each pipeline's replica
-averaging with one peer per step; ``async_steps`` = k >= 1 allows ``async``, the
-exact average applied k steps late (its staleness), the exchange beside the next k steps.
+averaging with one peer per step, and with ``peer_bits`` 8 also ``decentral-int8``, the same
+with each replica's difference to the pair's last common mean sent in int8, what rounding drops
+kept in the replica (BAGUA's low-precision decentralized SGD); ``async_steps`` = k >= 1 allows
+``async``, the exact average applied k steps late (its staleness), the exchange beside the next
+k steps.
 
 The planner takes a relaxed plan only where its predicted step is at least ``min_gain`` below
 the exact plan's: a relaxation changes the math, and the cost model does not price what it may
@@ -43,7 +46,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from skyjax.names import AVERAGING, CODEC_BITS, CODECS, OUTER_COMPRESSIONS, PEER_SCHEDULES
+from skyjax.names import (AVERAGING, CODEC_BITS, CODECS, OUTER_COMPRESSIONS, PEER_BITS,
+                          PEER_SCHEDULES)
 from skyjax.topk_wire import FRACTION
 
 
@@ -59,6 +63,7 @@ class Relaxation:
     min_gain: float = 0.05  # the least fraction of the step a relaxed plan must save
     peers: str = "none"  # decentral's peer schedule (skyjax.plan.pricing.peers); none: off
     async_steps: int = 0  # async's staleness k (0: not allowed)
+    peer_bits: int = 32  # 8: decentral-int8 allowed too (PEER_BITS)
     outer_compression: str = "none"  # OUTER_COMPRESSIONS: the relaxed averagings' wire
     outer_topk: float = FRACTION  # the fraction of each chunk it keeps
 
@@ -82,6 +87,9 @@ class Relaxation:
                 or self.async_steps < 0:
             raise ValueError(f"relax: peers in {PEER_SCHEDULES} and async_steps >= 0 expected, "
                              f"got {self.peers!r}, {self.async_steps!r}")
+        if self.peer_bits not in PEER_BITS:
+            raise ValueError(f"relax.peer_bits: expected one of {PEER_BITS}, got "
+                             f"{self.peer_bits!r}")
         if self.averaging.startswith("diloco") and self.outer_every < 1:
             raise ValueError(f"relax.outer_every: expected a positive integer for diloco, got "
                              f"{self.outer_every!r}")
@@ -95,13 +103,15 @@ class Relaxation:
     def averagings(self) -> tuple[str, ...]:
         """The averaging modes allowed (``exact`` first; the per-axis ones last)."""
         return AVERAGING[:AVERAGING.index(self.averaging) + 1] + (
-            ("decentral",) * (self.peers != "none") + ("async",) * (self.async_steps > 0))
+            ("decentral",) * (self.peers != "none")
+            + ("decentral-int8",) * (self.peers != "none" and self.peer_bits == 8)
+            + ("async",) * (self.async_steps > 0))
 
     @property
     def measured_codecs(self) -> tuple[str, ...]:
         """The codecs the profiler must time for this bound: the hand-off codecs allowed, and
-        int8 where the averaging may be int8 (across link groups or everywhere)."""
-        coded = any(a.startswith("int8") for a in self.averagings)
+        int8 where the averaging may be int8 (across link groups, everywhere, or to a peer)."""
+        coded = any(a.startswith("int8") or a.endswith("int8") for a in self.averagings)
         names = set(self.handoff_codecs[1:]) | ({"int8"} if coded else set())
         outer = (self.outer_compression,) if self.compressed else ()
         return tuple(c for c in CODECS if c in names) + outer
@@ -123,7 +133,8 @@ class Relaxation:
                    outer_compression=str(r.get("outer_compression", "none")),
                    outer_topk=float(r.get("outer_topk", FRACTION)),
                    peers=str(r.get("peers", "none")),
-                   async_steps=int(r.get("async_steps", 0)))
+                   async_steps=int(r.get("async_steps", 0)),
+                   peer_bits=int(r.get("peer_bits", 32)))
 
 
 EXACT = Relaxation()

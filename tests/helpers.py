@@ -567,9 +567,19 @@ TINY = [*ONE_DEVICE, "--config.model.hidden_size=32", "--config.model.num_hidden
 def run_module(module: str, *args: str, env: dict | None = None,
                timeout: int = 300) -> subprocess.CompletedProcess:
     """``python -m module args`` from the repository root on CPU, ``env`` added."""
+    return _run_python(["-m", module, *args], env, timeout)
+
+
+def run_code(code: str, env: dict | None = None, timeout: int = 300
+             ) -> subprocess.CompletedProcess:
+    """``python -c code`` as :func:`run_module` runs a module."""
+    return _run_python(["-c", code], env, timeout)
+
+
+def _run_python(args: list[str], env: dict | None, timeout: int) -> subprocess.CompletedProcess:
     full_env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                     JAX_PLATFORMS="cpu", **(env or {}))
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
 

@@ -29,8 +29,8 @@ import sys
 
 from skyjax import failures, workdir
 from skyjax.cli.flags import OneLineParser
-from skyjax.names import (AVERAGING, OUTER_COMPRESSIONS, PEER_SCHEDULES, SCHEDULE_CHOICES,
-                          STRATEGIES, WARMUPS)
+from skyjax.names import (AVERAGING, OUTER_COMPRESSIONS, PEER_BITS, PEER_SCHEDULES,
+                          SCHEDULE_CHOICES, STRATEGIES, WARMUPS)
 from skyjax.plan.model.types import InfeasibleError
 from skyjax.relax import Relaxation
 from skyjax.topk_wire import FRACTION
@@ -72,6 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the fraction of each chunk --outer_compression keeps")
     p.add_argument("--peers", choices=PEER_SCHEDULES, default="none",
                    help="allow decentralized averaging, one peer per step on this schedule")
+    p.add_argument("--peer_bits", type=int, choices=PEER_BITS, default=32,
+                   help="8: decentralized averaging may send int8 differences to the peer")
     p.add_argument("--async_steps", type=int, default=0, metavar="K",
                    help="allow asynchronous averaging, applied K steps late (0: not allowed)")
     p.add_argument("--min_gain", type=float, default=0.05,
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                                  min_gain=args.min_gain,
                                  outer_compression=args.outer_compression,
                                  outer_topk=args.outer_topk, peers=args.peers,
-                                 async_steps=args.async_steps),
+                                 async_steps=args.async_steps, peer_bits=args.peer_bits),
                 warmup=args.warmup, time_scale=args.time_scale)
         except InfeasibleError as e:  # a ValueError too: first
             print(f"error: {e}", file=sys.stderr)

@@ -209,6 +209,9 @@ def _relax() -> ml_collections.ConfigDict:
     # each replica averaging with one peer per step: "none" | "ring" | "exponential" (the
     # one-peer exponential graph)
     r.peers = "none"
+    # 8: decentral may also send each replica's difference to the pair's last mean in int8
+    # ("decentral-int8", rounding kept in the replica); 32: float32 parameters only
+    r.peer_bits = 32
     # asynchronous averaging: the exact average applied this many steps late (0: not allowed)
     r.async_steps = 0
     # a relaxed plan is taken only where it predicts a step at least this fraction shorter

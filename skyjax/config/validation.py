@@ -156,6 +156,7 @@ def _check_relax(config: Any) -> None:
         fail(f"config.relax.outer_topk={r.outer_topk}: expected a fraction in (0, 1]")
     one_of("config.relax.peers", r.peers, names.PEER_SCHEDULES)
     at_least("config.relax.async_steps", r.async_steps, 0)
+    one_of("config.relax.peer_bits", r.get("peer_bits", 32), names.PEER_BITS)
     relaxed = (r.handoff_bits != 32 or r.averaging != "exact" or r.peers != "none"
                or r.async_steps > 0)
     a = config.allocation

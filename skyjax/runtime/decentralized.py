@@ -1,5 +1,5 @@
 """Averaging between pipeline replicas without a global exchange per step (``Plan.averaging``
-``decentral`` or ``async``; :mod:`skyjax.relax`, docs/design.md, "Relaxation on slow links"),
+``decentral``, ``decentral-int8`` or ``async``; :mod:`skyjax.relax`, docs/design.md, "Relaxation on slow links"),
 hooked from :mod:`skyjax.runtime.averaging`.
 
 In both, every pipeline takes its optimizer step on its own share (its gradients scaled to the
@@ -10,6 +10,17 @@ share's mean, m / m_i, and clipped by its own norm, as DiLoCo's inner steps); th
   ``exponential`` graph). The owners of a unit in the two pipelines swap their parameters and
   both compute (lower pipeline's + higher pipeline's) * 0.5, in that order, in float32: the pair
   holds the same bits. There is no global exchange; replicas differ by design.
+* ``decentral-int8`` (BAGUA's low-precision decentralized SGD): the same pairs, a quarter of
+  the bytes. Each pair (i, j) keeps its last common mean c (both ends the same bits: the
+  model at the start, at resume, or after average now, then each meeting's mean). At a meeting
+  each end sends int8(x - c) (:mod:`skyjax.codecs`); both ends decode both, x~ = c + decoded,
+  in one jitted function, so each holds the same x~_i, x~_j and computes the same mean
+  m = (x~_lower + x~_higher) * 0.5; each then keeps m + (x - x~), its own rounding (error
+  feedback: the pair's sum is preserved, what int8 drops stays in the replica that dropped it,
+  and is sent at the next meeting), and c becomes m. The difference since the pair's last
+  meeting is small, so int8's per-block scale fits it. Each replica holds a c per peer it meets
+  (``pricing.peers.state_copies``); average now clears them, and they start again from the
+  one model it leaves, so a checkpoint holds none of them.
 * ``async`` (BAGUA's asynchronous model average): after its update at step t each pipeline
   sends w_i * params (w_i = m_i / m, a snapshot s_i) to every peer and keeps s_i; at step t + k
   (k = the plan's ``staleness``) it receives the others' and moves its parameters by the average
@@ -34,8 +45,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from skyjax import codecs
 from skyjax.plan.pricing.exchange import BETWEEN
-from skyjax.plan.pricing.peers import peer_of
+from skyjax.plan.pricing.peers import peer_of, peers_ever
 from skyjax.runtime.replicas import sum_replicas
 from skyjax.spans import EXCHANGE_PHASE
 from skyjax.transport import tags
@@ -105,6 +117,10 @@ class _PeerAveraging:
     def export_state(self) -> dict[str, list]:
         return {}
 
+    def held_bytes(self) -> int:
+        """Bytes held beside the params that no checkpoint saves (``runtime.memory``)."""
+        return 0
+
     def import_state(self, state: dict[str, list]) -> None:
         pass
 
@@ -150,6 +166,70 @@ class DecentralAveraging(_PeerAveraging):
         stage.record_span(DIRECT, t0)
 
 
+@jax.jit
+def code_difference(params: list, common: list) -> Any:
+    """int8 of params - common (what a decentral-int8 end sends)."""
+    return codecs.encode("int8", jax.tree.map(jnp.subtract, params, common))
+
+
+@jax.jit
+def as_sent(coded: Any, common: list) -> list:
+    """common + decode(coded): one end's parameters as its peer sees them (one function for
+    both ends: the same bits)."""
+    return jax.tree.map(jnp.add, common, codecs.decode("int8", coded, common))
+
+
+@jax.jit
+def kept_after(params: list, seen: list, mean: list) -> list:
+    """mean + (params - seen): the pair's mean plus the replica's own rounding."""
+    return jax.tree.map(lambda p, s, m: m + (p - s), params, seen, mean)
+
+
+class DecentralInt8Averaging(_PeerAveraging):
+    """Per stage: one peer per step, int8 differences to the pair's last mean (module doc)."""
+
+    name = "decentral-int8"
+
+    def __init__(self, stage: Any, schedule: str):
+        self.schedule = schedule
+        self.common: dict[int, list] | None = None  # peer pipeline -> the pair's last mean
+
+    def reduce(self, stage: Any, step: int) -> None:
+        """Before the step's update, while every replica holds the one model (the start, a
+        resume, the step after average now): each pair's common mean starts there."""
+        if self.common is None:
+            n = stage.role.num_pipelines
+            self.common = {q: jax.tree.map(lambda x: x.copy(), stage.state.params)
+                           for q in peers_ever(stage.pipeline, n, self.schedule)}
+
+    def after_update(self, stage: Any, step: int) -> None:
+        me, n = stage.pipeline, stage.role.num_pipelines
+        q = peer_of(me, step, n, self.schedule)
+        if q is None:
+            return
+        t0 = stage.clock()
+        own, common = stage.state.params, self.common[q]
+        coded = code_difference(own, common)
+        _send(stage, step, coded, {q})
+        got = _recv(stage, step, coded, {q})
+        a = stage.first_unit
+        seen_own = as_sent(coded, common)
+        seen_theirs = as_sent([got[a + j, q] for j in range(len(own))], common)
+        mean = pair_mean(seen_own, seen_theirs) if me < q else pair_mean(seen_theirs, seen_own)
+        stage.state.params = kept_after(own, seen_own, mean)
+        self.common[q] = mean
+        stage.record_span(DIRECT, t0)
+
+    def average_now(self, stage: Any, step: int) -> None:
+        super().average_now(stage, step)
+        self.common = None
+
+    def held_bytes(self) -> int:
+        """Bytes of the pairs' common means held (not saved: average now clears them)."""
+        return sum(int(x.nbytes) for trees in (self.common or {}).values()
+                   for x in jax.tree.leaves(trees))
+
+
 class AsyncAveraging(_PeerAveraging):
     """Per stage: the exact average of step t's snapshots applied at step t + k (module doc)."""
 
@@ -179,12 +259,12 @@ class AsyncAveraging(_PeerAveraging):
         self.pending = {}
         super().average_now(stage, step)
 
-    def in_flight_bytes(self) -> int:
-        return sum(int(x.nbytes) for snap, _ in self.pending.values()
-                   for x in jax.tree.leaves(snap))
+    def held_bytes(self) -> int:
+        """Bytes of the exchange in flight (its snapshot and what was sent; not saved)."""
+        return sum(int(x.nbytes) for x in jax.tree.leaves(list(self.pending.values())))
 
 
-CLASSES = {c.name: c for c in (DecentralAveraging, AsyncAveraging)}
+CLASSES = {c.name: c for c in (DecentralAveraging, DecentralInt8Averaging, AsyncAveraging)}
 
 
 def state_class(mode: str) -> type | None:
@@ -197,6 +277,8 @@ def make(spec: Any, stage: Any) -> Any:
         return AsyncAveraging(stage, spec.staleness)
     if spec.mode == "decentral":
         return DecentralAveraging(stage, spec.peer_schedule)
+    if spec.mode == "decentral-int8":
+        return DecentralInt8Averaging(stage, spec.peer_schedule)
     raise ValueError(f"plan.averaging={spec.mode!r}: not run by this version")
 
 

@@ -47,11 +47,13 @@ def state_bytes(chain: Sequence[Any], indices: Iterable[int],
 
 
 def averaging_bytes(executor: Any) -> int:
-    """Bytes of the relaxed averaging state this process's stages hold (0: exact)."""
+    """Bytes of the relaxed averaging state this process's stages hold (0: exact): what a
+    checkpoint saves, and what the peer modes hold beside it (``held_bytes``)."""
     from skyjax.runtime.averaging import local_stages
 
-    return sum(tree_nbytes(s.averaging.export_state()) for s in local_stages(executor)
-               if s.averaging is not None)
+    return sum(tree_nbytes(s.averaging.export_state())
+               + (s.averaging.held_bytes() if hasattr(s.averaging, "held_bytes") else 0)
+               for s in local_stages(executor) if s.averaging is not None)
 
 
 def gather_to_chief(record: dict, key: str, timeout_s: float = 600.0) -> list[dict] | None:

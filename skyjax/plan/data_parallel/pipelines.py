@@ -98,7 +98,8 @@ def priced_exchange(chains: Sequence[Chain], gprefix: np.ndarray, profile: Profi
     for m in modes:
         if m in PEER_MODES:
             ar = (peers.async_s(chains, gprefix, lat, bw, relax.async_steps, compute_s)
-                  if m == "async" else peers.decentral_s(chains, gprefix, lat, bw, relax.peers))
+                  if m == "async" else peers.decentral_s(chains, gprefix, lat, bw, relax.peers,
+                                                         *peers.peer_wire(m, profile)))
             if ar < best[0] or not best[1]:
                 best = (ar, m, None)
     return best

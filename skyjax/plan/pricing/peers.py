@@ -19,6 +19,8 @@ Prices (the cost model's AR per step, :func:`decentral_s`, :func:`async_s`):
 * ``decentral``: at step t each owner sends its units' parameters (float32, ``grad_bytes``) to
   its peer's owners of them, one phase; AR_t = max_d sum over d's messages of (latency +
   bytes / bandwidth); AR = the mean of AR_t over the period.
+* ``decentral-int8``: the same messages in the int8 codec (``INT8_WIRE`` of the bytes, plus
+  the sender's int8 coding seconds per byte, as the ``int8`` exchange prices them).
 * ``async``: the direct exact exchange of every replica's parameters (X = its AR), one every k
   steps (k = ``async_steps``, its staleness), runs beside those k steps: it lengthens the step
   only where it outlasts them, T = max(compute, X / k); AR = T - compute (compute = max_i T_i +
@@ -30,7 +32,8 @@ from __future__ import annotations
 import math
 import numpy as np
 
-from skyjax.plan.pricing.exchange import BETWEEN, Chains, Message, Routing, routing, routing_s
+from skyjax.plan.pricing.exchange import (BETWEEN, INT8_WIRE, Chains, Message, Routing,
+                                          routing, routing_s)
 
 
 def period(n: int, schedule: str) -> int:
@@ -91,6 +94,18 @@ def pair_messages(chains: Chains, step: int, schedule: str) -> list[Message]:
     return [Message(BETWEEN, s, d, tuple(sorted(us))) for (s, d), us in sorted(bundles.items())]
 
 
+def peer_wire(mode: str, profile) -> tuple[float, np.ndarray | None]:
+    """(wire bytes per parameter byte, coding seconds per byte [D] or None) of a peer mode's
+    messages: ``decentral-int8``'s int8, the others' float32."""
+    if mode != "decentral-int8":
+        return 1.0, None
+    if "int8" not in profile.codecs:
+        raise ValueError("relax.peer_bits=8: pricing decentral-int8 needs the int8 codec's "
+                         "timings (profile.codecs.int8), which this profile lacks: profile "
+                         "again with this bound")
+    return INT8_WIRE, np.asarray(profile.codecs["int8"]["seconds_per_byte"], float)
+
+
 def decentral_s(chains: Chains, gprefix: np.ndarray, latency: np.ndarray,
                 bandwidth: np.ndarray, schedule: str, wire: float = 1.0,
                 coder_s: np.ndarray | None = None) -> float:
@@ -111,10 +126,14 @@ def async_s(chains: Chains, gprefix: np.ndarray, latency: np.ndarray, bandwidth:
 
 def state_copies(mode: str, pipelines: int, staleness: int, schedule: str) -> int:
     """Copies of a stage's parameters (float32) a peer mode keeps: ``decentral`` none (its pair
-    average is the replica's own params); ``async`` its snapshot in flight and the n - 1 of
+    average is the replica's own params); ``decentral-int8`` the last common mean of each peer
+    it meets (the most over the pipelines); ``async`` its snapshot in flight and the n - 1 of
     its peers it receives (one exchange in flight at a time, whatever k)."""
     if mode == "async":
         return max(int(pipelines), 2)
+    if mode == "decentral-int8":
+        n = int(pipelines)
+        return max(len(peers_ever(i, n, schedule)) for i in range(n)) if n > 1 else 0
     return 0
 
 
@@ -126,7 +145,7 @@ def staleness_of(mode: str, relax) -> int:
 def plan_fields(mode: str, relax) -> dict:
     """The Plan fields of a peer mode: ``peer_schedule`` (decentral) and ``staleness``, the
     steps by which its average lands late (async's k; stated in the plan)."""
-    if mode == "decentral":
+    if mode.startswith("decentral"):
         return {"peer_schedule": relax.peers}
     if mode == "async":
         return {"staleness": int(relax.async_steps)}

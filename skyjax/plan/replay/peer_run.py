@@ -1,10 +1,11 @@
 """The peer modes' exchange as the runtime runs it (:mod:`skyjax.runtime.decentralized`), event
 by event: what the simulator replays after each device's own last action for a plan whose
-averaging is ``decentral`` or ``async`` (docs/design.md, "The simulator").
+averaging is ``decentral``, ``decentral-int8`` or ``async`` (docs/design.md, "The simulator").
 
 Each device sends its messages from the end of its own last action (``ready[d]``), without
 blocking, one message at a time per directed link (its bytes over the bandwidth, then the latency;
-float32, uncoded), and is done when the last message
+float32, or for ``decentral-int8`` int8's bytes, each message sent once the sender has coded
+it, its coding seconds in turn after ``ready[d]``), and is done when the last message
 addressed to it has arrived.
 
 * ``decentral``: step t's pair messages (:func:`skyjax.plan.pricing.peers.pair_messages`); the
@@ -26,21 +27,24 @@ import numpy as np
 from skyjax.plan.data_parallel.pipelines import grad_prefix
 from skyjax.plan.model.types import Plan
 from skyjax.plan.pricing.exchange import BETWEEN, Message, routing
-from skyjax.plan.pricing.peers import pair_messages, period
+from skyjax.plan.pricing.peers import pair_messages, peer_wire, period
 from skyjax.profile.format import Profile
 from skyjax.spans import EXCHANGE_PHASE, Span
 
 
-def replay(messages: Sequence[Message], ready: dict[int, float], profile: Profile
-           ) -> dict[int, float]:
-    """Each device's end: its ``ready`` time, or its last message's arrival (module doc)."""
+def replay(messages: Sequence[Message], ready: dict[int, float], profile: Profile,
+           wire: float = 1.0, coder_s: np.ndarray | None = None) -> dict[int, float]:
+    """Each device's end: its ``ready`` time, or its last message's arrival (module doc);
+    ``wire``, ``coder_s``: :func:`skyjax.plan.pricing.peers.peer_wire`'s."""
     gprefix = grad_prefix(profile)
     lat, bw = np.asarray(profile.latency_s, float), np.asarray(profile.bandwidth_Bps, float)
-    at, free = dict(ready), {}
+    at, free, coded = dict(ready), {}, dict(ready)
     for m in messages:
         g = float(sum(gprefix[u + 1] - gprefix[u] for u in m.units))
-        hold = g / float(bw[m.src, m.dst])
-        depart = max(ready[m.src], free.get((m.src, m.dst), 0.0))
+        hold = g * wire / float(bw[m.src, m.dst])
+        if coder_s is not None:
+            coded[m.src] += float(coder_s[m.src]) * g
+        depart = max(coded[m.src], free.get((m.src, m.dst), 0.0))
         free[m.src, m.dst] = depart + hold
         at[m.dst] = max(at[m.dst], depart + hold + float(lat[m.src, m.dst]))
     return at
@@ -67,8 +71,9 @@ def peer_step(plan: Plan, ready: dict[int, float], profile: Profile,
         least = x / max(int(plan.staleness), 1)
         return least - float(profile.sync_s), _spans(at, ready, stage_of)
     ends, spans = [], []
+    wire = peer_wire(plan.averaging, profile)
     for t in range(period(plan.num_pipelines, plan.peer_schedule)):
-        at = replay(pair_messages(chains, t, plan.peer_schedule), ready, profile)
+        at = replay(pair_messages(chains, t, plan.peer_schedule), ready, profile, *wire)
         ends.append(max(at.values()))
         if t == 0:
             spans = _spans(at, ready, stage_of)
@@ -78,7 +83,9 @@ def peer_step(plan: Plan, ready: dict[int, float], profile: Profile,
 def peer_coding(plan: Plan, profile: Profile
                 ) -> tuple[tuple[int, ...], float, np.ndarray | None]:
     """(coded phases, wire bytes per gradient byte, coding seconds per gradient byte [D]) of a
-    peer mode's messages, as ``replay.coding.plan_coding`` gives them for the others: none
-    coded, float32. Their routes are the direct exchange's (every pair of owners that may
-    meet; a decentral pair's message carries what the direct exchange's does)."""
-    return (), 1.0, None
+    peer mode's messages, as ``replay.coding.plan_coding`` gives them for the others:
+    ``decentral-int8``'s one phase in int8, the others' float32. Their routes are the direct
+    exchange's (every pair of owners that may meet; a decentral pair's message carries what
+    the direct exchange's does)."""
+    wire, coder = peer_wire(plan.averaging, profile)
+    return ((BETWEEN,) if coder is not None else ()), wire, coder
