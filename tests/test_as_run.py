@@ -163,3 +163,30 @@ def test_the_price_is_the_simulated_step_on_a_slow_link():
         assert p.step_time_s < 0.8 * p.model_s
     again = plan_lib.Plan.from_json(p.to_json())
     assert again.model_s == p.model_s and again.step_time_s == p.step_time_s
+
+
+def test_the_best_candidates_pipelines_are_tried_in_every_averaging_mode_allowed():
+    """Four devices each in its own region (100 Mbit/s, 40 ms): the cost model's T prefers
+    decentral-int8 on four pipelines, the simulator DiLoCo on the same pipelines; from that one
+    candidate the plan is DiLoCo's, at the least simulated step over the modes allowed."""
+    from skyjax.relax import Relaxation
+
+    n = 4
+    lat, bw = np.full((n, n), 0.04), np.full((n, n), 12.5e6)
+    np.fill_diagonal(lat, 0.0)
+    prof = make_profile(np.full((6, n), 2e-2), state=np.full(6, 8e6), act=np.full(6, 1e5),
+                        out=np.full(6, 131072.0), memory=np.full(n, 1e12), latency=lat,
+                        bandwidth=bw)
+    relax = Relaxation(averaging="diloco", peers="ring", peer_bits=8, min_gain=0.0)
+    prof = dataclasses.replace(prof, relax=relax, codecs={"int8": {
+        "output_bytes": [u["output_bytes"] * 0.27 for u in prof.units],
+        "seconds_per_byte": [1e-10] * n}})
+    chains = [[(d, 0, 6)] for d in range(n)]
+    by_mode = {m: simulate_plan(plan_lib.evaluate_pipelines(prof, chains, [1] * n, "1f1b",
+                                                            averaging=m), prof).step_time_s
+               for m in relax.averagings}
+    candidate = plan_lib.evaluate_pipelines(prof, chains, [1] * n, "1f1b",
+                                            averaging="decentral-int8")
+    got = as_run.best_as_run(prof, [candidate], warm=False)
+    assert got.averaging == min(by_mode, key=by_mode.get) == "diloco" != candidate.averaging
+    assert got.step_time_s == pytest.approx(by_mode["diloco"])

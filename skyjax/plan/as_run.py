@@ -8,7 +8,8 @@ compute, pays latency only where the micro-batches in flight cannot hide it, and
 device's exchange after its own last backward. So T is what the searches minimise (fast, with
 bounds and proofs), and the plan is then chosen among candidates by the simulated step: the
 searched plan, the plan the search finds with links' latency free (what the steady state pays),
-each with the warm-ups that pay (deeper 1F1B warm-ups before slow links, per pipeline), and, on
+each with the warm-ups that pay (deeper 1F1B warm-ups before slow links, per pipeline), the best
+one's pipelines in every other averaging mode allowed, and, on
 small instances, every plan there is (:func:`every_plan`), so that the plan is the simulator's
 optimum there. The plan's ``step_time_s`` is that price, ``model_s`` its T, and
 ``lower_bound_s`` a bound that holds for every plan's simulated step (:func:`run_bound`).
@@ -130,8 +131,10 @@ def warmup_options(t_of: Callable[[int], Tables], plan: Plan) -> list[list[list[
 def best_as_run(profile: Profile, candidates: Iterable[Plan], *, warm: bool = True,
                 extra: ExtraCost | None = None) -> Plan:
     """The candidate with the least simulated step, each also tried with the warm-ups that
-    might pay (``warm``, 1F1B); ties go to the earlier candidate, a plan's own warm-ups before
-    deeper ones. ``step_time_s`` is then the simulated step and ``model_s`` its T."""
+    might pay (``warm``, 1F1B); then the best one's pipelines in every other averaging mode
+    allowed that fits (the cost model's T ranks the modes otherwise than the simulator may).
+    Ties go to the earlier candidate, a plan's own warm-ups before deeper ones.
+    ``step_time_s`` is then the simulated step and ``model_s`` its T."""
     cache: dict[int, Tables] = {}
 
     def t_of(m: int) -> Tables:
@@ -139,21 +142,30 @@ def best_as_run(profile: Profile, candidates: Iterable[Plan], *, warm: bool = Tr
             cache[m] = tables(profile, "1f1b", m)
         return cache[m]
 
-    best, seen = None, set()
+    def better(plans: Iterable[Plan], best: Plan | None) -> Plan | None:
+        for plan in plans:
+            options = [plan] + ([x for x in (with_warmups(t_of, plan, w)
+                                             for w in warmup_options(t_of, plan))
+                                 if x is not None] if warm and extra is None else [])
+            for option in options:
+                got = priced(option, profile, extra)
+                if best is None or got.step_time_s < best.step_time_s * (1 - 1e-12):
+                    best = got
+        return best
+
+    unique: dict[tuple, Plan] = {}
     for plan in candidates:
-        key = json_key(plan)
-        if key in seen:
-            continue
-        seen.add(key)
-        options = [plan] + ([x for x in (with_warmups(t_of, plan, w)
-                                         for w in warmup_options(t_of, plan)) if x is not None]
-                            if warm and extra is None else [])
-        for option in options:
-            got = priced(option, profile, extra)
-            if best is None or got.step_time_s < best.step_time_s * (1 - 1e-12):
-                best = got
+        unique.setdefault(json_key(plan), plan)
+    best = better(unique.values(), None)
     if best is None:
         raise InfeasibleError("no candidate plan")
+    if best.num_pipelines > 1 and len(profile.relax.averagings) > 1 and extra is None:
+        pipes = [[(s.device, *s.units) for s in best.pipeline(i).stages]
+                 for i in range(best.num_pipelines)]
+        best = better((p for p in _each_mode(profile, t_of, best.schedule, pipes,
+                                             best.pipeline_shares(), best.strategy,
+                                             profile.relax.averagings)
+                       if p.averaging != best.averaging), best)
     return best
 
 
