@@ -74,12 +74,15 @@ def with_int8(prof: Profile, seconds_per_byte: float = 2e-11) -> Profile:
 RELAXED = Relaxation(handoff_bits=8, averaging="diloco", outer_every=10)
 # and the relaxed averagings' outer steps sent as top-k 2-bit with error feedback (skyjax.compress)
 COMPRESSED = dataclasses.replace(RELAXED, outer_compression="topk2")
+# and the peer modes beside them: decentralized averaging on the one-peer exponential graph, in
+# float32 or int8 differences, and asynchronous averaging 2 steps late (skyjax.runtime.decentralized)
+EVERY_MODE = dataclasses.replace(COMPRESSED, peers="exponential", peer_bits=8, async_steps=2)
 
 
 def table(prof: Profile, ms: list[int], pipelines: int, best_schedule: bool = True) -> list[str]:
     """Per m: the single pipeline, the plan of up to ``pipelines`` (0: auto) pipelines with
-    exact math, with relaxations allowed (int8 hand-offs, averaging up to DiLoCo H = 10), and
-    with their outer steps compressed (top-k 2-bit);
+    exact math, with relaxations allowed (int8 hand-offs, averaging up to DiLoCo H = 10),
+    with their outer steps compressed (top-k 2-bit), and with the peer modes allowed too;
     ``best_schedule``: also the least step over every schedule (``schedule="auto"``). Steps are
     the plans' predictions, the simulated step as it runs; T is the cost model's."""
     rows = ["| m | plan | pipelines | devices | step (s) | T (s) | examples/s | vs one pipeline | "
@@ -91,13 +94,15 @@ def table(prof: Profile, ms: list[int], pipelines: int, best_schedule: bool = Tr
         one = plan_lib.plan(prof, "optimal", "1f1b", m)
         for name, kw in (("one pipeline", {}), ("exact", {"max_pipelines": pipelines}),
                          ("relaxed", {"max_pipelines": pipelines, "relax": RELAXED}),
-                         ("compressed", {"max_pipelines": pipelines, "relax": COMPRESSED})):
+                         ("compressed", {"max_pipelines": pipelines, "relax": COMPRESSED}),
+                         ("every mode", {"max_pipelines": pipelines, "relax": EVERY_MODE})):
             t0 = time.process_time()
             p = one if not kw else plan_lib.plan(prof, "optimal", "1f1b", m, **kw)
             took = time.process_time() - t0
             lb = run_bound(prof, "1f1b", m, min(16, m))
             what = name if name in ("one pipeline", "exact") else (
-                f"{name} ({p.averaging}{', top-k 2-bit' if name == 'compressed' else ''}, "
+                f"{name} ({p.averaging}"
+                f"{', top-k 2-bit' if name != 'relaxed' and p.outer_compression != 'none' else ''}, "
                 f"{sum(s.codec != 'none' for s in p.stages)} int8 links)")
             best = "-"
             if kw and best_schedule:  # every schedule (GPipe, 1F1B, ZB-H1, ZB-H2), least step
@@ -156,9 +161,11 @@ if __name__ == "__main__":
         None, "plan_pipelines", "One pipeline against several, at the paper's scale",
         "64 nodes in four regions of 16, BERT-large at 26 units: the best single "
         "pipeline against up to 16 pipelines in data parallel: exact, with "
-        "relaxations allowed (int8 hand-offs, averaging up to DiLoCo with H = 10), and "
+        "relaxations allowed (int8 hand-offs, averaging up to DiLoCo with H = 10), "
         "compressed (that bound with the outer steps sent as top-k 2-bit, 1/8 kept, with "
-        "error feedback: `relax.outer_compression`), for two kinds of links between "
+        "error feedback: `relax.outer_compression`), and every mode (that bound with the "
+        "peer modes too: decentralized averaging on the one-peer exponential graph in "
+        "float32 or int8, asynchronous averaging 2 steps late), for two kinds of links between "
         "regions. Step: the plan's prediction, its simulated "
         "step as it runs (docs/design.md, \"The price: the step as it runs\"); T: the "
         "cost model's. Lower bound: `as_run.run_bound`, a proof over every plan's "

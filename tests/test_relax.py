@@ -227,6 +227,10 @@ def test_averaging_without_the_int8_timings_plans_the_modes_it_can_price(tmp_pat
                                          r"needs the int8 codec's timings"):
         plan_lib.plan(slow, "optimal", "1f1b", 4, max_pipelines=4,
                       relax=Relaxation(averaging="int8"))
+    with pytest.raises(ValueError, match=r"^relax\.peer_bits=8: pricing decentral-int8 "
+                                         r"needs the int8 codec's timings"):
+        plan_lib.plan(slow, "optimal", "1f1b", 4, max_pipelines=4,
+                      relax=Relaxation(peers="ring", peer_bits=8))
 
 
 def test_the_simulator_charges_the_codec():
@@ -265,9 +269,16 @@ def test_the_bound():
     assert Relaxation(averaging="int8-across").averagings == ("exact", "int8-across")
     assert Relaxation(averaging="int8-across").measured_codecs == ("int8",)
     assert Relaxation(16, "int8").measured_codecs == ("bf16", "int8")
+    # the per-axis bounds: decentral from peers, decentral-int8 with peer_bits 8 (int8 timed)
+    assert Relaxation(peers="ring", async_steps=2).averagings == ("exact", "decentral", "async")
+    assert Relaxation(peers="ring", peer_bits=8).averagings == ("exact", "decentral",
+                                                                "decentral-int8")
+    assert Relaxation(peers="ring", peer_bits=8).measured_codecs == ("int8",)
+    assert Relaxation(peer_bits=8).averagings == ("exact",)  # peers none: no peer mode
     for bad, match in (({"handoff_bits": 5}, "relax.handoff_bits"),
                        ({"averaging": "topk"}, "relax.averaging"),
-                       ({"averaging": "diloco", "outer_every": 0}, "relax.outer_every")):
+                       ({"averaging": "diloco", "outer_every": 0}, "relax.outer_every"),
+                       ({"peers": "ring", "peer_bits": 4}, "relax.peer_bits")):
         with pytest.raises(ValueError, match=match):
             Relaxation(**bad)
 

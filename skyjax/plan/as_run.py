@@ -31,6 +31,7 @@ from skyjax.plan.model.extension import ExtraCost
 from skyjax.plan.model.schedules import warmups
 from skyjax.plan.model.types import InfeasibleError, Plan
 from skyjax.plan.pricing.cost import Tables, evaluate_tables, tables
+from skyjax.plan.pricing.exchange import unpriced_modes
 from skyjax.plan.replay.simulate import simulate_plan
 from skyjax.plan.search.warmup import choose, linkless, window
 from skyjax.profile.format import Profile
@@ -288,10 +289,11 @@ def every_plan(profile: Profile, schedule: str, microbatches: int, max_pipelines
 def _each_mode(profile: Profile, t_of: Callable[[int], Tables], schedule: str, pipes: list,
                shares: Sequence[int], strategy: str, modes: Sequence[str | None]
                ) -> Iterator[Plan]:
-    """The plan of ``pipes`` and ``shares`` in each averaging mode allowed that fits (one plan
-    per mode it runs; one pipeline: the one plan), so that the simulator prices every mode."""
-    seen = set()
-    for mode in modes if len(pipes) > 1 else (None,):
+    """The plan of ``pipes`` and ``shares`` in each averaging mode allowed that fits and the
+    profile can price (one plan per mode it runs; one pipeline: the one plan), so that the
+    simulator prices every mode."""
+    seen, unpriced = set(), unpriced_modes(profile)
+    for mode in (m for m in modes if m not in unpriced) if len(pipes) > 1 else (None,):
         try:
             if len(pipes) == 1:
                 plan = evaluate_tables(profile, t_of(shares[0]), pipes[0], strategy, False,
