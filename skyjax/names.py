@@ -34,8 +34,8 @@ EXIT_INTERRUPTED = 130
 # Hand-off codecs (skyjax.codecs), with their bits per value on the wire, and the values per
 # scale of the blockwise ones; averaging modes across pipelines, least to most relaxed
 # (skyjax.relax; "-across": exact inside a link group, relaxed between groups).
-# "sparse": the top half of each block by magnitude, 4-bit values and a bitmask (3.5 bits per
-# value, allowed from handoff_bits 2)
+# "sparse": each block sign-flipped by position and rotated, its top half by magnitude as sign and
+# 3 bits with a bitmask, the rest as signs (4 bits per value, allowed from handoff_bits 2)
 CODECS = ("none", "bf16", "int8", "int4", "sparse")
 CODEC_BITS = {"none": 32, "bf16": 16, "int8": 8, "int4": 4, "sparse": 2}
 CODEC_BLOCK = 64

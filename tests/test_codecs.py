@@ -79,7 +79,7 @@ def test_integer_leaves_travel_as_they_are(codec):
     np.testing.assert_array_equal(back["mask"], c["mask"])
 
 
-@pytest.mark.parametrize("codec", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("codec", ["bf16", "int8", "int4", "sparse"])
 def test_non_finite_values_stay_non_finite(codec):
     """A NaN or inf in a hand-off must reach the loss (the NaN guard stops the run there), not
     be rounded away."""
@@ -97,13 +97,7 @@ def test_any_shape_round_trips(codec, shape):
     x = jax.random.normal(jax.random.key(1), shape)
     _, back = round_trip(codec, x)
     assert back.shape == x.shape and back.dtype == x.dtype
-    tol = {"none": 0, "bf16": 1e-2, "int8": 2e-2, "int4": 0.6, "sparse": 0.08}[codec]
-    if codec == "sparse":  # the top half of each block kept (at least one), the rest zero
-        kept = np.asarray(back) != 0
-        x = np.where(kept, x, 0.0)
-        n = shape[-1] if shape else 1
-        b = codecs.block_size(n)
-        assert kept.sum() <= x.size // n * -(-n // b) * codecs.sparse_keep(b)
+    tol = {"none": 0, "bf16": 1e-2, "int8": 2e-2, "int4": 0.6, "sparse": 0.3}[codec]
     np.testing.assert_allclose(back, x, atol=tol * max(1.0, float(jnp.abs(x).max())))
     if shape and shape[-1] == 32:  # a 32-wide axis: blocks of 32, no padding
         assert codecs.encoded_bytes("int8", x) == x.size + 4 * 4
@@ -111,13 +105,66 @@ def test_any_shape_round_trips(codec, shape):
 
 def test_zero_blocks_decode_to_zeros():
     x = jnp.zeros((3, 70))
-    for codec in ("int8", "int4"):
+    for codec in ("int8", "int4", "sparse"):
         _, back = round_trip(codec, x)
         np.testing.assert_array_equal(back, x)
 
 
-def test_rounding_is_deterministic():
+@pytest.mark.parametrize("codec", ["int4", "sparse"])
+def test_rounding_is_deterministic(codec):
     c = carry(seed=3)
-    a, _ = round_trip("int4", c)
-    b, _ = round_trip("int4", c)
+    a, _ = round_trip(codec, c)
+    b, _ = round_trip(codec, c)
     jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_sparse_sends_four_bits_per_value():
+    """Per block of 64: the kept half's bitmask, every value's sign, the kept half's 3-bit
+    magnitudes, the block's largest magnitude in bfloat16 and two 8-bit fractions (the kept
+    half's least magnitude of the largest, the dropped half's mean of that): 8 + 8 + 12 + 2 + 2
+    bytes, 8x fewer than float32."""
+    x = carry()["hidden"]
+    coded, _ = round_trip("sparse", {"hidden": x})
+    sent = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(coded))
+    assert sent == codecs.encoded_bytes("sparse", x) == (8 * 32 * 2) * (8 + 8 + 12 + 2 + 2)
+    assert x.size * 4 / sent == 8.0
+
+
+def test_sparse_error_is_that_of_its_two_classes():
+    """Gaussian blocks (what the rotation makes of a block): the kept half on 8 levels from its
+    least magnitude to its largest, the dropped half at its mean magnitude; relative error 0.148
+    (the top half alone, the rest zero, as the codec once sent: 0.29; int4: 0.11). The outlier
+    channel is spread by the rotation."""
+    x = jax.random.normal(jax.random.key(0), (64, 32, 128))
+    _, back = round_trip("sparse", x)
+    assert float(jnp.linalg.norm(back - x) / jnp.linalg.norm(x)) < 0.155
+    h = carry()["hidden"]
+    _, back = round_trip("sparse", {"hidden": h})
+    assert float(jnp.linalg.norm(back["hidden"] - h) / jnp.linalg.norm(h)) < 0.11
+
+
+def test_sparse_errors_do_not_add_up_over_a_batch():
+    """Examples that share most of their hand-off (early in training a cotangent is mostly
+    its label's) have errors that average out over the batch, as independent ones do: the
+    fixed sign flips differ by position. Without them every example lost the same small
+    components and the batch's gradient kept the error (the CSV walkthrough never learned)."""
+    common = jax.random.normal(jax.random.key(0), (1, 16, 128))
+    x = common + 0.3 * jax.random.normal(jax.random.key(1), (128, 16, 128))
+    _, back = round_trip("sparse", x)
+    err = back - x
+    per_example = float(jnp.sqrt(jnp.mean(jnp.sum(err ** 2, axis=(1, 2)))))
+    of_the_mean = float(jnp.linalg.norm(err.mean(axis=0)))
+    assert of_the_mean < 2 * per_example / np.sqrt(x.shape[0])
+
+
+def test_a_sparse_block_with_a_non_finite_value_decodes_to_nan():
+    """The whole block of a NaN or inf (its largest magnitude is NaN on the wire); the other
+    blocks as they were."""
+    x = carry()["hidden"]
+    _, clean = round_trip("sparse", x)
+    for bad in (jnp.nan, jnp.inf, -jnp.inf):
+        _, back = round_trip("sparse", x.at[2, 5, 77].set(bad))
+        back = np.array(back)
+        assert np.isnan(back[2, 5, 64:]).all()
+        back[2, 5, 64:] = clean[2, 5, 64:]
+        np.testing.assert_array_equal(back, clean)
