@@ -75,7 +75,8 @@ RELAXED = Relaxation(handoff_bits=8, averaging="diloco", outer_every=10)
 # and the relaxed averagings' outer steps sent as top-k 2-bit with error feedback (skyjax.compress)
 COMPRESSED = dataclasses.replace(RELAXED, outer_compression="topk2")
 # and the peer modes beside them: decentralized averaging on the one-peer exponential graph, in
-# float32 or int8 differences, and asynchronous averaging 2 steps late (skyjax.runtime.decentralized)
+# float32 or int8 differences, and asynchronous averaging 2 steps late
+# (skyjax.runtime.decentralized)
 EVERY_MODE = dataclasses.replace(COMPRESSED, peers="exponential", peer_bits=8, async_steps=2)
 
 
@@ -100,9 +101,9 @@ def table(prof: Profile, ms: list[int], pipelines: int, best_schedule: bool = Tr
             p = one if not kw else plan_lib.plan(prof, "optimal", "1f1b", m, **kw)
             took = time.process_time() - t0
             lb = run_bound(prof, "1f1b", m, min(16, m))
+            topk = name != "relaxed" and p.outer_compression != "none"
             what = name if name in ("one pipeline", "exact") else (
-                f"{name} ({p.averaging}"
-                f"{', top-k 2-bit' if name != 'relaxed' and p.outer_compression != 'none' else ''}, "
+                f"{name} ({p.averaging}{', top-k 2-bit' if topk else ''}, "
                 f"{sum(s.codec != 'none' for s in p.stages)} int8 links)")
             best = "-"
             if kw and best_schedule:  # every schedule (GPipe, 1F1B, ZB-H1, ZB-H2), least step

@@ -90,7 +90,7 @@ def test_the_sparse_hand_off_codec_keeps_the_top_half_of_each_rotated_block():
     x = jax.random.normal(jax.random.key(0), (8, 32, 128)).at[..., 3].multiply(30.0)
     coded = codecs.encode_array("sparse", x)
     back = codecs.decode_array("sparse", coded, x)
-    rotate = jax.jit(lambda v: codecs._sparse_rotate(codecs._blocks(v)))
+    rotate = jax.jit(lambda v: codecs._flip_rotate(codecs._blocks(v)))
     sent, got = np.asarray(rotate(x)).reshape(-1, 64), np.asarray(rotate(back)).reshape(-1, 64)
     for row, b in zip(sent, got):
         a = np.abs(row)

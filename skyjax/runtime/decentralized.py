@@ -1,6 +1,6 @@
 """Averaging between pipeline replicas without a global exchange per step (``Plan.averaging``
-``decentral``, ``decentral-int8`` or ``async``; :mod:`skyjax.relax`, docs/design.md, "Relaxation on slow links"),
-hooked from :mod:`skyjax.runtime.averaging`.
+``decentral``, ``decentral-int8`` or ``async``; :mod:`skyjax.relax`, docs/design.md,
+"Relaxation on slow links"), hooked from :mod:`skyjax.runtime.averaging`.
 
 In both, every pipeline takes its optimizer step on its own share (its gradients scaled to the
 share's mean, m / m_i, and clipped by its own norm, as DiLoCo's inner steps); then:
