@@ -1,20 +1,65 @@
 """Bytes across regions per step, and the eval metric, of the averagings between pipelines: exact,
-int8, DiLoCo and DiLoCo with its outer deltas in top-k 2- and 4-bit (``relax.outer_compression``,
-at ``relax.outer_topk``'s default fraction).
+int8, DiLoCo, DiLoCo with its outer deltas in top-k 2- and 4-bit (``relax.outer_compression``,
+at ``relax.outer_topk``'s default fraction), and the peer modes: ``decentral`` (one peer per
+step, ``relax.peers=ring``), ``decentral-int8`` (the same, its differences to the pair's last
+mean in int8, ``relax.peer_bits=8``) and ``async`` (the exact average applied k = 2 steps late,
+``relax.async_steps=2``); with ``--curve`` their loss curves over a longer run, with
+``--rehearse`` their rehearsed step times on two regions at 100 Mbit/s and 80 ms.
 
-Each row is a short training run of the demo (``configs/local_demo.py``) planned on a fixed
-profile: the demo's 6 units with their real gradient bytes on 4 equal devices, each its own
-region, 100 Mbit/s and 40 ms between regions, every model fitting every device, so that the plan
-is pipelines in data parallel and the exchange crosses regions (the forcing of
+The table. Each row is a short training run of the demo (``configs/local_demo.py``) planned on
+a fixed profile: the demo's 6 units with their real gradient bytes on 4 equal devices, each its
+own region, 100 Mbit/s and 40 ms between regions, every model fitting every device, so that the
+plan is pipelines in data parallel and the exchange crosses regions (the forcing of
 ``tests/test_relax_quality.py``; the devices run at the host's speed, so only the math differs
-between rows). The bytes are the plan's, message by message (``plan.replay``: the routing, the
-coded phases and the top-k payload's exact bytes per unit, ``skyjax.topk_wire``), summed over
-the messages whose ends lie in different regions and averaged over an outer period; the ratio is
-the exact exchange's bytes on the same plan (its pipelines, averaging exact) over the row's, as
-the exact run's own plan may take fewer pipelines. The eval metric is the run's own on the
-demo's held-out set.
+between rows). A peer row's plan is forced as ``tests/test_relax_quality.py``'s ``FORCED`` cases
+are, so that it is 4 one-device pipelines in that mode whatever the planner prefers: a
+``python -c`` wrapper replaces ``skyjax.train.plan_lib.plan`` by ``evaluate_pipelines`` of those
+pipelines (its bound from the row's ``--config.relax.*``); the row says whether ``python -m
+skyjax.plan`` takes that same plan under the row's bound (there decentral's bound gets 4
+pipelines in exact averaging, which the simulator prices faster). The bytes are the plan's,
+message by message, summed over the messages whose ends lie in different regions: the
+exchange's as the simulator replays it (``plan.replay``: the routing, the coded phases and the
+top-k payload's exact bytes per unit, ``skyjax.topk_wire``), an outer step's over its H; a peer
+mode's as ``plan.replay.peer_run`` replays it: decentral's pair messages
+(``pricing.peers.pair_messages``) averaged over the schedule's period, in float32 or, for
+decentral-int8, at the int8 codec's wire (``pricing.peers.peer_wire``, ``INT8_WIRE``, which
+``replay.peer_run.peer_coding`` declares to a rehearsal too); async's direct exchange of every
+replica's parameters once every k steps. The ratio is the exact exchange's bytes on the same
+plan (its pipelines, averaging exact) over the row's, as the exact run's own plan may take
+fewer pipelines. The eval metric is the run's own on the demo's
+held-out set (a peer mode averages every replica into one model before it evaluates). A row
+whose mode this version does not know (a ``--config.relax`` key, a plan mode or a runtime it
+lacks) is skipped with one printed line.
 
-    python -m experiments.compression_bench [--steps 200] [--results]
+The curve (``--curve``). Exact, DiLoCo, DiLoCo + top-k 2-bit, decentral, decentral-int8 and
+async, each a run of ``--curve_steps`` (600) on the same profile and plans as the table, the
+loss of every step logged (``train.log_every=1``, the run's ``metrics.jsonl``), drawn as the
+mean of each ``--curve_every`` (10) steps on a log scale into ``docs/pictures/relax_curves.png``
+(``matplotlib.figure.Figure``, no pyplot), the eval metric in the legend.
+
+The rehearsal (``--rehearse``). ``experiments/clusters/two_regions_100mbit.json`` is
+``two_regions.json`` (16 devices of two speeds, 8 in each region, 600 MB each) with the link
+between the regions at 100 Mbit/s and 80 ms. It is composed and rehearsed as
+docs/guide/rehearsal.md does (``python -m skyjax.profile.compose --cluster FILE --out
+profile.json``, then ``python -m skyjax.main --config configs/rehearse.py --workdir DIR
+--config.rehearse.profile=profile.json``) with each mode's ``--config.relax.*`` flags and
+``--config.relax.min_gain=0``, at ``--time_scale`` 1 (configs/rehearse.py's 10 would make a
+step of this cluster over 20 s) for ``--rehearse_steps`` 12 (its own), which keeps all seven
+within about 10 minutes on 2 cores. Composing gives the hand-off codecs' rates only; the top-k
+2-bit coding rate, which DiLoCo + top-k needs priced, is added to profile.json as the int8
+codec's (one memory-bound pass). The row says the plan the run took (pipelines, devices used,
+averaging), whether that is the mode asked for (the planner chooses among what the bound
+allows; no config key forces an averaging mode, so a plan is not forced here), its predicted
+step (summary.json's), the simulator's, the measured median step (without the first; the
+rehearsal's own, summary.json's ``rehearsal``) and the mean of the logged steps after the first
+(which, unlike the median, holds a DiLoCo outer step), all in the declared cluster's seconds,
+and the gap measured / predicted - 1. Below the table: what the planner says of one region's 8
+devices alone, which a plan averaging across the regions needs to hold a pipeline.
+
+Every run shares a JAX compilation cache in the work folder: the stages' programs repeat from
+run to run, so the first step (compiling, never measured) of the later runs is shorter.
+
+    python -m experiments.compression_bench [--steps 200] [--curve] [--rehearse] [--results]
 """
 
 from __future__ import annotations
@@ -23,9 +68,11 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -33,6 +80,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from skyjax.plan.data_parallel.pipelines import grad_prefix
 from skyjax.plan.model.types import Plan
+from skyjax.plan.pricing.exchange import INT8_WIRE, routing
+from skyjax.plan.pricing.peers import pair_messages, period
 from skyjax.plan.replay.coding import plan_coding
 from skyjax.plan.replay.exchange_run import exchange_of
 from skyjax.profile.format import Profile, load_profile, save_profile
@@ -43,7 +92,44 @@ MODES = {"exact": [], "int8": ["--config.relax.averaging=int8"],
          "diloco + top-k 2-bit": ["--config.relax.averaging=diloco",
                                   "--config.relax.outer_compression=topk2"],
          "diloco + top-k 4-bit": ["--config.relax.averaging=diloco",
-                                  "--config.relax.outer_compression=topk4"]}
+                                  "--config.relax.outer_compression=topk4"],
+         "decentral": ["--config.relax.peers=ring"],
+         "decentral-int8": ["--config.relax.peers=ring", "--config.relax.peer_bits=8"],
+         "async": ["--config.relax.async_steps=2"]}
+# each mode's (averaging, outer_compression) in a plan; the peer modes' plans are forced
+WANT = {"exact": ("exact", "none"), "int8": ("int8", "none"), "diloco": ("diloco", "none"),
+        "diloco + top-k 2-bit": ("diloco", "topk2"), "diloco + top-k 4-bit": ("diloco", "topk4"),
+        "decentral": ("decentral", "none"), "decentral-int8": ("decentral-int8", "none"),
+        "async": ("async", "none")}
+FORCED = ("decentral", "decentral-int8", "async")
+CURVE = ("exact", "diloco", "diloco + top-k 2-bit", "decentral", "decentral-int8", "async")
+REHEARSE = ("exact", "int8", "diloco", "diloco + top-k 2-bit", "decentral", "decentral-int8",
+            "async")
+CLUSTER = os.path.join(REPO, "experiments", "clusters", "two_regions_100mbit.json")
+PICTURE = os.path.join(REPO, "docs", "pictures", "relax_curves.png")
+
+# as tests/test_relax_quality.py's FORCED cases: four pipelines of one device each, in the
+# row's mode, its bound (peers, peer_bits, async_steps) the run's own config.relax
+_FORCED = """
+import dataclasses, sys
+import skyjax.train as train
+def forced(profile, *a, relax, **k):  # four pipelines of one device each, averaging {mode!r}
+    prof = dataclasses.replace(profile, relax=relax)
+    return train.plan_lib.evaluate_pipelines(prof, [[(d, 0, prof.num_units)] for d in range(4)],
+                                             [1, 1, 1, 1], "1f1b", averaging={mode!r})
+train.plan_lib.plan = forced
+from skyjax.cli.train import run
+sys.argv = ["skyjax.main"] + {argv!r}
+run()
+"""
+
+
+class Skipped(Exception):
+    """A row this version cannot run (its message says why)."""
+
+
+def slug(name: str) -> str:
+    return name.replace(" ", "_").replace("+", "p")
 
 
 def demo_param_bytes() -> list[float]:
@@ -83,11 +169,30 @@ def forcing_profile(param_bytes: list[float], n: int = 4) -> Profile:
                        "seconds_per_byte": [1e-10] * n} for c, w in wire.items()}})
 
 
+def _chains(plan: Plan) -> list[list[tuple[int, int, int]]]:
+    return [[(s.device, *s.units) for s in plan.pipeline(i).stages]
+            for i in range(plan.num_pipelines)]
+
+
+def peer_wire(plan: Plan, profile: Profile) -> float:
+    """Wire bytes per parameter byte of a peer mode's messages, as the pricing takes them
+    (``pricing.peers.peer_wire`` where this version has it: decentral-int8's int8, else
+    float32)."""
+    try:
+        from skyjax.plan.pricing.peers import peer_wire as wire_of
+    except ImportError:
+        return INT8_WIRE if plan.averaging == "decentral-int8" else 1.0
+    return float(wire_of(plan.averaging, profile)[0])
+
+
 def cross_region_bytes(plan: Plan, profile: Profile) -> float:
     """Bytes per step on links between regions: each message of the plan's exchange whose ends
-    lie in different regions, coded phases at the coded bytes, an outer step's over its H."""
+    lie in different regions, coded phases at the coded bytes, an outer step's over its H; a
+    peer mode's as :func:`peer_cross_region_bytes`."""
     if plan.num_pipelines < 2:
         return 0.0
+    if plan.averaging in FORCED:
+        return peer_cross_region_bytes(plan, profile)
     region = [d.get("region") for d in profile.devices]
     run, gp = exchange_of(plan), grad_prefix(profile)
     coded, ratio, _ = plan_coding(plan, profile)
@@ -107,63 +212,396 @@ def cross_region_bytes(plan: Plan, profile: Profile) -> float:
     return every + (of(run.outer_step) - every) / max(run.outer_every, 1)
 
 
-def train(workdir: str, profile_path: str, steps: int, flags: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "skyjax.main", f"--config={REPO}/configs/local_demo.py",
-           f"--workdir={workdir}", f"--config.profile.path={profile_path}",
-           f"--config.train.steps={steps}", f"--config.train.log_every={steps}",
-           "--config.allocation.calibrate_steps=0", "--config.cluster.slowdowns=(1,1,1,1)",
-           "--config.relax.min_gain=0", *flags]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
+def peer_cross_region_bytes(plan: Plan, profile: Profile) -> float:
+    """A peer mode's bytes per step between regions, as ``plan.replay.peer_run`` sends them:
+    decentral's pair messages of each step of the schedule's period, their mean, at the mode's
+    wire; async's direct exchange (every owner to every other owner of its units) once every
+    k = the plan's staleness steps."""
+    region = [d.get("region") for d in profile.devices]
+    gp, chains = grad_prefix(profile), _chains(plan)
+
+    def of(messages) -> float:
+        return float(sum(gp[u + 1] - gp[u] for m in messages
+                         if region[m.src] != region[m.dst] for u in m.units))
+
+    if plan.averaging == "async":
+        return of(routing(chains, None).messages) / max(int(plan.staleness), 1)
+    steps = period(plan.num_pipelines, plan.peer_schedule)
+    total = sum(of(pair_messages(chains, t, plan.peer_schedule)) for t in range(steps))
+    return peer_wire(plan, profile) * total / steps
+
+
+def unknown_keys(flags: list[str]) -> list[str]:
+    """The ``--config.a.b=v`` keys of ``flags`` this version's config lacks."""
+    from skyjax.config import base_config
+
+    config, out = base_config(), []
+    for flag in flags:
+        path = flag.split("=", 1)[0][len("--config."):].split(".")
+        node = config
+        for key in path:
+            if key not in node:
+                out.append("config." + ".".join(path))
+                break
+            node = node[key]
+    return out
+
+
+def relax_of(flags: list[str]):
+    """The :class:`~skyjax.relax.Relaxation` of ``flags``' ``--config.relax.*`` and min_gain 0."""
+    from skyjax.relax import Relaxation
+
+    kw = {"min_gain": 0.0}
+    for flag in flags:
+        key, value = flag[len("--config.relax."):].split("=", 1)
+        kw[key] = type(getattr(Relaxation(), key))(value)
+    return Relaxation(**kw)
+
+
+def supported(name: str) -> None:
+    """Raises :class:`Skipped` where this version lacks the mode of row ``name``."""
+    from skyjax.names import PEER_MODES
+
+    missing = unknown_keys(MODES[name])
+    if missing:
+        raise Skipped(f"{', '.join(missing)} is not a key of this version's config")
+    if name in FORCED and WANT[name][0] not in PEER_MODES:
+        raise Skipped(f"averaging {WANT[name][0]!r} is not a plan mode of this version "
+                      f"(skyjax.names.PEER_MODES: {', '.join(PEER_MODES)})")
+
+
+def run_env(workdir: str) -> dict:
+    """A run's environment: this checkout, the CPU, and a compilation cache beside the runs
+    (the stages' programs repeat from run to run: their first step, never measured, is
+    shorter)."""
+    return dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu",
+                JAX_COMPILATION_CACHE_DIR=os.path.join(os.path.dirname(workdir), "jax_cache"),
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+
+
+def train(workdir: str, profile_path: str, steps: int, name: str, log_every: int | None = None
+          ) -> dict:
+    """Row ``name``'s run of the demo (its plan forced where it is a peer mode): its
+    summary, plan, profile and each logged step's loss."""
+    supported(name)
+    argv = [f"--config={REPO}/configs/local_demo.py", f"--workdir={workdir}",
+            f"--config.profile.path={profile_path}", f"--config.train.steps={steps}",
+            f"--config.train.log_every={log_every or steps}",
+            "--config.allocation.calibrate_steps=0", "--config.cluster.slowdowns=(1,1,1,1)",
+            "--config.relax.min_gain=0", *MODES[name]]
+    if name in FORCED:
+        cmd = [sys.executable, "-c", _FORCED.format(mode=WANT[name][0], argv=argv)]
+    else:
+        cmd = [sys.executable, "-m", "skyjax.main", *argv]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=run_env(workdir))
     if proc.returncode:
-        raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n"
-                         f"{proc.stderr[-3000:]}")
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        if name in FORCED and "not run by this version" in proc.stderr:
+            raise Skipped(f"the runtime does not run it: {last}")
+        raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd[:2])} "
+                         f"{' '.join(argv)}\n{proc.stderr[-3000:]}")
     with open(os.path.join(workdir, "summary.json")) as f:
         summary = json.load(f)
     with open(os.path.join(workdir, "plan.json")) as f:
         plan = Plan.from_json(json.load(f))
-    return {"summary": summary, "plan": plan,
+    losses = []
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if "split" not in r and "loss" in r:
+                losses.append((int(r["step"]), float(r["loss"])))
+    return {"summary": summary, "plan": plan, "losses": losses,
             "profile": load_profile(os.path.join(workdir, "profile.json"))}
+
+
+def described(plan: Plan) -> str:
+    """``2 pipelines, exact`` / ``4 pipelines, diloco + topk2``."""
+    extra = f" + {plan.outer_compression}" if plan.outer_compression != "none" else ""
+    if plan.num_pipelines < 2:
+        return "1 pipeline"
+    return f"{plan.num_pipelines} pipelines, {plan.averaging}{extra}"
+
+
+def planners_own(profile_path: str, name: str, forced: Plan) -> str:
+    """Whether ``python -m skyjax.plan`` takes the ``forced`` plan on the profile under row
+    ``name``'s bound (the same pipelines and averaging), else what it takes."""
+    from skyjax.report.plan_report import plan_file
+
+    plan, _, _ = plan_file(profile_path, "optimal", "1f1b", forced.microbatches,
+                           relax=relax_of(MODES[name]), warmup="auto")
+    same = (_chains(plan) == _chains(forced) and plan.averaging == forced.averaging
+            and list(plan.shares or []) == list(forced.shares or []))
+    return "the planner's own too" if same else f"the planner's own: {described(plan)}"
+
+
+def table(args, tmp: str, path: str) -> None:
+    """The bytes / quality table (module doc)."""
+    rows, skipped = [], []
+    for name in args.modes.split(","):
+        wd = os.path.join(tmp, slug(name))
+        try:
+            run = train(wd, path, args.steps, name)
+        except Skipped as e:
+            print(f"[{name}] skipped: {e}", file=sys.stderr, flush=True)
+            skipped.append((name, str(e)))
+            continue
+        s, plan = run["summary"], run["plan"]
+        exact_here = dataclasses.replace(plan, averaging="exact", outer_compression="none")
+        how = (f"forced ({planners_own(path, name, plan)})" if name in FORCED
+               else "planner")
+        rows.append((name, cross_region_bytes(plan, run["profile"]),
+                     float(s["eval_scores"][s["metric"]]), s["metric"],
+                     float(s["final_loss"]), plan,
+                     cross_region_bytes(exact_here, run["profile"]), how))
+        print(f"[{name}] {described(plan)} ({how})", file=sys.stderr, flush=True)
+    if not rows:
+        return
+    good = next((r[2] for r in rows if r[0] == "exact"), None)
+    print(f"The demo, {args.steps} steps, on 4 devices each in its own region (100 Mbit/s, "
+          f"40 ms between them), DiLoCo H = 10, top-k 1/{round(1 / FRACTION)} of each 4096 "
+          f"values, decentral on the ring, async k = 2. 'plan' says whose plan it ran: the "
+          f"planner's, or forced to 4 one-device pipelines in the peer mode (in brackets: "
+          f"whether `python -m skyjax.plan` takes that plan under the row's bound); 'exact "
+          f"here' is what the exact exchange would send across regions on that plan's "
+          f"pipelines, and 'fewer' is it over the row's bytes. The eval metric is the run's "
+          f"after its steps, and its ratio to the exact run's:\n")
+    print(f"| averaging | plan | pipelines | bytes across regions / step | exact here | fewer | "
+          f"eval {rows[0][3]} | vs exact run | final loss |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, b, metric, _, loss, plan, here, how in rows:
+        ratio = f"{here / b:.1f}x" if b else "-"
+        rel = f"{metric / good:.3f}" if good else "-"
+        print(f"| {name} | {how} | {plan.num_pipelines} | {b / 1e6:.3f} MB | "
+              f"{here / 1e6:.3f} MB | {ratio} | {metric:.3f} | {rel} | {loss:.4f} |")
+    for name, why in skipped:
+        print(f"\n{name}: skipped, {why}.")
+    print()
+
+
+def window_means(losses: list[tuple[int, float]], every: int) -> tuple[list[int], list[float]]:
+    """The mean loss of each ``every`` steps, at its last step."""
+    steps, means = [], []
+    for i in range(0, len(losses) - every + 1, every):
+        chunk = losses[i:i + every]
+        steps.append(chunk[-1][0])
+        means.append(float(np.mean([x for _, x in chunk])))
+    return steps, means
+
+
+def draw_curves(curves: list[tuple[str, list[int], list[float], str]], title: str,
+                path: str) -> None:
+    """One line per mode, log-scale loss (``matplotlib.figure.Figure``, no pyplot)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8.0, 4.8), dpi=120)
+    ax = fig.add_subplot(1, 1, 1)
+    for label, steps, means, style in curves:
+        ax.plot(steps, means, style, label=label, linewidth=1.4)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (mean of the window)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path)
+
+
+def curve(args, tmp: str, path: str) -> None:
+    """The loss curves (module doc)."""
+    styles = ["-", "--", ":", "-", "--", "-."]
+    curves, rows = [], []
+    for name, style in zip(args.curve_modes.split(","), styles):
+        try:
+            run = train(os.path.join(tmp, "curve_" + slug(name)), path, args.curve_steps, name,
+                        log_every=1)
+        except Skipped as e:
+            print(f"[curve {name}] skipped: {e}", file=sys.stderr, flush=True)
+            rows.append((name, None, str(e)))
+            continue
+        s, plan = run["summary"], run["plan"]
+        steps, means = window_means(run["losses"], args.curve_every)
+        metric = float(s["eval_scores"][s["metric"]])
+        curves.append((f"{name} ({s['metric']} {metric:.3f})", steps, means, style))
+        rows.append((name, (plan, float(s["final_loss"]), means[-1], s["metric"], metric),
+                     None))
+        print(f"[curve {name}] {described(plan)}", file=sys.stderr, flush=True)
+    title = (f"The demo, {args.curve_steps} steps, 4 devices each in its own region: the "
+             f"training loss, mean of each {args.curve_every} steps")
+    if curves:
+        draw_curves(curves, f"The demo, {args.curve_steps} steps, 4 devices each in its own "
+                    f"region: mean of each {args.curve_every} steps", args.picture)
+    rel = os.path.relpath(args.picture, os.path.join(REPO, "docs"))
+    print(f"{title} (the table's profile and plans: peer modes forced to 4 one-device "
+          f"pipelines), and each run's final loss (its last step's), the mean of its last "
+          f"{args.curve_every} steps and its eval metric:\n")
+    print(f"![loss curves of the averaging modes]({rel})\n")
+    print(f"| averaging | plan | final loss | last {args.curve_every} steps | eval |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for name, got, why in rows:
+        if got is None:
+            print(f"| {name} | skipped: {why} | - | - | - |")
+            continue
+        plan, final, last, metric_name, metric = got
+        print(f"| {name} | {described(plan)} | {final:.4f} | {last:.4f} | "
+              f"{metric_name} {metric:.3f} |")
+    print()
+
+
+def command(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True,
+                          text=True, env=env)
+
+
+def compose(cluster: dict, out: str, tmp: str) -> None:
+    """``python -m skyjax.profile.compose`` of ``cluster`` (a dict) into ``out``."""
+    src = os.path.join(tmp, os.path.basename(out) + ".cluster.json")
+    with open(src, "w") as f:
+        json.dump(cluster, f)
+    done = command("skyjax.profile.compose", "--cluster", src, "--out", out)
+    if done.returncode:
+        raise SystemExit(f"compose failed: {done.stderr[-2000:]}")
+
+
+def one_region_holds(cluster: dict, tmp: str) -> str:
+    """What the planner says about one region's devices alone (up to 4 pipelines, m = 8)."""
+    region = sorted(cluster["regions"])[0]
+    alone = {**cluster, "regions": {region: cluster["regions"][region]},
+             "links": {"inside": cluster["links"]["inside"], "between": []}}
+    out = os.path.join(tmp, "one_region.json")
+    compose(alone, out, tmp)
+    done = command("skyjax.plan", "--profile", out, "--microbatches", "8", "--pipelines", "4")
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return f"one region ({region}) alone: {last}"
+    return f"one region ({region}) alone: {done.stdout.strip().splitlines()[-1]}"
+
+
+def rehearse_one(name: str, profile: str, workdir: str, args, env: dict) -> dict:
+    """Row ``name``'s rehearsal (module doc)."""
+    supported(name)
+    cmd = ["skyjax.main", "--config", "configs/rehearse.py", "--workdir", workdir,
+           f"--config.rehearse.profile={profile}", "--config.relax.min_gain=0",
+           f"--config.rehearse.time_scale={args.time_scale}",
+           f"--config.train.steps={args.rehearse_steps}", "--config.train.log_every=1",
+           "--config.checkpoint.resume=False", "--config.checkpoint.replace=True",
+           *MODES[name]]
+    start = time.monotonic()
+    done = command(*cmd, env=env)
+    wall = time.monotonic() - start
+    if done.returncode:
+        raise SystemExit(f"rehearsal failed ({done.returncode}): python -m {' '.join(cmd)}\n"
+                         f"{done.stderr[-3000:]}")
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(workdir, "plan.json")) as f:
+        plan = Plan.from_json(json.load(f))
+    r = summary["rehearsal"]
+    k = float(r["time_scale"])
+    d = r["declared_cluster_step_s"]
+    predicted = float(summary["predicted_step_time_s"]) / k
+    steps = []
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            x = json.loads(line)
+            if "split" not in x and x["step"] > 1:
+                steps.append(float(x["step_time_s"]) / k)
+    return {"plan": plan, "used": r["devices_used"], "devices": r["devices"],
+            "predicted": predicted, "simulated": float(d["simulated"]),
+            "measured": float(d["measured"]), "gap": float(d["measured"]) / predicted - 1,
+            "mean": statistics.fmean(steps) if steps else float("nan"), "wall": wall,
+            "overruns": (r.get("calls") or {}).get("overruns", 0)}
+
+
+def rehearse(args, tmp: str) -> None:
+    """The rehearsed step times of the modes (module doc)."""
+    with open(args.cluster) as f:
+        cluster = json.load(f)
+    profile = os.path.join(tmp, "profile.json")
+    done = command("skyjax.profile.compose", "--cluster", args.cluster, "--out", profile)
+    if done.returncode:
+        raise SystemExit(f"compose failed: {done.stderr[-2000:]}")
+    with open(profile) as f:
+        d = json.load(f)
+    d["codecs"]["topk2"] = {"output_bytes": list(d["codecs"]["int8"]["output_bytes"]),
+                            "seconds_per_byte": list(d["codecs"]["int8"]["seconds_per_byte"])}
+    with open(profile, "w") as f:
+        json.dump(d, f)
+    env = run_env(profile)
+    between = cluster["links"]["between"][0]
+    rows = []
+    for name in args.rehearse_modes.split(","):
+        try:
+            row = rehearse_one(name, profile, os.path.join(tmp, "rehearse_" + slug(name)),
+                               args, env)
+        except Skipped as e:
+            print(f"[rehearse {name}] skipped: {e}", file=sys.stderr, flush=True)
+            rows.append((name, None, str(e)))
+            continue
+        rows.append((name, row, None))
+        print(f"[rehearse {name}] {described(row['plan'])}: measured {row['measured']:.4f} s "
+              f"against {row['predicted']:.4f} s ({row['wall']:.0f} s)", file=sys.stderr,
+              flush=True)
+    n = sum(sum(k.values()) for k in cluster["regions"].values())
+    print(f"{os.path.relpath(args.cluster, REPO)}: {n} devices in {len(cluster['regions'])} "
+          f"regions joined at {between['bandwidth_Bps'] * 8 / 1e6:g} Mbit/s and "
+          f"{between['latency_s'] * 1e3:g} ms, rehearsed (configs/rehearse.py, m = 8, up to 4 "
+          f"pipelines, relax.min_gain 0) at time scale {args.time_scale:g} for "
+          f"{args.rehearse_steps} steps; seconds of the declared cluster. 'plan' is the plan "
+          f"the run took under the mode's bound, 'taken' whether it is that mode; predicted "
+          f"is summary.json's, measured the median step without the first, mean the logged "
+          f"steps' mean after the first, "
+          f"gap measured / predicted - 1:\n")
+    print("| mode | plan | taken | devices | predicted (s) | simulated (s) | measured (s) | "
+          "mean (s) | gap | wall (s) |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, row, why in rows:
+        if row is None:
+            print(f"| {name} | skipped: {why} | - | - | - | - | - | - | - | - |")
+            continue
+        plan = row["plan"]
+        got = (plan.averaging if plan.num_pipelines > 1 else "one pipeline",
+               plan.outer_compression)
+        taken = "yes" if got == WANT[name] else "no"
+        print(f"| {name} | {described(plan)} | {taken} | {row['used']}/{row['devices']} | "
+              f"{row['predicted']:.4f} | {row['simulated']:.4f} | {row['measured']:.4f} | "
+              f"{row['mean']:.4f} | {100 * row['gap']:+.1f}% | {row['wall']:.0f} |")
+    print(f"\nA plan whose averaging crosses the regions needs a pipeline inside one region; "
+          f"{one_region_holds(cluster, tmp)}")
+    print()
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--no_table", action="store_true", help="skip the bytes / quality table")
+    p.add_argument("--curve", action="store_true", help="the loss curves (module doc)")
+    p.add_argument("--curve_steps", type=int, default=600)
+    p.add_argument("--curve_every", type=int, default=10)
+    p.add_argument("--curve_modes", default=",".join(CURVE))
+    p.add_argument("--picture", default=PICTURE)
+    p.add_argument("--rehearse", action="store_true", help="the rehearsed step times")
+    p.add_argument("--cluster", default=CLUSTER)
+    p.add_argument("--time_scale", type=float, default=1.0)
+    p.add_argument("--rehearse_steps", type=int, default=12)
+    p.add_argument("--rehearse_modes", default=",".join(REHEARSE))
     p.add_argument("--workdir", help="keep the runs here (default: a temporary directory)")
     args = p.parse_args(argv)
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = args.workdir or tmp
-        path = os.path.join(tmp, "profile.json")
+        os.makedirs(tmp, exist_ok=True)
+        path = os.path.join(tmp, "profile_demo.json")
         save_profile(forcing_profile(demo_param_bytes()), path)
-        for name in args.modes.split(","):
-            wd = os.path.join(tmp, name.replace(" ", "_").replace("+", "p"))
-            run = train(wd, path, args.steps, MODES[name])
-            s, plan = run["summary"], run["plan"]
-            exact_here = dataclasses.replace(plan, averaging="exact", outer_compression="none")
-            rows.append((name, cross_region_bytes(plan, run["profile"]),
-                         float(s["eval_scores"][s["metric"]]), s["metric"],
-                         float(s["final_loss"]), plan,
-                         cross_region_bytes(exact_here, run["profile"])))
-            print(f"[{name}] {plan.num_pipelines} pipelines, averaging {plan.averaging}"
-                  f"{' + ' + plan.outer_compression if plan.outer_compression != 'none' else ''}",
-                  flush=True)
-    good = next((r[2] for r in rows if r[0] == "exact"), None)
-    print(f"\nThe demo, {args.steps} steps, on 4 devices each in its own region (100 Mbit/s, "
-          f"40 ms between them), DiLoCo H = 10, top-k 1/{round(1 / FRACTION)} of each 4096 "
-          f"values. Each run's plan is the planner's (pipelines: how many it took); 'exact here' "
-          f"is what the exact exchange would send across regions on that plan's pipelines, and "
-          f"'fewer' is it over the row's bytes. The eval metric is the run's after its steps, "
-          f"and its ratio to the exact run's:\n")
-    print(f"| averaging | pipelines | bytes across regions / step | exact here | fewer | "
-          f"eval {rows[0][3]} | vs exact run | final loss |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, b, metric, _, loss, plan, here in rows:
-        ratio = f"{here / b:.1f}x" if b else "-"
-        rel = f"{metric / good:.3f}" if good else "-"
-        print(f"| {name} | {plan.num_pipelines} | {b / 1e6:.3f} MB | {here / 1e6:.3f} MB | "
-              f"{ratio} | {metric:.3f} | {rel} | {loss:.4f} |")
+        parts = [("table", not args.no_table, lambda: table(args, tmp, path)),
+                 ("curve", args.curve, lambda: curve(args, tmp, path)),
+                 ("rehearse", args.rehearse, lambda: rehearse(args, tmp))]
+        for part, on, do in parts:
+            if on:
+                start = time.monotonic()
+                do()
+                print(f"[{part}] {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
@@ -172,6 +610,11 @@ if __name__ == "__main__":
     results_doc.run(main, [(
         None, "compression_bench", "Compressed averaging across regions",
         "Bytes across regions per step and the eval metric of the averagings between pipelines "
-        "on the demo, each a short run over the same steps: exact, int8, DiLoCo, and DiLoCo "
-        "with its outer deltas in top-k (1/8 of each chunk, `relax.outer_topk`'s default) and "
-        "2 or 4 bits with error feedback (`relax.outer_compression=topk2` / `topk4`).")])
+        "on the demo, each a short run over the same steps: exact, int8, DiLoCo, DiLoCo with "
+        "its outer deltas in top-k (1/8 of each chunk, `relax.outer_topk`'s default) and 2 or 4 "
+        "bits with error feedback (`relax.outer_compression=topk2` / `topk4`), and the peer "
+        "modes `decentral` (ring), `decentral-int8` and `async` (k = 2), their plans forced to "
+        "4 one-device pipelines; with `--curve`, the loss curves of a longer run; with "
+        "`--rehearse`, each mode's plan and step rehearsed on two regions at 100 Mbit/s and "
+        "80 ms (`experiments/clusters/two_regions_100mbit.json`), predicted against measured.")],
+        fenced=False)
