@@ -122,6 +122,13 @@ class Relaxation:
         return self.outer_compression != "none" and self.averaging != "exact"
 
     @property
+    def ordered_only(self) -> "Relaxation | None":
+        """This bound without its per-axis peer modes (None: it allows none)."""
+        if self.peers == "none" and self.async_steps == 0:
+            return None
+        return dataclasses.replace(self, peers="none", async_steps=0, peer_bits=32)
+
+    @property
     def is_exact(self) -> bool:
         return self.handoff_bits == 32 and self.averagings == ("exact",)
 

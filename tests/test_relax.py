@@ -302,3 +302,30 @@ def test_a_lost_pipeline_keeps_what_the_plan_relaxed():
     assert [(s.device, s.codec) for s in after.stages] == [(0, "int8"), (1, "none"),
                                                           (4, "none")]
     assert (after.averaging, after.outer_every) == ("diloco", 7)
+
+
+def test_a_bound_with_peer_modes_never_plans_slower_than_without_them():
+    """The relaxed plan of a bound with peer modes is the faster of that bound's search and the
+    same bound's without them (the searches rank by T, and the candidates found with the peer
+    modes priced may leave out the ordered modes' best): a looser bound never plans slower."""
+    import dataclasses
+
+    from skyjax.plan import planner
+
+    prof = random_profile(np.random.default_rng(4), 2, 2)
+    base = plan_lib.plan(prof, "optimal", "gpipe", 2)
+    full = Relaxation(averaging="diloco", peers="ring", async_steps=2, min_gain=0.0)
+    assert full.ordered_only == Relaxation(averaging="diloco", min_gain=0.0)
+    assert Relaxation(averaging="diloco").ordered_only is None
+    asked = []
+
+    def plan_of(profile, cutoff, steps):
+        asked.append(profile.relax)
+        return dataclasses.replace(base, step_time_s=steps[profile.relax], model_s=1.0)
+
+    for with_peers, without in ((9.0, 8.0), (7.0, 8.0)):
+        steps = {Relaxation(): 10.0, full: with_peers, full.ordered_only: without}
+        got = planner._exact_or_relaxed(prof, "optimal", full,
+                                        lambda p, c: plan_of(p, c, steps))
+        assert got.step_time_s == min(with_peers, without)
+    assert asked[1:3] == [full, full.ordered_only]

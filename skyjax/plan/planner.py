@@ -106,17 +106,25 @@ def _exact_or_relaxed(profile: Profile, strategy: str, relax: Relaxation, plan_o
     """``plan_of(profile, cutoff)`` exact, and within ``relax`` where that is at least
     ``relax.min_gain`` faster (a relaxation changes the math: it must buy something). The
     relaxed search starts from the exact plan's T as the best so far (its cutoff), so its
-    screen stops sooner."""
+    screen stops sooner. A bound with peer modes is also planned without them, the faster plan
+    kept: the searches rank by T, and the candidates they find with the peer modes priced may
+    leave out the ordered modes' best (a looser bound never plans slower)."""
     exact = plan_of(dataclasses.replace(profile, relax=EXACT), math.inf)
     if relax.is_exact or strategy == "even":
         return exact
     model = exact.model_s if exact.model_s is not None else exact.step_time_s
     cutoff = exact.step_time_s * (1 - relax.min_gain)
-    try:
-        relaxed = plan_of(dataclasses.replace(profile, relax=relax), model * (1 - relax.min_gain))
-    except InfeasibleError:  # nothing below the cutoff where one pipeline does not fit
-        return exact
-    return relaxed if relaxed.step_time_s < cutoff else exact
+    found = []
+    for bound in (relax, relax.ordered_only):  # ordered_only: None, or the bound less its peers
+        if bound is None or bound.is_exact:
+            continue
+        try:
+            found.append(plan_of(dataclasses.replace(profile, relax=bound),
+                                 model * (1 - relax.min_gain)))
+        except InfeasibleError:  # nothing below the cutoff where one pipeline does not fit
+            pass
+    relaxed = min(found, key=lambda p: p.step_time_s, default=None)
+    return relaxed if relaxed is not None and relaxed.step_time_s < cutoff else exact
 
 
 def _plan_as_run(profile: Profile, strategy: str, schedule: str, microbatches: int, *,
