@@ -22,6 +22,18 @@ def round_trip(codec, tree):
     return coded, jax.jit(lambda z: codecs.decode(codec, z, tree))(coded)
 
 
+def _batch_error_ratio(codec: str, noise: float) -> float:
+    """A batch of 128 examples sharing most of their direction (a common part plus ``noise``
+    each): the error of the batch's mean after a round trip, over what independent errors would
+    give (each example's over sqrt(128)); 1 when the errors do not add up."""
+    common = jax.random.normal(jax.random.key(0), (1, 16, 128))
+    x = common + noise * jax.random.normal(jax.random.key(1), (128, 16, 128))
+    _, back = round_trip(codec, x)
+    err = back - x
+    per_example = float(jnp.sqrt(jnp.mean(jnp.sum(err ** 2, axis=(1, 2)))))
+    return float(jnp.linalg.norm(err.mean(axis=0))) / (per_example / np.sqrt(x.shape[0]))
+
+
 def test_none_is_the_identity_and_sends_the_same_bytes():
     c = carry()
     coded, back = round_trip("none", c)
@@ -88,13 +100,7 @@ def test_int4_errors_do_not_add_up_over_a_batch(noise):
     batch mean's error was 8x what independent errors give at noise 0.03 (1.0x at 0.3, where the
     examples' own noise is as large as a step and dithers the rounding), and the CSV walkthrough
     never learned (Matthews 0.507 after 300 steps; with the flips 0.993)."""
-    common = jax.random.normal(jax.random.key(0), (1, 16, 128))
-    x = common + noise * jax.random.normal(jax.random.key(1), (128, 16, 128))
-    _, back = round_trip("int4", x)
-    err = back - x
-    per_example = float(jnp.sqrt(jnp.mean(jnp.sum(err ** 2, axis=(1, 2)))))
-    of_the_mean = float(jnp.linalg.norm(err.mean(axis=0)))
-    assert of_the_mean < 1.5 * per_example / np.sqrt(x.shape[0])
+    assert _batch_error_ratio("int4", noise) < 1.5
 
 
 def test_an_int4_block_with_a_non_finite_value_decodes_to_nan():
@@ -194,13 +200,7 @@ def test_sparse_errors_do_not_add_up_over_a_batch():
     its label's) have errors that average out over the batch, as independent ones do: the
     fixed sign flips differ by position. Without them every example lost the same small
     components and the batch's gradient kept the error (the CSV walkthrough never learned)."""
-    common = jax.random.normal(jax.random.key(0), (1, 16, 128))
-    x = common + 0.3 * jax.random.normal(jax.random.key(1), (128, 16, 128))
-    _, back = round_trip("sparse", x)
-    err = back - x
-    per_example = float(jnp.sqrt(jnp.mean(jnp.sum(err ** 2, axis=(1, 2)))))
-    of_the_mean = float(jnp.linalg.norm(err.mean(axis=0)))
-    assert of_the_mean < 2 * per_example / np.sqrt(x.shape[0])
+    assert _batch_error_ratio("sparse", 0.3) < 2
 
 
 def test_a_sparse_block_with_a_non_finite_value_decodes_to_nan():

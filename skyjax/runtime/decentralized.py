@@ -152,18 +152,21 @@ class DecentralAveraging(_PeerAveraging):
         self.schedule = schedule
 
     def after_update(self, stage: Any, step: int) -> None:
-        me, n = stage.pipeline, stage.role.num_pipelines
-        q = peer_of(me, step, n, self.schedule)
+        q = peer_of(stage.pipeline, step, stage.role.num_pipelines, self.schedule)
         if q is None:
             return
         t0 = stage.clock()
+        stage.state.params = self._meet(stage, step, q)
+        stage.record_span(DIRECT, t0)
+
+    def _meet(self, stage: Any, step: int, q: int) -> list:
+        """The stage's params after meeting pipeline ``q``: the pair's mean."""
         own = stage.state.params
         _send(stage, step, own, {q})
         got = _recv(stage, step, own, {q})
         a = stage.first_unit
         theirs = [got[a + j, q] for j in range(len(own))]
-        stage.state.params = pair_mean(own, theirs) if me < q else pair_mean(theirs, own)
-        stage.record_span(DIRECT, t0)
+        return pair_mean(own, theirs) if stage.pipeline < q else pair_mean(theirs, own)
 
 
 @jax.jit
@@ -185,13 +188,13 @@ def kept_after(params: list, seen: list, mean: list) -> list:
     return jax.tree.map(lambda p, s, m: m + (p - s), params, seen, mean)
 
 
-class DecentralInt8Averaging(_PeerAveraging):
+class DecentralInt8Averaging(DecentralAveraging):
     """Per stage: one peer per step, int8 differences to the pair's last mean (module doc)."""
 
     name = "decentral-int8"
 
     def __init__(self, stage: Any, schedule: str):
-        self.schedule = schedule
+        super().__init__(stage, schedule)
         self.common: dict[int, list] | None = None  # peer pipeline -> the pair's last mean
 
     def reduce(self, stage: Any, step: int) -> None:
@@ -202,12 +205,8 @@ class DecentralInt8Averaging(_PeerAveraging):
             self.common = {q: jax.tree.map(lambda x: x.copy(), stage.state.params)
                            for q in peers_ever(stage.pipeline, n, self.schedule)}
 
-    def after_update(self, stage: Any, step: int) -> None:
-        me, n = stage.pipeline, stage.role.num_pipelines
-        q = peer_of(me, step, n, self.schedule)
-        if q is None:
-            return
-        t0 = stage.clock()
+    def _meet(self, stage: Any, step: int, q: int) -> list:
+        """The pair's mean of what each sent, plus this replica's own rounding."""
         own, common = stage.state.params, self.common[q]
         coded = code_difference(own, common)
         _send(stage, step, coded, {q})
@@ -215,10 +214,10 @@ class DecentralInt8Averaging(_PeerAveraging):
         a = stage.first_unit
         seen_own = as_sent(coded, common)
         seen_theirs = as_sent([got[a + j, q] for j in range(len(own))], common)
-        mean = pair_mean(seen_own, seen_theirs) if me < q else pair_mean(seen_theirs, seen_own)
-        stage.state.params = kept_after(own, seen_own, mean)
+        mean = (pair_mean(seen_own, seen_theirs) if stage.pipeline < q
+                else pair_mean(seen_theirs, seen_own))
         self.common[q] = mean
-        stage.record_span(DIRECT, t0)
+        return kept_after(own, seen_own, mean)
 
     def average_now(self, stage: Any, step: int) -> None:
         super().average_now(stage, step)
