@@ -37,29 +37,43 @@ loss of every step logged (``train.log_every=1``, the run's ``metrics.jsonl``), 
 mean of each ``--curve_every`` (10) steps on a log scale into ``docs/pictures/relax_curves.png``
 (``matplotlib.figure.Figure``, no pyplot), the eval metric in the legend.
 
-The rehearsal (``--rehearse``). ``experiments/clusters/two_regions_100mbit.json`` is
-``two_regions.json`` (16 devices of two speeds, 8 in each region, 600 MB each) with the link
-between the regions at 100 Mbit/s and 80 ms. It is composed and rehearsed as
-docs/guide/rehearsal.md does (``python -m skyjax.profile.compose --cluster FILE --out
-profile.json``, then ``python -m skyjax.main --config configs/rehearse.py --workdir DIR
---config.rehearse.profile=profile.json``) with each mode's ``--config.relax.*`` flags and
-``--config.relax.min_gain=0``, at ``--time_scale`` 1 (configs/rehearse.py's 10 would make a
-step of this cluster over 20 s) for ``--rehearse_steps`` 12 (its own), which keeps all seven
-within about 10 minutes on 2 cores. Composing gives the hand-off codecs' rates only; the top-k
+The rehearsal (``--rehearse``; ``--rehearse_only``: it alone, and with ``--results`` only its
+part of the section is rewritten, under a line naming that command, the table and curve above it
+left as they were measured). ``experiments/clusters/two_regions_100mbit.json``: 16 devices of
+two speeds (1.5 and 0.75 TFLOP/s), 8 in each of two regions joined at 100 Mbit/s and 80 ms,
+16 GB each so that one device holds the whole model, a small BERT (6 layers, hidden 256, 28 MB
+of float32 gradients) at 256 x 128 tokens per micro-batch: a step's compute (about a second on
+one region) is then of the order of the exact exchange across the regions, so that the exact
+plan keeps to one region while the relaxed bounds take their mode with pipelines in both (with
+600 MB devices no pipeline fitted one region, every pipeline spanned both and every mode took
+the same exact plan; with 20 TFLOP/s devices and 8 x 128 tokens per micro-batch no exchange of
+the model's bytes at 100 Mbit/s pays, and every mode keeps to one region). It is composed and
+rehearsed as docs/guide/rehearsal.md does (``python -m skyjax.profile.compose --cluster FILE
+--out profile.json``, then ``python -m skyjax.main --config configs/rehearse.py --workdir DIR
+--config.rehearse.profile=profile.json``) with each mode's ``--config.relax.*`` flags,
+``--config.relax.min_gain=0`` and ``--config.allocation.max_pipelines`` ``--rehearse_pipelines``
+(8; configs/rehearse.py's 4 leaves out the 4 + 4 one-device pipelines), at ``--time_scale`` 2
+(the host's real compute per call, ~10 ms, stays small beside the declared calls) for
+``--rehearse_steps`` 12 (its own). Composing gives the hand-off codecs' rates only; the top-k
 2-bit coding rate, which DiLoCo + top-k needs priced, is added to profile.json as the int8
-codec's (one memory-bound pass). The row says the plan the run took (pipelines, devices used,
-averaging), whether that is the mode asked for (the planner chooses among what the bound
-allows; no config key forces an averaging mode, so a plan is not forced here), its predicted
-step (summary.json's), the simulator's, the measured median step (without the first; the
-rehearsal's own, summary.json's ``rehearsal``) and the mean of the logged steps after the first
-(which, unlike the median, holds a DiLoCo outer step), all in the declared cluster's seconds,
-and the gap measured / predicted - 1. Below the table: what the planner says of one region's 8
-devices alone, which a plan averaging across the regions needs to hold a pipeline.
+codec's (one memory-bound pass). The row says the plan the run took (pipelines, averaging), where
+its pipelines lie, whether that is the mode asked for (the planner chooses among what the bound
+allows; no config key forces an averaging mode, so a plan is not forced here; ``int8-across``
+and ``diloco-across``, the mode on the links between regions only, count as theirs), the devices
+used, the plan's bytes per step between the regions (as the table's), its predicted step
+(summary.json's, the simulated one), the simulator's, the measured step (the rehearsal's own,
+summary.json's ``rehearsal``: the median step without the first; under DiLoCo their mean, which
+holds its outer step) and the mean of the logged steps after the first, all in the declared
+cluster's seconds, and the gap measured / predicted - 1. Below the table, for each mode whose
+plan is not that mode or keeps to one region: the mode priced by the cost model
+(``evaluate_pipelines``) on the pipelines of the rows that cross the regions, its least T,
+beside its own plan's.
 
 Every run shares a JAX compilation cache in the work folder: the stages' programs repeat from
 run to run, so the first step (compiling, never measured) of the later runs is shorter.
 
     python -m experiments.compression_bench [--steps 200] [--curve] [--rehearse] [--results]
+    python -m experiments.compression_bench --rehearse_only [--results]
 """
 
 from __future__ import annotations
@@ -454,28 +468,27 @@ def command(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           text=True, env=env)
 
 
-def compose(cluster: dict, out: str, tmp: str) -> None:
-    """``python -m skyjax.profile.compose`` of ``cluster`` (a dict) into ``out``."""
-    src = os.path.join(tmp, os.path.basename(out) + ".cluster.json")
-    with open(src, "w") as f:
-        json.dump(cluster, f)
-    done = command("skyjax.profile.compose", "--cluster", src, "--out", out)
-    if done.returncode:
-        raise SystemExit(f"compose failed: {done.stderr[-2000:]}")
+def regions_of(plan: Plan, profile: Profile) -> str:
+    """Where the plan's pipelines lie: ``4 eu, 4 us`` (a pipeline across regions: ``eu+us``)."""
+    region = [str(d.get("region")) for d in profile.devices]
+    counts: dict[str, int] = {}
+    for chain in _chains(plan):
+        key = "+".join(sorted({region[d] for d, _, _ in chain}))
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} {r}" for r, n in sorted(counts.items()))
 
 
-def one_region_holds(cluster: dict, tmp: str) -> str:
-    """What the planner says about one region's devices alone (up to 4 pipelines, m = 8)."""
-    region = sorted(cluster["regions"])[0]
-    alone = {**cluster, "regions": {region: cluster["regions"][region]},
-             "links": {"inside": cluster["links"]["inside"], "between": []}}
-    out = os.path.join(tmp, "one_region.json")
-    compose(alone, out, tmp)
-    done = command("skyjax.plan", "--profile", out, "--microbatches", "8", "--pipelines", "4")
-    if done.returncode:
-        last = (done.stderr.strip().splitlines() or ["?"])[-1]
-        return f"one region ({region}) alone: {last}"
-    return f"one region ({region}) alone: {done.stdout.strip().splitlines()[-1]}"
+def crosses(plan: Plan, profile: Profile) -> bool:
+    """Whether the plan's pipelines lie in more than one region (its exchange crosses them)."""
+    region = [d.get("region") for d in profile.devices]
+    return plan.num_pipelines > 1 and len({region[s.device] for s in plan.stages}) > 1
+
+
+def taken(name: str, plan: Plan) -> bool:
+    """Whether ``plan`` is row ``name``'s mode (``int8-across`` / ``diloco-across``, the mode on
+    the links between regions only, count as ``int8`` / ``diloco``)."""
+    got = (plan.averaging if plan.num_pipelines > 1 else "one pipeline", plan.outer_compression)
+    return (got[0].removesuffix("-across"), got[1]) == WANT[name]
 
 
 def rehearse_one(name: str, profile: str, workdir: str, args, env: dict) -> dict:
@@ -484,6 +497,7 @@ def rehearse_one(name: str, profile: str, workdir: str, args, env: dict) -> dict
     cmd = ["skyjax.main", "--config", "configs/rehearse.py", "--workdir", workdir,
            f"--config.rehearse.profile={profile}", "--config.relax.min_gain=0",
            f"--config.rehearse.time_scale={args.time_scale}",
+           f"--config.allocation.max_pipelines={args.rehearse_pipelines}",
            f"--config.train.steps={args.rehearse_steps}", "--config.train.log_every=1",
            "--config.checkpoint.resume=False", "--config.checkpoint.replace=True",
            *MODES[name]]
@@ -509,9 +523,34 @@ def rehearse_one(name: str, profile: str, workdir: str, args, env: dict) -> dict
                 steps.append(float(x["step_time_s"]) / k)
     return {"plan": plan, "used": r["devices_used"], "devices": r["devices"],
             "predicted": predicted, "simulated": float(d["simulated"]),
+            "model": float(d["model"]) if d.get("model") is not None else float("nan"),
             "measured": float(d["measured"]), "gap": float(d["measured"]) / predicted - 1,
             "mean": statistics.fmean(steps) if steps else float("nan"), "wall": wall,
             "overruns": (r.get("calls") or {}).get("overruns", 0)}
+
+
+def priced_elsewhere(name: str, prof: Profile, rows: list) -> tuple[Plan, str] | None:
+    """Row ``name``'s own mode priced by the cost model (``evaluate_pipelines``, T) on the
+    pipelines and shares of each other row whose plan crosses the regions: the least T, and
+    that row's name (None where no row crosses or none fits)."""
+    from skyjax.plan.data_parallel.pipelines import evaluate_pipelines
+    from skyjax.plan.model.types import InfeasibleError
+
+    mode = WANT[name][0]
+    relaxed = dataclasses.replace(prof, relax=relax_of(MODES[name]))
+    best = None
+    for other, row, _ in rows:
+        if row is None or other == name or not crosses(row["plan"], prof):
+            continue
+        plan = row["plan"]
+        try:
+            got = evaluate_pipelines(relaxed, _chains(plan), list(plan.shares), plan.schedule,
+                                     averaging=mode)
+        except (InfeasibleError, ValueError):
+            continue
+        if best is None or got.step_time_s < best[0].step_time_s:
+            best = (got, other)
+    return best
 
 
 def rehearse(args, tmp: str) -> None:
@@ -528,6 +567,7 @@ def rehearse(args, tmp: str) -> None:
                             "seconds_per_byte": list(d["codecs"]["int8"]["seconds_per_byte"])}
     with open(profile, "w") as f:
         json.dump(d, f)
+    prof = load_profile(profile)
     env = run_env(profile)
     between = cluster["links"]["between"][0]
     rows = []
@@ -540,36 +580,115 @@ def rehearse(args, tmp: str) -> None:
             rows.append((name, None, str(e)))
             continue
         rows.append((name, row, None))
-        print(f"[rehearse {name}] {described(row['plan'])}: measured {row['measured']:.4f} s "
-              f"against {row['predicted']:.4f} s ({row['wall']:.0f} s)", file=sys.stderr,
-              flush=True)
+        print(f"[rehearse {name}] {described(row['plan'])} ({regions_of(row['plan'], prof)}): "
+              f"measured {row['measured']:.4f} s against {row['predicted']:.4f} s "
+              f"({row['wall']:.0f} s)", file=sys.stderr, flush=True)
     n = sum(sum(k.values()) for k in cluster["regions"].values())
-    print(f"{os.path.relpath(args.cluster, REPO)}: {n} devices in {len(cluster['regions'])} "
-          f"regions joined at {between['bandwidth_Bps'] * 8 / 1e6:g} Mbit/s and "
-          f"{between['latency_s'] * 1e3:g} ms, rehearsed (configs/rehearse.py, m = 8, up to 4 "
+    kinds = ", ".join(f"{k} {v['flops_per_s']:.3g} FLOP/s" for k, v in cluster["kinds"].items())
+    mem = max(v["memory_bytes"] for v in cluster["kinds"].values())
+    model = cluster.get("model", {})
+    shape = ", ".join(f"{k} {v}" for k, v in model.items())
+    print(f"The rehearsal: {os.path.relpath(args.cluster, REPO)}, {n} devices in "
+          f"{len(cluster['regions'])} regions ({kinds}; {mem / 1e9:g} GB each, so that one "
+          f"device holds the whole model) joined at {between['bandwidth_Bps'] * 8 / 1e6:g} "
+          f"Mbit/s and {between['latency_s'] * 1e3:g} ms; the model a BERT of {shape} "
+          f"({sum(u['param_bytes'] for u in prof.units) / 1e6:.1f} MB of float32 gradients). "
+          f"Rehearsed with configs/rehearse.py (m = 8, up to {args.rehearse_pipelines} "
           f"pipelines, relax.min_gain 0) at time scale {args.time_scale:g} for "
           f"{args.rehearse_steps} steps; seconds of the declared cluster. 'plan' is the plan "
-          f"the run took under the mode's bound, 'taken' whether it is that mode; predicted "
-          f"is summary.json's, measured the median step without the first, mean the logged "
-          f"steps' mean after the first, "
-          f"gap measured / predicted - 1:\n")
-    print("| mode | plan | taken | devices | predicted (s) | simulated (s) | measured (s) | "
-          "mean (s) | gap | wall (s) |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          f"the planner took under the mode's bound (nothing forced), 'regions' where its "
+          f"pipelines lie, 'taken' whether it is the mode asked for (its -across form, the "
+          f"mode on the links between regions only, counts), 'across' the plan's bytes per "
+          f"step between the regions (its exchange as replayed, an outer step's over its H); "
+          f"predicted is summary.json's (the simulated step), measured the rehearsal's (the "
+          f"median step without the first; under DiLoCo their mean), mean the logged steps' "
+          f"mean after the first, gap measured / predicted - 1:\n")
+    print("| mode | plan | regions | taken | devices | across / step | predicted (s) | "
+          "simulated (s) | measured (s) | mean (s) | gap | wall (s) |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, row, why in rows:
         if row is None:
-            print(f"| {name} | skipped: {why} | - | - | - | - | - | - | - | - |")
+            print(f"| {name} | skipped: {why} | - | - | - | - | - | - | - | - | - | - |")
             continue
         plan = row["plan"]
-        got = (plan.averaging if plan.num_pipelines > 1 else "one pipeline",
-               plan.outer_compression)
-        taken = "yes" if got == WANT[name] else "no"
-        print(f"| {name} | {described(plan)} | {taken} | {row['used']}/{row['devices']} | "
-              f"{row['predicted']:.4f} | {row['simulated']:.4f} | {row['measured']:.4f} | "
-              f"{row['mean']:.4f} | {100 * row['gap']:+.1f}% | {row['wall']:.0f} |")
-    print(f"\nA plan whose averaging crosses the regions needs a pipeline inside one region; "
-          f"{one_region_holds(cluster, tmp)}")
+        across = cross_region_bytes(plan, prof) if crosses(plan, prof) else 0.0
+        print(f"| {name} | {described(plan)} | {regions_of(plan, prof)} | "
+              f"{'yes' if taken(name, plan) else 'no'} | {row['used']}/{row['devices']} | "
+              f"{across / 1e6:.3f} MB | {row['predicted']:.4f} | {row['simulated']:.4f} | "
+              f"{row['measured']:.4f} | {row['mean']:.4f} | {100 * row['gap']:+.1f}% | "
+              f"{row['wall']:.0f} |")
+    notes = []
+    for name, row, _ in rows:
+        if row is None or (taken(name, row["plan"]) and crosses(row["plan"], prof)):
+            continue
+        plan = row["plan"]
+        what = ("not taken" if not taken(name, plan) else "taken inside one region")
+        other = priced_elsewhere(name, prof, rows)
+        if other is None:
+            notes.append(f"- {name}: {what}; no other row's plan crosses the regions to "
+                         f"price it on.")
+            continue
+        got, where = other
+        notes.append(
+            f"- {name}: {what} ({described(plan)}, {regions_of(plan, prof)}, cost model T "
+            f"{row['model']:.4f} s). The cost model prices {WANT[name][0]} on the "
+            f"{where} row's pipelines ({regions_of(got, prof)}) at T {got.step_time_s:.4f} s "
+            f"(exchange {got.allreduce_s:.4f} s), its least on the plans that cross.")
+    if notes:
+        print("\nThe modes whose plan keeps to one region or is not the mode, and what the "
+              "planner's cost model says of the mode across the regions:\n")
+        print("\n".join(notes))
     print()
+
+
+REHEARSAL_START = ("Rehearsal measured by ", "The rehearsal: ",
+                   "experiments/clusters/two_regions_100mbit.json: ")  # the last: the old text
+
+
+def rehearsal_results(argv: list[str]) -> None:
+    """``--rehearse_only --results``: run the rehearsal alone and replace only its part of the
+    compression_bench section of docs/results.md (from its first line, ``REHEARSAL_START``, to
+    the section's end), under a line naming this command and the machine; the table and the
+    curve above it stay as they were measured."""
+    import contextlib
+    import io
+    import shlex
+
+    from experiments import results_doc
+
+    args = [a for a in argv if a != results_doc.FLAG]
+    command_line = shlex.join(["python", "-m", "experiments.compression_bench", *args,
+                               results_doc.FLAG])
+    kept = io.StringIO()
+
+    class Tee(io.TextIOBase):
+        def write(self, text: str) -> int:
+            kept.write(text)
+            return sys.__stdout__.write(text)
+
+        def flush(self) -> None:
+            sys.__stdout__.flush()
+
+    with contextlib.redirect_stdout(Tee()):
+        main(args)
+    begin, end = "<!-- results:compression_bench -->", "<!-- /results:compression_bench -->"
+    text = results_doc.RESULTS.read_text(encoding="utf-8")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{results_doc.RESULTS}: no compression_bench section to update; run "
+                         f"the whole bench with --results first")
+    head, rest = text.split(begin, 1)
+    body, tail = rest.split(end, 1)
+    lines = body.split("\n")
+    at = next((i for i, line in enumerate(lines) if line.startswith(REHEARSAL_START)),
+              len(lines))
+    part = (f"Rehearsal measured by `{command_line}` on {results_doc.machine()}.\n\n"
+            f"{kept.getvalue().strip()}\n")
+    body = "\n".join(lines[:at]).rstrip("\n") + "\n\n" + part
+    tmp = results_doc.RESULTS.with_name(results_doc.RESULTS.name + f".tmp-{os.getpid()}")
+    tmp.write_text(head + begin + body + end + tail, encoding="utf-8")
+    os.replace(tmp, results_doc.RESULTS)
+    print(f"{results_doc.FLAG}: wrote the rehearsal of section 'compression_bench' of "
+          f"{results_doc.RESULTS}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -584,16 +703,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--picture", default=PICTURE)
     p.add_argument("--rehearse", action="store_true", help="the rehearsed step times")
     p.add_argument("--cluster", default=CLUSTER)
-    p.add_argument("--time_scale", type=float, default=1.0)
+    p.add_argument("--rehearse_only", action="store_true",
+                   help="the rehearsal alone (no table); with --results it rewrites only the "
+                        "rehearsal's part of the section")
+    p.add_argument("--time_scale", type=float, default=2.0)
+    p.add_argument("--rehearse_pipelines", type=int, default=8)
     p.add_argument("--rehearse_steps", type=int, default=12)
     p.add_argument("--rehearse_modes", default=",".join(REHEARSE))
     p.add_argument("--workdir", help="keep the runs here (default: a temporary directory)")
     args = p.parse_args(argv)
+    if args.rehearse_only:
+        args.no_table, args.curve, args.rehearse = True, False, True
     with tempfile.TemporaryDirectory() as tmp:
         tmp = args.workdir or tmp
         os.makedirs(tmp, exist_ok=True)
         path = os.path.join(tmp, "profile_demo.json")
-        save_profile(forcing_profile(demo_param_bytes()), path)
+        if not args.no_table or args.curve:  # the demo's profile (the rehearsal composes its own)
+            save_profile(forcing_profile(demo_param_bytes()), path)
         parts = [("table", not args.no_table, lambda: table(args, tmp, path)),
                  ("curve", args.curve, lambda: curve(args, tmp, path)),
                  ("rehearse", args.rehearse, lambda: rehearse(args, tmp))]
@@ -607,6 +733,9 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     from experiments import results_doc
 
+    if "--rehearse_only" in sys.argv[1:] and results_doc.FLAG in sys.argv[1:]:
+        rehearsal_results(sys.argv[1:])
+        sys.exit(0)
     results_doc.run(main, [(
         None, "compression_bench", "Compressed averaging across regions",
         "Bytes across regions per step and the eval metric of the averagings between pipelines "
