@@ -20,6 +20,7 @@ plan.json holds the relaxation it is about.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 
@@ -146,18 +147,23 @@ def metric(summary: dict) -> float:
 @pytest.fixture(scope="module")
 def exact(tmp_path_factory):
     """The exact run's summary of a config, run when first asked for (one pipeline on the
-    hand-off profile; exactness makes it the reference for every plan)."""
-    done: dict[str, dict] = {}
+    hand-off profile; exactness makes it the reference for every plan), once per test session:
+    pytest-xdist's workers share it through a file in the session's folder, under a lock."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
     def of(config: str) -> dict:
-        if config not in done:
-            regions, caps = CASES["int8 hand-offs"][0][config]
-            summary, plan = run(tmp_path_factory.mktemp(f"exact_{config}"), config,
-                                forcing_profile(DEVICES[config], regions, caps),
-                                ["--config.allocation.max_pipelines=1"])
-            assert all(s.get("codec", "none") == "none" for s in plan["stages"])
-            done[config] = summary
-        return done[config]
+        path = shared / f"relax_quality_exact_{config}.json"
+        with open(shared / f"relax_quality_exact_{config}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits for the run, then reads
+            if not path.exists():
+                regions, caps = CASES["int8 hand-offs"][0][config]
+                summary, plan = run(tmp_path_factory.mktemp(f"exact_{config}"), config,
+                                    forcing_profile(DEVICES[config], regions, caps),
+                                    ["--config.allocation.max_pipelines=1"])
+                assert all(s.get("codec", "none") == "none" for s in plan["stages"])
+                path.write_text(json.dumps(summary))
+            return json.loads(path.read_text())
     return of
 
 
