@@ -54,20 +54,29 @@ rehearsed as docs/guide/rehearsal.md does (``python -m skyjax.profile.compose --
 ``--config.relax.min_gain=0`` and ``--config.allocation.max_pipelines`` ``--rehearse_pipelines``
 (8; configs/rehearse.py's 4 leaves out the 4 + 4 one-device pipelines), at ``--time_scale`` 2
 (the host's real compute per call, ~10 ms, stays small beside the declared calls) for
-``--rehearse_steps`` 12 (its own). Composing gives the hand-off codecs' rates only; the top-k
-2-bit coding rate, which DiLoCo + top-k needs priced, is added to profile.json as the int8
-codec's (one memory-bound pass). The row says the plan the run took (pipelines, averaging), where
-its pipelines lie, whether that is the mode asked for (the planner chooses among what the bound
-allows; no config key forces an averaging mode, so a plan is not forced here; ``int8-across``
-and ``diloco-across``, the mode on the links between regions only, count as theirs), the devices
-used, the plan's bytes per step between the regions (as the table's), its predicted step
-(summary.json's, the simulated one), the simulator's, the measured step (the rehearsal's own,
-summary.json's ``rehearsal``: the median step without the first; under DiLoCo their mean, which
-holds its outer step) and the mean of the logged steps after the first, all in the declared
-cluster's seconds, and the gap measured / predicted - 1. Below the table, for each mode whose
-plan is not that mode or keeps to one region: the mode priced by the cost model
-(``evaluate_pipelines``) on the pipelines of the rows that cross the regions, its least T,
-beside its own plan's.
+``--rehearse_steps`` 12, or more where the mode's bound allows a periodic mode: its warm-up,
+two whole periods and a last step (31 under DiLoCo's H = 10). Composing gives the hand-off
+codecs' rates only; the top-k 2-bit coding rate, which DiLoCo + top-k needs priced, is added to
+profile.json as the int8 codec's (one memory-bound pass). The row says the plan the run took
+(pipelines, averaging), where its pipelines lie, whether that is the mode asked for (the planner
+chooses among what the bound allows; no config key forces an averaging mode, so a plan is not
+forced here; ``int8-across`` and ``diloco-across``, the mode on the links between regions only,
+count as theirs), the devices used, the plan's bytes per step between the regions (as the
+table's), the run's steps, its predicted step (summary.json's, the simulated one; for a periodic
+plan the mean over its period: DiLoCo's H steps with their one outer step, a peer schedule's
+period of pairings, async's k steps with their one late average), the simulator's, the measured
+step and the rehearsal's own (summary.json's ``rehearsal``: the median step without the first;
+under DiLoCo their mean), all in the declared cluster's seconds, and the gap measured /
+predicted - 1. The measured step is what the prediction predicts: the mean of the logged steps
+(``metrics.jsonl``, ``train.log_every=1``) over the most whole periods after a warm-up that runs
+every program once, the run's last step left out; period and warm-up are the plan's
+(:func:`periodicity`): H and H under DiLoCo (the first outer step, at step H, compiles; with 31
+steps it measures steps 11-30), the schedule's period and that period under the peer modes
+(``pricing.peers.period``, 2 on the ring of more than two pipelines), k and k + 1 under async
+(one exchange in flight: the first late average lands at step k + 1, and compiles), else 1 and 1
+(the first step compiles). Below the table, for each mode whose plan is not that mode or keeps
+to one region: the mode priced by the cost model (``evaluate_pipelines``) on the pipelines of
+the rows that cross the regions, its least T, beside its own plan's.
 
 Every run shares a JAX compilation cache in the work folder: the stages' programs repeat from
 run to run, so the first step (compiling, never measured) of the later runs is shorter.
@@ -494,11 +503,12 @@ def taken(name: str, plan: Plan) -> bool:
 def rehearse_one(name: str, profile: str, workdir: str, args, env: dict) -> dict:
     """Row ``name``'s rehearsal (module doc)."""
     supported(name)
+    steps = rehearsal_steps(relax_of(MODES[name]), args)
     cmd = ["skyjax.main", "--config", "configs/rehearse.py", "--workdir", workdir,
            f"--config.rehearse.profile={profile}", "--config.relax.min_gain=0",
            f"--config.rehearse.time_scale={args.time_scale}",
            f"--config.allocation.max_pipelines={args.rehearse_pipelines}",
-           f"--config.train.steps={args.rehearse_steps}", "--config.train.log_every=1",
+           f"--config.train.steps={steps}", "--config.train.log_every=1",
            "--config.checkpoint.resume=False", "--config.checkpoint.replace=True",
            *MODES[name]]
     start = time.monotonic()
@@ -515,18 +525,69 @@ def rehearse_one(name: str, profile: str, workdir: str, args, env: dict) -> dict
     k = float(r["time_scale"])
     d = r["declared_cluster_step_s"]
     predicted = float(summary["predicted_step_time_s"]) / k
-    steps = []
+    times = {}  # logged step (1-based) -> its seconds, declared
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         for line in f:
             x = json.loads(line)
-            if "split" not in x and x["step"] > 1:
-                steps.append(float(x["step_time_s"]) / k)
+            if "split" not in x:
+                times[int(x["step"])] = float(x["step_time_s"]) / k
+    measured, span = periods_mean(times, plan)
     return {"plan": plan, "used": r["devices_used"], "devices": r["devices"],
             "predicted": predicted, "simulated": float(d["simulated"]),
             "model": float(d["model"]) if d.get("model") is not None else float("nan"),
-            "measured": float(d["measured"]), "gap": float(d["measured"]) / predicted - 1,
-            "mean": statistics.fmean(steps) if steps else float("nan"), "wall": wall,
-            "overruns": (r.get("calls") or {}).get("overruns", 0)}
+            "median": float(d["measured"]), "measured": measured,
+            "gap": measured / predicted - 1, "span": span, "steps": steps,
+            "wall": wall, "overruns": (r.get("calls") or {}).get("overruns", 0)}
+
+
+def periods_mean(times: dict[int, float], plan: Plan) -> tuple[float, tuple[range, int, int]]:
+    """The mean of ``times`` (logged step, 1-based -> seconds) over the most whole periods after
+    ``plan``'s warm-up, the last step left out (:func:`periodicity`), and (those steps, the
+    number of periods, the period); NaN where not one whole period was logged."""
+    warm, period = periodicity(plan)
+    last = max(times, default=0)
+    n = max((last - 1 - warm) // period, 0)
+    span = range(warm + 1, warm + n * period + 1)
+    if n == 0 or any(i not in times for i in span):
+        return float("nan"), (span, 0, period)
+    return statistics.fmean(times[i] for i in span), (span, n, period)
+
+
+def periodicity(plan: Plan) -> tuple[int, int]:
+    """The warm-up and the period, in steps, of ``plan``'s step times (module doc): DiLoCo's
+    outer step every H steps (the first, at step H, compiles it); a peer schedule's period
+    (``pricing.peers.period``; its first period runs each pairing's program first); async's
+    staleness k (the first late average lands at step k + 1); else 1 and 1 (the first step
+    compiles)."""
+    from skyjax.plan.pricing.peers import period
+
+    mode = plan.averaging if plan.num_pipelines > 1 else "exact"
+    if mode.startswith("diloco"):
+        return max(int(plan.outer_every), 1), max(int(plan.outer_every), 1)
+    if mode.startswith("decentral"):
+        p = period(plan.num_pipelines, getattr(plan, "peer_schedule", "") or "ring")
+        return p, p
+    if mode == "async":
+        k = max(int(getattr(plan, "staleness", 0)), 1)
+        return k + 1, k
+    return 1, 1
+
+
+def rehearsal_steps(relax, args) -> int:
+    """Steps of a rehearsal under bound ``relax``: ``--rehearse_steps``, or more where a periodic
+    mode the bound allows needs them for its warm-up, two whole periods and a last step
+    (:func:`periodicity`; the planner may take any mode the bound allows)."""
+    from skyjax.plan.pricing.peers import period
+
+    need = [args.rehearse_steps]
+    if relax.averaging.startswith("diloco"):
+        need.append(3 * relax.outer_every + 1)
+    if relax.peers != "none":
+        p = period(args.rehearse_pipelines, relax.peers)
+        need.append(3 * p + 1)
+    if relax.async_steps:
+        need.append(3 * relax.async_steps + 2)
+    return max(need)
 
 
 def priced_elsewhere(name: str, prof: Profile, rows: list) -> tuple[Plan, str] | None:
@@ -595,28 +656,38 @@ def rehearse(args, tmp: str) -> None:
           f"({sum(u['param_bytes'] for u in prof.units) / 1e6:.1f} MB of float32 gradients). "
           f"Rehearsed with configs/rehearse.py (m = 8, up to {args.rehearse_pipelines} "
           f"pipelines, relax.min_gain 0) at time scale {args.time_scale:g} for "
-          f"{args.rehearse_steps} steps; seconds of the declared cluster. 'plan' is the plan "
+          f"{args.rehearse_steps} steps, or more where the bound allows a periodic mode "
+          f"('steps'); seconds of the declared cluster. 'plan' is the plan "
           f"the planner took under the mode's bound (nothing forced), 'regions' where its "
           f"pipelines lie, 'taken' whether it is the mode asked for (its -across form, the "
           f"mode on the links between regions only, counts), 'across' the plan's bytes per "
           f"step between the regions (its exchange as replayed, an outer step's over its H); "
-          f"predicted is summary.json's (the simulated step), measured the rehearsal's (the "
-          f"median step without the first; under DiLoCo their mean), mean the logged steps' "
-          f"mean after the first, gap measured / predicted - 1:\n")
-    print("| mode | plan | regions | taken | devices | across / step | predicted (s) | "
-          "simulated (s) | measured (s) | mean (s) | gap | wall (s) |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          f"predicted is summary.json's (the simulated step; for a periodic plan the mean "
+          f"over its period: DiLoCo's H steps with their one outer step, a peer schedule's "
+          f"pairings, async's k steps with their one late average), measured the mean of the "
+          f"logged steps over whole periods after a warm-up that runs every program once "
+          f"('measured steps': the first H steps under DiLoCo, the first period under a peer "
+          f"schedule, the first k + 1 under async, else the first step), the run's last step "
+          f"left out, median the rehearsal's own (summary.json's: the median step without "
+          f"the first; under DiLoCo their mean), gap measured / predicted - 1:\n")
+    print("| mode | plan | regions | taken | devices | across / step | steps | "
+          "measured steps | predicted (s) | simulated (s) | measured (s) | median (s) | gap | "
+          "wall (s) |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: "
+          "| ---: |")
     for name, row, why in rows:
         if row is None:
-            print(f"| {name} | skipped: {why} | - | - | - | - | - | - | - | - | - | - |")
+            print(f"| {name} | skipped: {why} |" + " - |" * 12)
             continue
         plan = row["plan"]
         across = cross_region_bytes(plan, prof) if crosses(plan, prof) else 0.0
+        span, n, period = row["span"]
+        which = (f"{span[0]}-{span[-1]} ({n} x {period})" if n > 0 else "none")
         print(f"| {name} | {described(plan)} | {regions_of(plan, prof)} | "
               f"{'yes' if taken(name, plan) else 'no'} | {row['used']}/{row['devices']} | "
-              f"{across / 1e6:.3f} MB | {row['predicted']:.4f} | {row['simulated']:.4f} | "
-              f"{row['measured']:.4f} | {row['mean']:.4f} | {100 * row['gap']:+.1f}% | "
-              f"{row['wall']:.0f} |")
+              f"{across / 1e6:.3f} MB | {row['steps']} | {which} | {row['predicted']:.4f} | "
+              f"{row['simulated']:.4f} | {row['measured']:.4f} | {row['median']:.4f} | "
+              f"{100 * row['gap']:+.1f}% | {row['wall']:.0f} |")
     notes = []
     for name, row, _ in rows:
         if row is None or (taken(name, row["plan"]) and crosses(row["plan"], prof)):
