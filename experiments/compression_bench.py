@@ -147,6 +147,14 @@ run()
 """
 
 
+def read_run(workdir: str) -> tuple[dict, Plan]:
+    """A finished run's summary.json and plan.json."""
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(workdir, "plan.json")) as f:
+        return summary, Plan.from_json(json.load(f))
+
+
 class Skipped(Exception):
     """A row this version cannot run (its message says why)."""
 
@@ -323,10 +331,7 @@ def train(workdir: str, profile_path: str, steps: int, name: str, log_every: int
             raise Skipped(f"the runtime does not run it: {last}")
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd[:2])} "
                          f"{' '.join(argv)}\n{proc.stderr[-3000:]}")
-    with open(os.path.join(workdir, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(workdir, "plan.json")) as f:
-        plan = Plan.from_json(json.load(f))
+    summary, plan = read_run(workdir)
     losses = []
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         for line in f:
@@ -517,10 +522,7 @@ def rehearse_one(name: str, profile: str, workdir: str, args, env: dict) -> dict
     if done.returncode:
         raise SystemExit(f"rehearsal failed ({done.returncode}): python -m {' '.join(cmd)}\n"
                          f"{done.stderr[-3000:]}")
-    with open(os.path.join(workdir, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(workdir, "plan.json")) as f:
-        plan = Plan.from_json(json.load(f))
+    summary, plan = read_run(workdir)
     r = summary["rehearsal"]
     k = float(r["time_scale"])
     d = r["declared_cluster_step_s"]
